@@ -1,0 +1,131 @@
+"""Alertmanager v4 payloads -> scale intents (pure parsing, no database)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from app.hooks.alertmanager import AlertmanagerPayload, parse_step, plan
+from tests.operators.alertmanager_payloads import alert, firing_payload, payload, resolved_payload
+
+
+def test_firing_alert_with_target_label_becomes_one_intent() -> None:
+    result = plan(AlertmanagerPayload.model_validate(firing_payload("d1", target_dp_size=4)))
+    assert [(i.deployment, i.target_dp_size, i.step) for i in result.intents] == [("d1", 4, None)]
+    assert "MoEQueueTooLong" in result.intents[0].reason
+    assert result.skipped == []
+
+
+def test_target_may_come_from_an_annotation() -> None:
+    body = payload([alert(deployment="d1", annotations={"target_dp_size": "3"})])
+    assert plan(AlertmanagerPayload.model_validate(body)).intents[0].target_dp_size == 3
+
+
+@pytest.mark.parametrize(
+    ("labels", "step"),
+    [
+        ({"scale": "up"}, 1),
+        ({"scale": "down"}, -1),
+        ({"step": "+2"}, 2),
+        ({"step": "-1"}, -1),
+        ({"scale": "down", "step": "2"}, -2),
+    ],
+)
+def test_scale_and_step_labels_become_a_signed_step(labels: dict[str, str], step: int) -> None:
+    body = payload([alert(deployment="d1", labels=labels)])
+    assert plan(AlertmanagerPayload.model_validate(body)).intents[0].step == step
+
+
+def test_resolved_alert_is_skipped_with_a_reason() -> None:
+    result = plan(AlertmanagerPayload.model_validate(resolved_payload("d1")))
+    assert result.intents == []
+    assert result.skipped[0].deployment == "d1"
+    assert "resolved" in result.skipped[0].reason
+
+
+def test_alert_without_deployment_label_is_skipped() -> None:
+    body = payload([alert(deployment=None, labels={"scale": "up"})])
+    result = plan(AlertmanagerPayload.model_validate(body))
+    assert result.intents == [] and "deployment" in result.skipped[0].reason
+
+
+@pytest.mark.parametrize(
+    ("labels", "words"),
+    [
+        ({}, "names no"),
+        ({"target_dp_size": "four"}, "positive integer"),
+        ({"target_dp_size": "0"}, "positive"),
+        ({"step": "0"}, "zero"),
+        ({"scale": "sideways"}, "neither"),
+        ({"scale": "up", "step": "-1"}, "contradicts"),
+    ],
+)
+def test_alert_with_unusable_scale_labels_is_skipped_with_the_reason(
+    labels: dict[str, str], words: str
+) -> None:
+    result = plan(AlertmanagerPayload.model_validate(payload([alert(deployment="d1", labels=labels)])))
+    assert result.intents == [] and words in result.skipped[0].reason
+
+
+def test_alerts_disagreeing_on_one_deployment_scale_nothing() -> None:
+    body = payload(
+        [
+            alert(deployment="d1", alertname="A", labels={"target_dp_size": "4"}),
+            alert(deployment="d1", alertname="B", labels={"target_dp_size": "2"}),
+        ]
+    )
+    result = plan(AlertmanagerPayload.model_validate(body))
+    assert result.intents == [] and "disagree" in result.skipped[0].reason
+
+
+def test_one_payload_may_scale_two_deployments() -> None:
+    body = payload(
+        [
+            alert(deployment="d1", labels={"scale": "up"}),
+            alert(deployment="d2", labels={"scale": "down"}),
+        ]
+    )
+    result = plan(AlertmanagerPayload.model_validate(body))
+    assert sorted((i.deployment, i.step) for i in result.intents) == [("d1", 1), ("d2", -1)]
+
+
+def test_repeat_notification_of_the_same_episode_has_the_same_dedupe_key() -> None:
+    first = plan(AlertmanagerPayload.model_validate(firing_payload("d1", target_dp_size=4)))
+    again = plan(AlertmanagerPayload.model_validate(firing_payload("d1", target_dp_size=4)))
+    assert first.intents[0].dedupe_key == again.intents[0].dedupe_key
+
+
+def test_new_firing_episode_of_the_same_alert_has_a_new_dedupe_key() -> None:
+    first = plan(AlertmanagerPayload.model_validate(firing_payload("d1", scale="up")))
+    later = plan(
+        AlertmanagerPayload.model_validate(firing_payload("d1", scale="up", starts_at="2026-11-29T11:00:00Z"))
+    )
+    assert first.intents[0].dedupe_key != later.intents[0].dedupe_key
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda b: b.update(version="3"),
+        lambda b: b.pop("groupKey"),
+        lambda b: b.update(alerts=[]),
+        lambda b: b["alerts"][0].update(status="pending"),
+        lambda b: b.update(alerts="x"),
+    ],
+)
+def test_payload_not_in_v4_shape_is_invalid(mutate: object) -> None:
+    body = firing_payload("d1", scale="up")
+    mutate(body)  # type: ignore[operator]
+    with pytest.raises(ValidationError):
+        AlertmanagerPayload.model_validate(body)
+
+
+@pytest.mark.parametrize(("text", "value"), [("+1", 1), ("-3", -3), ("2", 2), (" + 4 ", 4)])
+def test_parse_step_reads_signed_integers(text: str, value: int) -> None:
+    assert parse_step(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "up", "1.5", "0", "++1"])
+def test_parse_step_refuses_anything_else(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_step(text)

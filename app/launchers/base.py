@@ -1,0 +1,72 @@
+"""Launchers: where the engines of a deployment come from, and where they go after a scale-down.
+
+The runner only knows this interface. `local` starts agent processes on this machine; `static` uses
+agents that registered themselves. A cluster launcher (Ray, Kubernetes) implements the same three
+methods: make engines available, release engines, shut down, and nothing in the runner changes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine_agent.protocol import EngineConfig
+
+
+class LaunchError(Exception):
+    """Engines could not be made available; `engine_id` names the one that failed, when known."""
+
+    type = "launch_failed"
+
+    def __init__(self, message: str, engine_id: str | None = None, *, type_: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.engine_id = engine_id
+        if type_ is not None:
+            self.type = type_
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What a launcher needs to know about the deployment it starts engines for."""
+
+    deployment: str
+    engine: EngineConfig
+    coordinator_url: str | None = None  # agents announce themselves here
+    token: str | None = None  # the bearer token agents register with
+    platform: str | None = None  # cpu | cuda | rocm; None: the agent detects it
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineHandle:
+    """An engine a launcher made available: enough to call its agent."""
+
+    engine_id: str
+    url: str
+    pid: int | None = None
+
+
+class Launcher(ABC):
+    name: str
+
+    @abstractmethod
+    async def ensure_engines(
+        self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
+    ) -> list[EngineHandle]:
+        """Return exactly `count` engines, idle and ready to join `spec.deployment`.
+
+        `idle` are the engines the coordinator already knows to be idle for this deployment; a launcher
+        uses them first and starts only what is missing. Raises `LaunchError` if it cannot, after
+        stopping anything it started for this call.
+        """
+
+    @abstractmethod
+    async def release(self, spec: LaunchSpec, engines: Sequence[EngineHandle]) -> list[str]:
+        """Give back engines the deployment no longer uses (leavers after a scale-down, joiners of a
+        rolled-back job). Returns the ids of the engines that no longer exist (the coordinator forgets
+        them); engines kept alive (a static pool) are not listed."""
+
+    async def shutdown(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Stop everything this launcher started (coordinator shutdown)."""

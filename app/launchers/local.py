@@ -1,0 +1,290 @@
+"""The local launcher: `epctl-agent` processes on this machine (the embedded default).
+
+Each agent starts with `--port 0 --ready-file F` (the agent binds a free port and writes its URL to F
+once it serves), `--coordinator/--deployment/--token` so it registers itself, and the deployment's
+engine options. Pids are recorded in `<state_dir>/local-agents.json`, so a coordinator restarted after
+a crash can still stop the agents its predecessor started. Agents run in their own session: a
+coordinator that dies does not take its engines down with it (the restarted one reconciles from them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from app.launchers.base import EngineHandle, Launcher, LaunchError, LaunchSpec
+
+PIDS_FILE = "local-agents.json"
+STOP_GRACE_S = 3.0
+
+
+def agent_executable() -> list[str]:
+    """`epctl-agent` beside this interpreter, else the module through this interpreter."""
+    beside = Path(sys.executable).with_name("epctl-agent")
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("epctl-agent")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "from engine_agent.main import main; main()"]
+
+
+def agent_command(spec: LaunchSpec, engine_id: str, ready_file: Path) -> list[str]:
+    engine = spec.engine
+    args = [
+        *agent_executable(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--ready-file",
+        str(ready_file),
+        "--engine-id",
+        engine_id,
+        "--num-logical-experts",
+        str(engine.num_logical_experts),
+        "--num-redundant-experts",
+        str(engine.num_redundant_experts),
+        "--hidden-size",
+        str(engine.hidden_size),
+        "--intermediate-size",
+        str(engine.intermediate_size),
+        "--top-k",
+        str(engine.top_k),
+        "--dtype",
+        engine.dtype,
+        "--seed",
+        str(engine.seed),
+    ]
+    if spec.coordinator_url:
+        args += ["--coordinator", spec.coordinator_url, "--deployment", spec.deployment]
+        if spec.token:
+            args += ["--token", spec.token]
+    if spec.platform:
+        args += ["--platform", spec.platform]
+    args += list(spec.extra_args)
+    return args
+
+
+def read_ready_file(path: Path) -> dict[str, Any] | None:
+    """The agent's ready file: JSON with at least `url`, or a bare URL / port. None until written."""
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = text
+    if isinstance(data, dict):
+        if "url" not in data and "port" in data:
+            data["url"] = f"http://{data.get('host', '127.0.0.1')}:{data['port']}"
+        return data if "url" in data else None
+    if isinstance(data, int) or (isinstance(data, str) and data.isdigit()):
+        return {"url": f"http://127.0.0.1:{int(data)}"}
+    if isinstance(data, str) and data.startswith("http"):
+        return {"url": data}
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); reap it if it is ours.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def is_agent_process(pid: int, engine_id: str) -> bool:
+    """Whether `pid` is still the agent we started (a recorded pid may have been reused since)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # no procfs to check against: trust the record
+    return engine_id.encode() in cmdline
+
+
+def stop_pid(pid: int, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`; returns once the process is gone."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    give_up = time.monotonic() + grace_s
+    while time.monotonic() < give_up:
+        if not _alive(pid):
+            return
+        time.sleep(0.02)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    give_up = time.monotonic() + 2.0
+    while time.monotonic() < give_up and _alive(pid):
+        time.sleep(0.02)
+
+
+class LocalLauncher(Launcher):
+    name = "local"
+
+    def __init__(self, state_dir: Path, *, ready_timeout_s: float = 30.0) -> None:
+        self.state_dir = Path(state_dir)
+        self.ready_timeout_s = ready_timeout_s
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._lock = asyncio.Lock()
+
+    # --- the pid record ---------------------------------------------------------------------------
+
+    @property
+    def pids_file(self) -> Path:
+        return self.state_dir / PIDS_FILE
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.pids_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _write_records(self, records: dict[str, dict[str, Any]]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.pids_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(records, indent=2, sort_keys=True))
+        tmp.replace(self.pids_file)
+
+    def _record(self, engine_id: str, entry: dict[str, Any] | None) -> None:
+        records = self.records()
+        if entry is None:
+            records.pop(engine_id, None)
+        else:
+            records[engine_id] = entry
+        self._write_records(records)
+
+    # --- the interface ----------------------------------------------------------------------------
+
+    async def ensure_engines(
+        self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
+    ) -> list[EngineHandle]:
+        chosen = list(idle[:count])
+        missing = count - len(chosen)
+        if missing <= 0:
+            return chosen
+        async with self._lock:
+            started = [self._start(spec) for _ in range(missing)]
+        try:
+            ready = await asyncio.gather(
+                *(
+                    self._wait_ready(engine_id, ready_file, min(deadline_s, self.ready_timeout_s))
+                    for engine_id, ready_file in started
+                )
+            )
+        except BaseException:
+            await asyncio.to_thread(self._stop_ids, [engine_id for engine_id, _ in started])
+            raise
+        return chosen + list(ready)
+
+    async def release(self, spec: LaunchSpec, engines: Sequence[EngineHandle]) -> list[str]:
+        records = self.records()
+        ours = [e.engine_id for e in engines if e.engine_id in records or e.engine_id in self._processes]
+        await asyncio.to_thread(self._stop_ids, ours)
+        return ours
+
+    async def shutdown(self) -> None:
+        await asyncio.to_thread(self.stop_all)
+
+    def stop_all(self, deployment: str | None = None) -> list[str]:
+        """Stop every agent recorded (of one deployment, if given), including a predecessor's."""
+        ids = [
+            engine_id
+            for engine_id, entry in self.records().items()
+            if deployment is None or entry.get("deployment") == deployment
+        ]
+        ids += [i for i in self._processes if i not in ids]
+        self._stop_ids(ids)
+        return ids
+
+    # --- processes --------------------------------------------------------------------------------
+
+    def _start(self, spec: LaunchSpec) -> tuple[str, Path]:
+        engine_id = f"{spec.deployment}-{uuid.uuid4().hex[:8]}"
+        run_dir = self.state_dir / "agents"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ready_file = run_dir / f"{engine_id}.ready"
+        ready_file.unlink(missing_ok=True)
+        log_path = run_dir / f"{engine_id}.log"
+        command = agent_command(spec, engine_id, ready_file)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # survives a coordinator crash; stopped explicitly
+            )
+        self._processes[engine_id] = process
+        self._record(
+            engine_id,
+            {
+                "pid": process.pid,
+                "deployment": spec.deployment,
+                "log": str(log_path),
+                "started_at": time.time(),
+                "url": None,
+            },
+        )
+        return engine_id, ready_file
+
+    async def _wait_ready(self, engine_id: str, ready_file: Path, timeout_s: float) -> EngineHandle:
+        process = self._processes[engine_id]
+        give_up = time.monotonic() + timeout_s
+        while True:
+            data = read_ready_file(ready_file)
+            if data is not None:
+                url = str(data["url"]).rstrip("/")
+                entry = self.records().get(engine_id, {})
+                entry.update({"url": url, "pid": process.pid})
+                self._record(engine_id, entry)
+                return EngineHandle(engine_id=str(data.get("engine_id", engine_id)), url=url, pid=process.pid)
+            code = process.poll()
+            if code is not None:
+                raise LaunchError(
+                    f"agent {engine_id} exited with code {code} before it was ready "
+                    f"(log: {self.records().get(engine_id, {}).get('log')})",
+                    engine_id,
+                )
+            if time.monotonic() >= give_up:
+                raise LaunchError(f"agent {engine_id} was not ready within {timeout_s:.1f}s", engine_id)
+            await asyncio.sleep(0.05)
+
+    def _stop_ids(self, engine_ids: Sequence[str]) -> None:
+        records = self.records()
+        for engine_id in engine_ids:
+            process = self._processes.pop(engine_id, None)
+            entry = records.get(engine_id)
+            pid = process.pid if process is not None else (entry or {}).get("pid")
+            if isinstance(pid, int) and pid > 0 and (process is not None or is_agent_process(pid, engine_id)):
+                stop_pid(pid)
+            if process is not None:
+                with contextlib.suppress(Exception):
+                    process.wait(timeout=1.0)
+            self._record(engine_id, None)

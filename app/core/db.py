@@ -1,0 +1,96 @@
+"""The database engine, column types shared by the models, and Alembic helpers.
+
+SQLite runs with WAL and a busy timeout so concurrent writers wait instead of failing; pysqlite opens
+its transaction at the first write, so a read-then-write sequence does not hold a stale snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Dialect, Engine, make_url
+from sqlmodel import Session, create_engine
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+MIGRATIONS_DIR = ROOT / "migrations"
+
+
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """Timezone-aware UTC timestamps on every backend (SQLite stores naive values and drops the zone)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given where a UTC timestamp is required")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def make_engine(database_url: str, *, busy_timeout_ms: int = 5000) -> Engine:
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite":
+        if url.database and url.database != ":memory:":
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000}
+        )
+
+        @sa.event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def session_scope(engine: Engine) -> Iterator[Session]:
+    with Session(engine, expire_on_commit=False) as session:
+        yield session
+
+
+def alembic_config(database_url: str) -> Config:
+    config = Config(str(ROOT / "alembic.ini")) if (ROOT / "alembic.ini").exists() else Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # '%' is ConfigParser's interpolation character; URLs may contain it (escaped options).
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    config.attributes["configure_logging"] = False
+    return config
+
+
+def migrate_to_head(database_url: str) -> None:
+    command.upgrade(alembic_config(database_url), "head")
+
+
+def head_revisions() -> set[str]:
+    return set(ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads())
+
+
+def current_revisions(engine: Engine) -> set[str]:
+    with engine.connect() as connection:
+        return set(MigrationContext.configure(connection).get_current_heads())
+
+
+def schema_is_current(engine: Engine) -> bool:
+    return current_revisions(engine) == head_revisions()

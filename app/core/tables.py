@@ -1,0 +1,17 @@
+"""Every table module, imported so `SQLModel.metadata` is complete (Alembic and tests use it)."""
+
+from __future__ import annotations
+
+from sqlalchemy import MetaData
+from sqlmodel import SQLModel
+
+import app.deployments.models
+import app.engines.models
+import app.hooks.models
+import app.jobs.models
+import app.tokens.models
+import app.webhooks.models  # noqa: F401
+
+
+def metadata() -> MetaData:
+    return SQLModel.metadata

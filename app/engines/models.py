@@ -1,0 +1,82 @@
+"""Engines: the registered agents, one DP rank each."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+import sqlalchemy as sa
+from pydantic import BaseModel
+from sqlmodel import Field, SQLModel
+
+from app.core.clock import utc_now
+from app.core.db import UTCDateTime
+from engine_agent.protocol import Platform
+
+
+class EngineState(StrEnum):
+    registered = "registered"  # announced itself, no heartbeat yet
+    serving = "serving"
+    idle = "idle"  # in no generation (a joiner before its switch, or after leaving the group)
+    paused = "paused"
+    left = "left"  # deregistered: kept for history, never picked again
+    unreachable = "unreachable"  # heartbeats stopped
+
+
+class Engine(SQLModel, table=True):
+    __tablename__ = "engines"
+
+    id: str = Field(primary_key=True, max_length=128, description="the agent's engine_id")
+    deployment_id: str = Field(foreign_key="deployments.id", index=True, max_length=40)
+    url: str = Field(max_length=512)
+    platform: str = Field(sa_type=sa.String(16))
+    device: str = Field(max_length=64)
+    state: str = Field(default=EngineState.registered.value, sa_type=sa.String(16))
+    dp_rank: int | None = None
+    world_size: int = 0
+    generation: int = 0
+    last_heartbeat_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    launched_by: str = Field(sa_type=sa.String(16))
+    created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
+
+
+class EnginePublic(BaseModel):
+    id: str
+    deployment_id: str
+    deployment: str
+    url: str
+    platform: Platform
+    device: str
+    state: EngineState
+    dp_rank: int | None
+    world_size: int
+    generation: int
+    last_heartbeat_at: datetime | None
+    launched_by: str
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Engine, *, deployment_name: str) -> EnginePublic:
+        return cls(
+            id=row.id,
+            deployment_id=row.deployment_id,
+            deployment=deployment_name,
+            url=row.url,
+            platform=Platform(row.platform),
+            device=row.device,
+            state=EngineState(row.state),
+            dp_rank=row.dp_rank,
+            world_size=row.world_size,
+            generation=row.generation,
+            last_heartbeat_at=row.last_heartbeat_at,
+            launched_by=row.launched_by,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+class EngineList(BaseModel):
+    data: list[EnginePublic]
+    count: int

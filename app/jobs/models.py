@@ -1,0 +1,250 @@
+"""Reconfiguration jobs, their append-only event log, and Idempotency-Key records."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import BaseModel
+from pydantic import Field as ApiField
+from sqlmodel import Field, SQLModel
+
+from app.core.clock import utc_now
+from app.core.db import UTCDateTime
+from app.deployments.models import WarmupPolicyChoice
+from app.jobs.states import TERMINAL_STATES, JobState
+from engine_agent.protocol import Strategy, WarmupPolicy
+
+JOB_ID_PREFIX = "rcfg"
+
+# One active (non-terminal) job per deployment, enforced by the database on SQLite and Postgres alike.
+_ACTIVE_PREDICATE = sa.text(
+    "state NOT IN (" + ", ".join(f"'{state.value}'" for state in sorted(TERMINAL_STATES)) + ")"
+)
+
+
+class RequestSource(StrEnum):
+    api = "api"
+    cli = "cli"
+    autoscaler = "autoscaler"
+    webhook = "webhook"  # an inbound hook (Alertmanager, generic signed body)
+    system = "system"  # the coordinator itself (reconciliation)
+
+
+class CleanupState(StrEnum):
+    none = "none"  # nothing retired (yet)
+    pending = "pending"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"  # unresolved: blocks the deployment's next job until retried or acknowledged
+    acknowledged = "acknowledged"  # an operator accepted the failure
+
+
+class ReconfigurationJob(SQLModel, table=True):
+    __tablename__ = "reconfigurations"
+    __table_args__ = (
+        sa.Index(
+            "uq_reconfigurations_one_active_per_deployment",
+            "deployment_id",
+            unique=True,
+            sqlite_where=_ACTIVE_PREDICATE,
+            postgresql_where=_ACTIVE_PREDICATE,
+        ),
+        sa.Index("ix_reconfigurations_deployment_created", "deployment_id", "created_at"),
+    )
+
+    id: str = Field(primary_key=True, max_length=40)
+    deployment_id: str = Field(foreign_key="deployments.id", max_length=40)
+    state: str = Field(default=JobState.pending.value, sa_type=sa.String(16), index=True)
+    from_dp_size: int
+    to_dp_size: int
+    from_generation: int
+    to_generation: int
+    requested_by: str = Field(sa_type=sa.String(16), index=True)
+    requester: str | None = Field(None, max_length=128, description="the token name")
+    reason: str | None = Field(None, max_length=1000)
+    warmup_policy: str | None = Field(None, sa_type=sa.String(16), description="resolved: eager|deferred")
+    warmup_policy_requested: str = Field(sa_type=sa.String(16))
+    strategy: str = Field(sa_type=sa.String(16))
+    progress_step: str | None = Field(None, max_length=200)
+    progress_percent: float = 0.0
+    phases: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    engine_results: list[Any] = Field(default_factory=list, sa_type=sa.JSON)
+    downtime_ms: float | None = None
+    downtime: dict[str, Any] | None = Field(None, sa_type=sa.JSON)
+    error: dict[str, Any] | None = Field(None, sa_type=sa.JSON)
+    cleanup_state: str = Field(default=CleanupState.none.value, sa_type=sa.String(16))
+    cleanup: dict[str, Any] | None = Field(None, sa_type=sa.JSON)
+    cancel_requested: bool = False
+    lease_owner: str | None = Field(None, max_length=128)
+    lease_expires_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    idempotency_key: str | None = Field(None, max_length=255)
+    last_event_seq: int = Field(0, description="the seq of the newest event row (a per-job counter)")
+    created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
+    started_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(None, sa_type=UTCDateTime)
+
+
+class JobEvent(SQLModel, table=True):
+    """One row of a job's append-only log: a state transition or a progress/phase/engine/cleanup note."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (sa.UniqueConstraint("job_id", "seq", name="uq_job_events_job_seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="reconfigurations.id", max_length=40)
+    seq: int
+    kind: str = Field(max_length=32, description="'transition', 'created', 'progress', 'phase', ...")
+    from_state: str | None = Field(None, sa_type=sa.String(16))
+    to_state: str | None = Field(None, sa_type=sa.String(16))
+    message: str | None = Field(None, max_length=2000)
+    data: dict[str, Any] | None = Field(None, sa_type=sa.JSON)
+    created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
+
+
+class IdempotencyRecord(SQLModel, table=True):
+    """An Idempotency-Key seen on a create request, scoped to the token that sent it."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (sa.UniqueConstraint("scope", "key", name="uq_idempotency_keys_scope_key"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    scope: str = Field(max_length=128)
+    key: str = Field(max_length=255)
+    request_hash: str = Field(max_length=64)
+    state: str = Field(sa_type=sa.String(16), description="in_flight | completed")
+    job_id: str | None = Field(None, max_length=40)
+    response_status: int | None = None
+    created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
+
+
+# --- API shapes ---------------------------------------------------------------------------------------
+
+
+class ReconfigurationCreate(BaseModel):
+    deployment: str = ApiField(description="the deployment's name")
+    target_dp_size: int = ApiField(ge=1, le=1024)
+    warmup_policy: WarmupPolicyChoice | None = ApiField(None, description="default: the deployment's")
+    strategy: Strategy | None = ApiField(None, description="default: the deployment's")
+    reason: str | None = ApiField(None, max_length=1000)
+    source: RequestSource | None = ApiField(None, description="api (default), cli or autoscaler")
+
+
+class JobError(BaseModel):
+    phase: str | None = None
+    engine_id: str | None = None
+    type: str
+    message: str
+
+
+class PhaseTimes(BaseModel):
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+class JobEventPublic(BaseModel):
+    seq: int
+    kind: str
+    from_state: JobState | None
+    to_state: JobState | None
+    message: str | None
+    data: dict[str, Any] | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: JobEvent) -> JobEventPublic:
+        return cls(
+            seq=row.seq,
+            kind=row.kind,
+            from_state=JobState(row.from_state) if row.from_state else None,
+            to_state=JobState(row.to_state) if row.to_state else None,
+            message=row.message,
+            data=row.data,
+            created_at=row.created_at,
+        )
+
+
+class Progress(BaseModel):
+    step: str | None
+    percent: float
+
+
+class JobPublic(BaseModel):
+    """A job as the API, webhooks and the CLI show it."""
+
+    id: str
+    deployment_id: str
+    deployment: str
+    state: JobState
+    terminal: bool
+    from_dp_size: int
+    to_dp_size: int
+    from_generation: int
+    to_generation: int
+    requested_by: RequestSource
+    requester: str | None
+    reason: str | None
+    warmup_policy: WarmupPolicy | None
+    warmup_policy_requested: WarmupPolicyChoice
+    strategy: Strategy
+    progress: Progress
+    phases: dict[str, PhaseTimes]
+    engine_results: list[Any]
+    downtime_ms: float | None
+    downtime: dict[str, Any] | None
+    error: JobError | None
+    cleanup_state: CleanupState
+    cleanup: dict[str, Any] | None
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: ReconfigurationJob, *, deployment_name: str) -> JobPublic:
+        state = JobState(row.state)
+        return cls(
+            id=row.id,
+            deployment_id=row.deployment_id,
+            deployment=deployment_name,
+            state=state,
+            terminal=state in TERMINAL_STATES,
+            from_dp_size=row.from_dp_size,
+            to_dp_size=row.to_dp_size,
+            from_generation=row.from_generation,
+            to_generation=row.to_generation,
+            requested_by=RequestSource(row.requested_by),
+            requester=row.requester,
+            reason=row.reason,
+            warmup_policy=WarmupPolicy(row.warmup_policy) if row.warmup_policy else None,
+            warmup_policy_requested=WarmupPolicyChoice(row.warmup_policy_requested),
+            strategy=Strategy(row.strategy),
+            progress=Progress(step=row.progress_step, percent=row.progress_percent),
+            phases={name: PhaseTimes.model_validate(times) for name, times in (row.phases or {}).items()},
+            engine_results=list(row.engine_results or []),
+            downtime_ms=row.downtime_ms,
+            downtime=row.downtime,
+            error=JobError.model_validate(row.error) if row.error else None,
+            cleanup_state=CleanupState(row.cleanup_state),
+            cleanup=row.cleanup,
+            cancel_requested=row.cancel_requested,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            started_at=row.started_at,
+            finished_at=row.finished_at,
+        )
+
+
+class JobDetail(JobPublic):
+    events: list[JobEventPublic]
+
+
+class JobList(BaseModel):
+    data: list[JobPublic]
+    count: int = ApiField(description="jobs matching the filters, over all pages")
+    next_cursor: str | None = ApiField(description="pass as `cursor` for the next (older) page; null at the end")

@@ -1,0 +1,73 @@
+"""API tokens: stored as sha256 hashes; the secret is shown once, at creation."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+import sqlalchemy as sa
+from pydantic import BaseModel
+from pydantic import Field as ApiField
+from sqlmodel import Field, SQLModel
+
+from app.core.clock import utc_now
+from app.core.db import UTCDateTime
+
+
+class TokenRole(StrEnum):
+    admin = "admin"
+    operator = "operator"
+    autoscaler = "autoscaler"
+    viewer = "viewer"
+
+
+class ApiToken(SQLModel, table=True):
+    __tablename__ = "api_tokens"
+
+    id: str = Field(primary_key=True, max_length=40)
+    name: str = Field(max_length=128, sa_column_kwargs={"unique": True})
+    role: str = Field(sa_type=sa.String(16))
+    token_hash: str = Field(max_length=64, sa_column_kwargs={"unique": True})
+    token_prefix: str = Field(max_length=16, description="the secret's first characters, to recognise it")
+    created_by: str | None = Field(None, max_length=128)
+    created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
+    last_used_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    revoked_at: datetime | None = Field(None, sa_type=UTCDateTime)
+
+
+class TokenCreate(BaseModel):
+    name: str = ApiField(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@-]+$")
+    role: TokenRole
+
+
+class TokenPublic(BaseModel):
+    id: str
+    name: str
+    role: TokenRole
+    token_prefix: str
+    created_by: str | None
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: ApiToken) -> TokenPublic:
+        return cls(
+            id=row.id,
+            name=row.name,
+            role=TokenRole(row.role),
+            token_prefix=row.token_prefix,
+            created_by=row.created_by,
+            created_at=row.created_at,
+            last_used_at=row.last_used_at,
+            revoked_at=row.revoked_at,
+        )
+
+
+class TokenCreated(TokenPublic):
+    token: str = ApiField(description="the secret: shown only in this response")
+
+
+class TokenList(BaseModel):
+    data: list[TokenPublic]
+    count: int

@@ -1,0 +1,267 @@
+"""The CLI's side of the coordinator API: a small httpx client, shared options and output helpers.
+
+Every command takes `--url` / `--token` (or `EPCTL_URL` / `EPCTL_TOKEN`) and `--json`. An error answer
+(problem+json) is printed readably on stderr and the command exits non-zero:
+
+    exit 0  success
+    exit 1  the coordinator refused the request (4xx/5xx problem), or a watched job did not succeed
+    exit 2  usage error (typer's)
+    exit 3  the coordinator could not be reached
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, NoReturn
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+# Requests the CLI makes on an operator's behalf are recorded as coming from the CLI.
+CLI_SOURCE = "cli"
+
+EXIT_REFUSED = 1
+EXIT_JOB_UNSUCCESSFUL = 1
+EXIT_UNREACHABLE = 3
+
+UrlOption = Annotated[
+    str,
+    typer.Option("--url", envvar="EPCTL_URL", help="Coordinator base URL.", show_default=True),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option("--token", envvar="EPCTL_TOKEN", help="Bearer token (EPCTL_TOKEN).", show_default=False),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+DeploymentFilter = Annotated[
+    str | None, typer.Option("--deployment", "-d", help="Only this deployment.")
+]
+
+stdout = Console(highlight=False, soft_wrap=False)
+stderr = Console(stderr=True, highlight=False)
+
+
+class CoordinatorError(Exception):
+    """An error answer from the coordinator, carrying its problem document."""
+
+    def __init__(self, status: int, problem: Mapping[str, Any]) -> None:
+        self.status = status
+        self.problem = dict(problem)
+        super().__init__(self.summary())
+
+    def summary(self) -> str:
+        title = self.problem.get("title") or f"HTTP {self.status}"
+        detail = self.problem.get("detail")
+        return f"{title}: {detail}" if detail and detail != title else str(title)
+
+
+class CoordinatorUnreachable(Exception):
+    pass
+
+
+@dataclass
+class Coordinator:
+    """A thin synchronous client: JSON in, JSON out, problems raised as CoordinatorError."""
+
+    url: str
+    token: str | None
+    timeout_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        headers = {"Accept": "application/json", "User-Agent": "epctl"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        self.http = httpx.Client(base_url=self.url.rstrip("/"), headers=headers, timeout=self.timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Coordinator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        clean_params = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = self.http.request(method, path, json=json_body, params=clean_params, headers=headers)
+        except httpx.TransportError as exc:
+            raise CoordinatorUnreachable(f"cannot reach the coordinator at {self.url}: {exc}") from exc
+        return self.decode(response)
+
+    @staticmethod
+    def decode(response: httpx.Response) -> Any:
+        if response.is_error:
+            raise CoordinatorError(response.status_code, _problem_of(response))
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            return response.text
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params=params)
+
+    def post(self, path: str, body: Any = None, **kwargs: Any) -> Any:
+        return self.request("POST", path, json_body=body, **kwargs)
+
+    def patch(self, path: str, body: Any) -> Any:
+        return self.request("PATCH", path, json_body=body)
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
+
+
+def _problem_of(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        return body
+    return {"title": response.reason_phrase or f"HTTP {response.status_code}",
+            "detail": response.text[:500] or None, "status": response.status_code}
+
+
+def connect(url: str, token: str | None) -> Coordinator:
+    return Coordinator(url=url or DEFAULT_URL, token=token or None)
+
+
+# Problem members shown as the headline; the rest are printed as "key: value" lines.
+_PROBLEM_HEADLINE = {"type", "title", "status", "detail", "instance"}
+
+
+def print_problem(error: CoordinatorError) -> None:
+    problem = error.problem
+    stderr.print(f"[bold red]Error {error.status}[/]: {error.summary()}")
+    for key, value in problem.items():
+        if key in _PROBLEM_HEADLINE or value in (None, "", [], {}):
+            continue
+        if key == "errors" and isinstance(value, list):
+            for item in value:
+                stderr.print(f"  - {_validation_line(item)}")
+            continue
+        rendered = value if isinstance(value, str | int | float) else json.dumps(value)
+        stderr.print(f"  {key}: {rendered}")
+    if problem.get("type") and problem.get("type") != "about:blank":
+        stderr.print(f"  [dim]type: {problem['type']}[/]")
+
+
+def _validation_line(item: Any) -> str:
+    if isinstance(item, dict):
+        loc = ".".join(str(p) for p in item.get("loc", []) if p != "body")
+        message = item.get("msg") or item.get("message") or json.dumps(item)
+        return f"{loc}: {message}" if loc else str(message)
+    return str(item)
+
+
+def fail(message: str, code: int = EXIT_REFUSED) -> NoReturn:
+    stderr.print(f"[bold red]Error[/]: {message}")
+    raise typer.Exit(code)
+
+
+@contextmanager
+def api_errors() -> Iterator[None]:
+    """Turn coordinator errors into a readable message and a non-zero exit."""
+    try:
+        yield
+    except CoordinatorError as error:
+        print_problem(error)
+        raise typer.Exit(EXIT_REFUSED) from None
+    except CoordinatorUnreachable as error:
+        stderr.print(f"[bold red]Error[/]: {error}")
+        stderr.print("  [dim]set --url or EPCTL_URL to the coordinator's address[/]")
+        raise typer.Exit(EXIT_UNREACHABLE) from None
+
+
+# --- output -------------------------------------------------------------------------------------------
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
+    out = Table(title=title, title_justify="left", header_style="bold", box=None, pad_edge=False)
+    for name in columns:
+        out.add_column(name, justify="right" if name.endswith(("ms", "size", "#", "%")) else "left",
+                       overflow="fold")
+    for row in rows:
+        out.add_row(*[_cell(value) for value in row])
+    return out
+
+
+def _cell(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
+
+
+STATE_STYLE = {
+    "succeeded": "green",
+    "failed": "red",
+    "rolled_back": "yellow",
+    "cancelled": "magenta",
+    "pending": "dim",
+}
+
+
+def styled_state(state: str | None) -> str:
+    if not state:
+        return "-"
+    return f"[{STATE_STYLE.get(state, 'cyan')}]{state}[/]"
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def short_time(value: str | None) -> str:
+    parsed = parse_time(value)
+    return parsed.astimezone().strftime("%Y-%m-%d %H:%M:%S") if parsed else "-"
+
+
+def fmt_ms(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 10:
+        return f"{ms:.2f} ms"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    return f"{ms / 1000:.2f} s"
+
+
+def duration_ms(start: str | None, end: str | None) -> float | None:
+    a, b = parse_time(start), parse_time(end)
+    if a is None or b is None:
+        return None
+    return (b - a).total_seconds() * 1000.0

@@ -1,0 +1,241 @@
+"""`epctl jobs list|show|watch|cancel` and `epctl cleanup retry|ack`."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import typer
+
+from app.cli.client import (
+    DEFAULT_URL,
+    EXIT_JOB_UNSUCCESSFUL,
+    DeploymentFilter,
+    JsonOption,
+    TokenOption,
+    UrlOption,
+    api_errors,
+    connect,
+    duration_ms,
+    fail,
+    fmt_ms,
+    print_json,
+    short_time,
+    stderr,
+    stdout,
+    styled_state,
+    table,
+)
+from app.cli.watch import WatchTimeout, describe_failure, follow, job_path, print_summary
+
+app = typer.Typer(help="Reconfiguration jobs: history, details, live progress, cancel.", no_args_is_help=True)
+cleanup_app = typer.Typer(help="Resolve a job's failed background cleanup.", no_args_is_help=True)
+
+JobIdArgument = Annotated[str, typer.Argument(help="Job id (rcfg_...).")]
+TimeoutOption = Annotated[
+    float | None, typer.Option("--timeout", help="Give up waiting after this many seconds (exit 1).")
+]
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_when(value: str | None) -> str | None:
+    """An ISO time, or an age like 30m / 2h / 7d meaning that long ago; returned as ISO UTC."""
+    if value is None:
+        return None
+    match = _RELATIVE.match(value.strip())
+    if match:
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        return (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat()
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is neither an ISO time nor an age like 30m, 2h, 7d") from None
+    return (parsed if parsed.tzinfo else parsed.astimezone()).astimezone(UTC).isoformat()
+
+
+def job_rows(jobs: list[dict[str, Any]]) -> list[list[Any]]:
+    return [
+        [
+            j.get("id"),
+            j.get("deployment"),
+            f"{j.get('from_dp_size')} -> {j.get('to_dp_size')}",
+            styled_state(j.get("state")),
+            j.get("requested_by"),
+            short_time(j.get("created_at")),
+            fmt_ms(duration_ms(j.get("created_at"), j.get("finished_at"))) if j.get("finished_at") else "-",
+            fmt_ms(j.get("downtime_ms")) if j.get("downtime_ms") is not None else "-",
+        ]
+        for j in jobs
+    ]
+
+
+JOB_COLUMNS = ["JOB", "DEPLOYMENT", "SIZE", "STATE", "SOURCE", "CREATED", "TOOK", "DOWNTIME"]
+
+
+@app.command("list")
+def list_jobs(
+    deployment: DeploymentFilter = None,
+    state: Annotated[str | None, typer.Option("--state", "-s", help="Only jobs in this state.")] = None,
+    source: Annotated[
+        str | None,
+        typer.Option("--source", help="Only jobs requested by: api, cli, autoscaler, webhook, system."),
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Created after: ISO time or an age (30m, 2h, 7d).")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="Created before: ISO time or an age (30m, 2h, 7d).")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=500, help="Jobs per page.")] = 20,
+    cursor: Annotated[str | None, typer.Option("--cursor", help="Continue from a previous page.")] = None,
+    all_pages: Annotated[bool, typer.Option("--all", help="Follow the cursor through every page.")] = False,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List reconfiguration jobs, newest first."""
+    params: dict[str, Any] = {
+        "deployment": deployment,
+        "state": state,
+        "source": source,
+        "created_after": parse_when(since),
+        "created_before": parse_when(until),
+        "limit": limit,
+        "cursor": cursor,
+    }
+    jobs: list[dict[str, Any]] = []
+    with api_errors(), connect(url, token) as api:
+        while True:
+            page = api.get("/v1/reconfigurations", **params)
+            jobs.extend(page.get("data", []))
+            next_cursor = page.get("next_cursor")
+            if not (all_pages and next_cursor):
+                break
+            params["cursor"] = next_cursor
+    if as_json:
+        print_json({"data": jobs, "count": page.get("count"), "next_cursor": next_cursor})
+        return
+    if not jobs:
+        stdout.print("No reconfigurations match.")
+        return
+    stdout.print(table(None, JOB_COLUMNS, job_rows(jobs)))
+    total = page.get("count")
+    footer = f"{len(jobs)} shown" + (f" of {total}" if total is not None else "")
+    if next_cursor:
+        footer += f"; next page: --cursor {next_cursor}"
+    stderr.print(f"[dim]{footer}[/]")
+
+
+@app.command("show")
+def show(
+    job_id: JobIdArgument,
+    log: Annotated[bool, typer.Option("--log/--no-log", help="Print the transition log.")] = True,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show one job: state, phases, engines, downtime, error, cleanup and its transition log."""
+    with api_errors(), connect(url, token) as api:
+        job = api.get(job_path(job_id))
+    if as_json:
+        print_json(job)
+        return
+    print_summary(job)
+    events = job.get("events") or []
+    if log and events:
+        rows = [
+            [
+                e.get("seq"),
+                short_time(e.get("created_at")),
+                e.get("kind"),
+                f"{e.get('from_state') or ''} -> {e.get('to_state')}" if e.get("to_state") else "",
+                e.get("message"),
+            ]
+            for e in events
+        ]
+        stdout.print(table("log", ["#", "TIME", "KIND", "TRANSITION", "MESSAGE"], rows))
+
+
+def watch_job(job_id: str, *, url: str, token: str | None, as_json: bool, timeout_s: float | None) -> None:
+    """Follow a job to its end, print the summary (or JSON), exit 1 unless it succeeded."""
+    with api_errors(), connect(url, token) as api:
+        try:
+            job = follow(api, job_id, live=not as_json, timeout_s=timeout_s)
+        except WatchTimeout as exc:
+            fail(f"{exc} (it keeps running; `epctl jobs watch {job_id}` to follow it again)")
+    if as_json:
+        print_json(job)
+    else:
+        print_summary(job)
+    if job.get("state") != "succeeded":
+        stderr.print(f"[bold red]Error[/]: {describe_failure(job)}")
+        raise typer.Exit(EXIT_JOB_UNSUCCESSFUL)
+
+
+@app.command("watch")
+def watch(
+    job_id: JobIdArgument,
+    timeout: TimeoutOption = None,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Follow a job live until it ends; exit non-zero unless it succeeded."""
+    watch_job(job_id, url=url, token=token, as_json=as_json, timeout_s=timeout)
+
+
+@app.command("cancel")
+def cancel(
+    job_id: JobIdArgument,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel a job (only before its commit starts)."""
+    with api_errors(), connect(url, token) as api:
+        job = api.post(f"{job_path(job_id)}/cancel")
+    if as_json:
+        print_json(job)
+        return
+    state = (job or {}).get("state")
+    if state == "cancelled":
+        stdout.print(f"Job {job_id} cancelled.")
+    else:
+        stdout.print(f"Cancel requested for job {job_id} (now {styled_state(state)}); "
+                     f"`epctl jobs watch {job_id}` to see it end.")
+
+
+@cleanup_app.command("retry")
+def cleanup_retry(
+    job_id: JobIdArgument,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run a job's failed background cleanup again."""
+    _cleanup_action(job_id, "retry", url=url, token=token, as_json=as_json)
+
+
+@cleanup_app.command("ack")
+def cleanup_ack(
+    job_id: JobIdArgument,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Acknowledge a job's failed cleanup, so the deployment may reconfigure again."""
+    _cleanup_action(job_id, "acknowledge", url=url, token=token, as_json=as_json)
+
+
+def _cleanup_action(job_id: str, action: str, *, url: str, token: str | None, as_json: bool) -> None:
+    with api_errors(), connect(url, token) as api:
+        job = api.post(f"{job_path(job_id)}/cleanup/{action}")
+    if as_json:
+        print_json(job)
+        return
+    state = (job or {}).get("cleanup_state", "?")
+    verb = "retried" if action == "retry" else "acknowledged"
+    stdout.print(f"Cleanup of job {job_id} {verb}: cleanup is now {state}.")

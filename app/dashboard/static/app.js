@@ -1,0 +1,512 @@
+// The dashboard's pages: reconfiguration history and one job, live.
+import { api, ApiError, followJob, getToken, on, setToken } from "./api.js";
+import { chartLegend, commitWindowSvg, downtimeChartSvg, timelineSvg } from "./charts.js";
+import {
+  ALL_STATES, CANCELLABLE_STATES, PHASE_ORDER, SOURCES, badge, esc, fmtAgo, fmtMs, fmtTime, isTerminal,
+  job, jobDurationMs, shortId, sizeChange, toMs,
+} from "./model.js";
+
+const view = document.getElementById("view");
+const PAGE_SIZE = 25;
+let teardown = () => {};
+
+// ---------------------------------------------------------------- token dialog, theme, connectivity
+
+const dialog = document.getElementById("token-dialog");
+const tokenInput = document.getElementById("token-input");
+const tokenError = document.getElementById("token-error");
+
+function askForToken(message) {
+  tokenError.hidden = !message;
+  tokenError.textContent = message || "";
+  tokenInput.value = getToken();
+  if (!dialog.open) dialog.showModal();
+  tokenInput.focus();
+}
+
+document.getElementById("token-form").addEventListener("submit", () => {
+  setToken(tokenInput.value.trim());
+  render();
+});
+document.getElementById("token-forget").addEventListener("click", () => {
+  setToken("");
+  tokenInput.value = "";
+  dialog.close();
+  askForToken("Token forgotten.");
+});
+document.getElementById("token-button").addEventListener("click", () => askForToken());
+document.getElementById("theme-toggle").addEventListener("click", () => {
+  const root = document.documentElement;
+  const dark = root.dataset.theme
+    ? root.dataset.theme === "dark"
+    : window.matchMedia("(prefers-color-scheme: dark)").matches;
+  root.dataset.theme = dark ? "light" : "dark";
+  localStorage.setItem("epctl.theme", root.dataset.theme);
+});
+
+on("unauthorized", (problem) => askForToken((problem && (problem.detail || problem.title)) || "The coordinator refused the token."));
+const conn = document.getElementById("conn");
+on("connectivity", (ok) => {
+  conn.className = `conn ${ok ? "ok" : "bad"}`;
+  conn.textContent = ok ? "connected" : "unreachable";
+});
+
+// ---------------------------------------------------------------- routing
+
+function navigate(url, replace = false) {
+  if (replace) history.replaceState(null, "", url);
+  else history.pushState(null, "", url);
+  render();
+}
+
+document.addEventListener("click", (event) => {
+  const link = event.target.closest("a[data-link]");
+  if (!link || event.metaKey || event.ctrlKey || event.shiftKey || event.button !== 0) return;
+  event.preventDefault();
+  navigate(link.getAttribute("href"));
+});
+window.addEventListener("popstate", () => render());
+
+function render() {
+  teardown();
+  teardown = () => {};
+  const path = location.pathname.replace(/\/+$/, "");
+  const match = path.match(/^\/ui\/jobs\/([^/]+)$/);
+  if (!getToken()) {
+    view.innerHTML = `<div class="panel empty">Enter a coordinator token to see reconfigurations.
+      <div style="margin-top:12px"><button class="btn btn-primary" id="enter-token">Enter token</button></div></div>`;
+    document.getElementById("enter-token").addEventListener("click", () => askForToken());
+    askForToken();
+    return;
+  }
+  if (match) teardown = jobPage(decodeURIComponent(match[1]));
+  else teardown = historyPage();
+}
+
+function problemHtml(err) {
+  if (err instanceof ApiError) {
+    const p = err.problem;
+    return `<div class="error-banner" role="alert"><strong>${esc(p.title || `HTTP ${err.status}`)}</strong>${p.detail ? ` — ${esc(p.detail)}` : ""}</div>`;
+  }
+  return `<div class="error-banner" role="alert">${esc(err && err.message ? err.message : err)}</div>`;
+}
+
+function onResize(fn) {
+  let timer = null;
+  const handler = () => {
+    clearTimeout(timer);
+    timer = setTimeout(fn, 120);
+  };
+  window.addEventListener("resize", handler);
+  return () => window.removeEventListener("resize", handler);
+}
+
+// ---------------------------------------------------------------- history page
+
+/** datetime-local value (local time) <-> ISO UTC for the API. */
+function localInputToIso(value) {
+  if (!value) return "";
+  const d = new Date(value);
+  return Number.isNaN(d.getTime()) ? "" : d.toISOString();
+}
+function isoToLocalInput(value) {
+  const ms = toMs(value);
+  if (ms === null) return "";
+  const d = new Date(ms - new Date(ms).getTimezoneOffset() * 60000);
+  return d.toISOString().slice(0, 16);
+}
+
+function historyPage() {
+  const params = new URLSearchParams(location.search);
+  const filters = {
+    deployment: params.get("deployment") || "",
+    state: params.get("state") || "",
+    source: params.get("source") || "",
+    created_after: params.get("created_after") || "",
+    created_before: params.get("created_before") || "",
+  };
+  const cursor = params.get("cursor") || "";
+  // Cursors of the pages before this one, so "Newer" can step back without server support.
+  const previous = (params.get("prev") || "").split(",").filter(Boolean);
+  let timer = null;
+  let alive = true;
+  let lastJobs = [];
+
+  const option = (value, label, selected) => `<option value="${esc(value)}"${value === selected ? " selected" : ""}>${esc(label)}</option>`;
+  view.innerHTML = `
+    <div class="page-head"><h1>Reconfiguration history</h1><span class="spacer"></span>
+      <span class="live" id="history-live">auto-refresh</span></div>
+    <section class="panel">
+      <form class="filters" id="filters">
+        <div class="field"><label for="f-deployment">Deployment</label>
+          <select id="f-deployment" name="deployment">${option("", "All deployments", filters.deployment)}
+          ${filters.deployment ? option(filters.deployment, filters.deployment, filters.deployment) : ""}</select></div>
+        <div class="field"><label for="f-state">State</label>
+          <select id="f-state" name="state">${option("", "Any state", filters.state)}
+          ${ALL_STATES.map((s) => option(s, s.replace(/_/g, " "), filters.state)).join("")}</select></div>
+        <div class="field"><label for="f-source">Requested by</label>
+          <select id="f-source" name="source">${option("", "Anyone", filters.source)}
+          ${SOURCES.map((s) => option(s, s, filters.source)).join("")}</select></div>
+        <div class="field"><label for="f-after">Created after</label>
+          <input id="f-after" name="created_after" type="datetime-local" value="${esc(isoToLocalInput(filters.created_after))}"></div>
+        <div class="field"><label for="f-before">Created before</label>
+          <input id="f-before" name="created_before" type="datetime-local" value="${esc(isoToLocalInput(filters.created_before))}"></div>
+        <div class="actions">
+          <button class="btn" type="button" id="f-clear">Clear</button>
+          <button class="btn btn-primary" type="submit" id="f-apply">Apply</button>
+        </div>
+      </form>
+    </section>
+    <div id="history-error"></div>
+    <section class="panel">
+      <div class="panel-head"><h2>Downtime per job</h2><span class="muted" id="chart-note"></span></div>
+      <div id="downtime-chart"></div>
+      ${chartLegend()}
+    </section>
+    <section class="panel">
+      <div class="table-wrap"><table id="jobs-table">
+        <thead><tr><th>Job</th><th>Deployment</th><th>Size</th><th>State</th><th>Requested by</th>
+          <th>Created</th><th class="num">Duration</th><th class="num">Downtime</th></tr></thead>
+        <tbody id="jobs-body"><tr><td colspan="8" class="empty">Loading…</td></tr></tbody>
+      </table></div>
+      <div class="pager">
+        <span class="count" id="jobs-count"></span>
+        <button class="btn" id="page-newer" type="button" ${cursor ? "" : "disabled"}>← Newer</button>
+        <button class="btn" id="page-older" type="button" disabled>Older →</button>
+      </div>
+    </section>`;
+
+  const form = document.getElementById("filters");
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const data = new FormData(form);
+    const next = new URLSearchParams();
+    for (const key of ["deployment", "state", "source"]) if (data.get(key)) next.set(key, data.get(key));
+    const after = localInputToIso(data.get("created_after"));
+    const before = localInputToIso(data.get("created_before"));
+    if (after) next.set("created_after", after);
+    if (before) next.set("created_before", before);
+    navigate(`/ui/${next.toString() ? `?${next}` : ""}`);
+  });
+  for (const select of form.querySelectorAll("select")) {
+    select.addEventListener("change", () => form.requestSubmit());
+  }
+  document.getElementById("f-clear").addEventListener("click", () => navigate("/ui/"));
+
+  function pageUrl(nextCursor, prevList) {
+    const next = new URLSearchParams();
+    for (const [k, v] of Object.entries(filters)) if (v) next.set(k, v);
+    if (nextCursor) next.set("cursor", nextCursor);
+    if (prevList.length) next.set("prev", prevList.join(","));
+    return `/ui/${next.toString() ? `?${next}` : ""}`;
+  }
+  document.getElementById("page-newer").addEventListener("click", () => {
+    const prev = previous.slice();
+    const back = prev.pop();
+    navigate(pageUrl(back === "-" ? "" : back, prev));
+  });
+
+  api("/v1/deployments", { params: { limit: 200 } })
+    .then((result) => {
+      const select = document.getElementById("f-deployment");
+      if (!alive || !select) return;
+      const names = (result.data || result || []).map((d) => d.name).filter(Boolean);
+      const current = filters.deployment;
+      select.innerHTML = option("", "All deployments", current) +
+        [...new Set([...names, ...(current ? [current] : [])])].sort().map((n) => option(n, n, current)).join("");
+    })
+    .catch(() => {});
+
+  const chartBox = document.getElementById("downtime-chart");
+  const drawChart = () => {
+    chartBox.innerHTML = downtimeChartSvg(lastJobs, chartBox.clientWidth || 900);
+  };
+
+  async function load() {
+    try {
+      const query = { ...filters, limit: PAGE_SIZE };
+      if (cursor) query.cursor = cursor;
+      const result = await api("/v1/reconfigurations", { params: query });
+      if (!alive) return;
+      document.getElementById("history-error").innerHTML = "";
+      lastJobs = result.data || [];
+      renderRows(lastJobs);
+      const count = result.count ?? lastJobs.length;
+      document.getElementById("jobs-count").textContent =
+        `${lastJobs.length} shown${result.count !== undefined ? ` of ${count} matching` : ""}`;
+      const older = document.getElementById("page-older");
+      older.disabled = !result.next_cursor;
+      older.onclick = () => navigate(pageUrl(result.next_cursor, [...previous, cursor || "-"]));
+      document.getElementById("chart-note").textContent = lastJobs.length ? "this page, oldest left" : "";
+      drawChart();
+      // Keep the first page fresh while anything on it is still running.
+      const anyActive = lastJobs.some((j) => !isTerminal(job.state(j)));
+      document.getElementById("history-live").className = `live${anyActive ? " on" : ""}`;
+      clearTimeout(timer);
+      if (!cursor) timer = setTimeout(load, anyActive ? 1500 : 5000);
+    } catch (err) {
+      if (!alive) return;
+      document.getElementById("history-error").innerHTML = problemHtml(err);
+      document.getElementById("jobs-body").innerHTML = `<tr><td colspan="8" class="empty">Could not load jobs.</td></tr>`;
+    }
+  }
+
+  function renderRows(jobs) {
+    const body = document.getElementById("jobs-body");
+    if (!jobs.length) {
+      body.innerHTML = `<tr><td colspan="8" class="empty">No reconfigurations match these filters.</td></tr>`;
+      return;
+    }
+    body.innerHTML = jobs.map((j) => {
+      const id = job.id(j);
+      const created = job.createdMs(j);
+      const downtime = job.downtimeMs(j);
+      return `<tr class="clickable" data-job="${esc(id)}">
+        <td class="nowrap"><a href="/ui/jobs/${encodeURIComponent(id)}" data-link class="mono">${esc(id)}</a></td>
+        <td>${esc(job.deployment(j))}</td>
+        <td class="nowrap">${esc(sizeChange(j))}</td>
+        <td>${badge(job.state(j))}</td>
+        <td><span class="tag">${esc(job.source(j) || "–")}</span></td>
+        <td class="nowrap" title="${esc(fmtTime(created))}">${esc(fmtTime(created))} <span class="faint">${esc(fmtAgo(created))}</span></td>
+        <td class="num">${esc(fmtMs(jobDurationMs(j)))}</td>
+        <td class="num">${downtime === null ? "–" : esc(fmtMs(downtime))}</td>
+      </tr>`;
+    }).join("");
+    for (const row of body.querySelectorAll("tr.clickable")) {
+      row.addEventListener("click", (event) => {
+        if (event.target.closest("a")) return;
+        navigate(`/ui/jobs/${encodeURIComponent(row.dataset.job)}`);
+      });
+    }
+  }
+
+  const stopResize = onResize(drawChart);
+  load();
+  return () => {
+    alive = false;
+    clearTimeout(timer);
+    stopResize();
+  };
+}
+
+// ---------------------------------------------------------------- job page
+
+function jobPage(jobId) {
+  let alive = true;
+  let current = null;
+  let stopFollow = () => {};
+  let refreshing = null;
+  let pending = false;
+  let mode = "";
+  let ticker = null;
+
+  view.innerHTML = `<div class="crumbs"><a href="/ui/" data-link>History</a> / <span class="mono">${esc(jobId)}</span></div>
+    <div id="job-root"><div class="panel empty">Loading…</div></div>`;
+  const root = document.getElementById("job-root");
+
+  async function refresh() {
+    // One request at a time; a burst of events collapses into one more fetch.
+    if (refreshing) {
+      pending = true;
+      return refreshing;
+    }
+    refreshing = (async () => {
+      do {
+        pending = false;
+        try {
+          const fresh = await api(`/v1/reconfigurations/${encodeURIComponent(jobId)}`);
+          if (!alive) return;
+          current = fresh;
+          draw();
+        } catch (err) {
+          if (!alive) return;
+          if (!current) root.innerHTML = problemHtml(err);
+        }
+      } while (pending && alive);
+    })();
+    try {
+      await refreshing;
+    } finally {
+      refreshing = null;
+    }
+  }
+
+  function liveLabel() {
+    if (!current || isTerminal(job.state(current))) return `<span class="live" id="live-mode">final</span>`;
+    const text = mode === "stream" ? "live (event stream)" : mode === "polling" ? "live (polling)" : "connecting…";
+    return `<span class="live on" id="live-mode">${text}</span>`;
+  }
+
+  function progressHtml(j) {
+    const state = job.state(j);
+    const pct = Math.max(0, Math.min(100, isTerminal(state) && state === "succeeded" ? 100 : job.progressPercent(j)));
+    const fillCls = state === "succeeded" ? "done" : state === "failed" ? "bad" : ["rolled_back", "cancelled"].includes(state) ? "warn" : "";
+    const phasesSeen = new Set(job.phases(j).map((p) => p.name));
+    const currentIndex = PHASE_ORDER.indexOf(state);
+    const errorPhase = (job.error(j) || {}).phase;
+    const chips = ["pending", ...PHASE_ORDER].map((name, i) => {
+      let cls = "";
+      if (name === state) cls = "current";
+      else if (name === "pending" ? state !== "pending" : phasesSeen.has(name) || (currentIndex > -1 && i - 1 < currentIndex)) cls = "done";
+      if (isTerminal(state) && errorPhase === name) cls = "bad";
+      return `<span class="step ${cls}" data-step="${name}">${name.replace(/_/g, " ")}</span>`;
+    });
+    chips.push(`<span class="step ${state === "succeeded" ? "done" : isTerminal(state) ? "bad" : ""}">${isTerminal(state) ? esc(state.replace(/_/g, " ")) : "done"}</span>`);
+    const step = job.progressStep(j);
+    return `<div class="progress"><div class="progress-track"><div class="progress-fill ${fillCls}" id="progress-fill" style="width:${pct}%"></div></div>
+      <span class="progress-label" id="progress-percent" data-percent="${pct}">${Math.round(pct)}%</span></div>
+      <div class="muted" style="margin-top:8px;font-size:13px" id="progress-step">${step ? esc(step) : isTerminal(state) ? "finished" : "waiting"}</div>
+      <div class="steps">${chips.join("")}</div>`;
+  }
+
+  function failureHtml(j) {
+    let out = "";
+    const error = job.error(j);
+    if (error) {
+      const kv = ["phase", "engine_id", "type"].filter((k) => error[k]).map((k) => `<dt>${k.replace("_id", "")}</dt><dd class="mono">${esc(error[k])}</dd>`).join("");
+      out += `<div class="alert ${job.state(j) === "failed" ? "bad" : "warn"}" id="job-error"><h2>${job.state(j) === "failed" ? "Failed" : "Error"}${error.phase ? ` during ${esc(error.phase)}` : ""}</h2>
+        <dl class="kv">${kv}</dl><pre>${esc(error.message || JSON.stringify(error))}</pre></div>`;
+    }
+    const cleanup = job.cleanupState(j);
+    if (cleanup && !["succeeded", "none", "acknowledged"].includes(cleanup)) {
+      const detail = job.cleanupDetail(j);
+      const failed = cleanup === "failed";
+      out += `<div class="alert ${failed ? "bad" : "warn"}" id="job-cleanup"><h2>Background cleanup: ${esc(cleanup.replace(/_/g, " "))}</h2>
+        ${failed ? `<p style="margin:0">The next reconfiguration of <strong>${esc(job.deployment(j))}</strong> is refused until an operator retries or acknowledges it
+        (<code>epctl cleanup retry ${esc(job.id(j))}</code> or <code>epctl cleanup ack ${esc(job.id(j))}</code>).</p>` : ""}
+        ${detail ? `<pre>${esc(JSON.stringify(detail, null, 2))}</pre>` : ""}</div>`;
+    }
+    return out;
+  }
+
+  function enginesHtml(j) {
+    const engines = job.engines(j);
+    if (!engines.length) return `<div class="empty">No engine results yet.</div>`;
+    return `<div class="table-wrap"><table id="engines-table"><thead><tr><th>Engine</th><th>Role</th><th>Ranks</th><th>Generation</th>
+      <th>Paused at</th><th>Resumed at</th><th class="num">Pause</th></tr></thead><tbody>
+      ${engines.map((e) => `<tr data-engine="${esc(e.engineId)}"><td class="mono">${esc(e.engineId)}</td><td>${esc(e.role || "–")}</td>
+        <td class="mono">${esc(Array.isArray(e.ranks) ? e.ranks.join(" → ") : e.ranks ?? "–")}</td><td>${esc(e.generation ?? "–")}</td>
+        <td class="nowrap">${e.start === null ? "–" : esc(fmtTime(e.start, false))}</td>
+        <td class="nowrap">${e.end === null ? (e.start === null ? "–" : "still paused") : esc(fmtTime(e.end, false))}</td>
+        <td class="num">${e.ms === null || Number.isNaN(e.ms) ? "–" : esc(fmtMs(e.ms))}</td></tr>`).join("")}
+      </tbody></table></div>`;
+  }
+
+  function eventsHtml(j) {
+    const events = job.events(j);
+    if (!events.length) return `<div class="empty">No transitions yet.</div>`;
+    return `<div class="table-wrap"><table id="events-table"><thead><tr><th class="num">#</th><th>Time</th><th>Transition</th><th>Kind</th><th>Message</th></tr></thead><tbody>
+      ${events.map((e) => {
+        const data = e.data && Object.keys(e.data).length ? `<details><summary class="faint">data</summary><pre class="json">${esc(JSON.stringify(e.data, null, 2))}</pre></details>` : "";
+        const transition = e.from_state && e.to_state && e.from_state !== e.to_state
+          ? `${badge(e.from_state)} <span class="faint">→</span> ${badge(e.to_state)}`
+          : badge(e.to_state || e.from_state || "");
+        return `<tr data-seq="${esc(e.seq)}"><td class="num mono">${esc(e.seq ?? "")}</td><td class="nowrap">${esc(fmtTime(toMs(e.created_at), false))}</td>
+          <td class="nowrap">${transition}</td><td><span class="tag">${esc(e.kind || "")}</span></td><td>${esc(e.message || "")}${data}</td></tr>`;
+      }).join("")}</tbody></table></div>`;
+  }
+
+  function draw() {
+    const j = current;
+    const state = job.state(j);
+    const openDetails = new Set([...root.querySelectorAll("details[open]")].map((d) => d.closest("tr")?.dataset.seq));
+    const canCancel = CANCELLABLE_STATES.includes(state);
+    const duration = jobDurationMs(j);
+    const downtime = job.downtimeMs(j);
+    const gens = `${job.fromGeneration(j) ?? "?"} → ${job.toGeneration(j) ?? "?"}`;
+    root.innerHTML = `
+      <div class="page-head">
+        <h1>${esc(job.deployment(j))} <span class="muted">${esc(sizeChange(j))}</span></h1>
+        <span id="job-state">${badge(state, true)}</span>
+        ${liveLabel()}
+        <span class="spacer"></span>
+        ${canCancel ? `<button class="btn btn-danger" id="cancel-job" type="button">Cancel job</button>` : ""}
+      </div>
+      <section class="panel" id="progress-panel">${progressHtml(j)}</section>
+      <div class="cards">
+        <div class="card"><div class="k">Downtime</div><div class="v" id="card-downtime">${downtime === null ? "–" : esc(fmtMs(downtime))}</div></div>
+        <div class="card"><div class="k">Duration</div><div class="v">${esc(fmtMs(duration))}</div></div>
+        <div class="card"><div class="k">DP size</div><div class="v">${esc(sizeChange(j))}</div></div>
+        <div class="card"><div class="k">Generation</div><div class="v">${esc(gens)}</div></div>
+        <div class="card"><div class="k">Warm-up · strategy</div><div class="v" style="font-size:15px;padding-top:4px">${esc(job.warmup(j) || "–")} · ${esc(job.strategy(j) || "–")}</div></div>
+        <div class="card"><div class="k">Requested by</div><div class="v" style="font-size:15px;padding-top:4px">${esc(job.source(j) || "–")}</div></div>
+      </div>
+      ${failureHtml(j)}
+      <section class="panel"><div class="panel-head"><h2>Timeline</h2><span class="muted">phases and each engine's pause</span></div>
+        <div id="timeline"></div>
+        <div class="legend"><span><i style="background:var(--accent)"></i>phase</span><span><i style="background:var(--pause)"></i>engine paused</span><span><i style="background:var(--bad)"></i>deployment down (union)</span></div>
+      </section>
+      <section class="panel" id="commit-panel"><div class="panel-head"><h2>Commit window</h2><span class="muted">pauses on their own scale</span></div><div id="commit-window"></div></section>
+      <div class="grid-2">
+        <section class="panel"><h2>Engines</h2>${enginesHtml(j)}</section>
+        <section class="panel"><h2>Details</h2><dl class="kv">
+          <dt>Job</dt><dd class="mono">${esc(job.id(j))}</dd>
+          <dt>Deployment</dt><dd><a href="/ui/?deployment=${encodeURIComponent(job.deployment(j) || "")}" data-link>${esc(job.deployment(j))}</a></dd>
+          <dt>Reason</dt><dd>${esc(job.reason(j) || "–")}</dd>
+          <dt>Created</dt><dd>${esc(fmtTime(job.createdMs(j)))}</dd>
+          <dt>Finished</dt><dd>${esc(fmtTime(job.finishedMs(j)))}</dd>
+          <dt>Cleanup</dt><dd>${esc(job.cleanupState(j) || "–")}</dd>
+        </dl></section>
+      </div>
+      <section class="panel"><h2>Transition log</h2>${eventsHtml(j)}</section>`;
+    for (const seq of openDetails) {
+      const details = root.querySelector(`tr[data-seq="${CSS.escape(seq || "")}"] details`);
+      if (details) details.open = true;
+    }
+    drawCharts();
+    const cancel = document.getElementById("cancel-job");
+    if (cancel) {
+      cancel.addEventListener("click", async () => {
+        if (!confirm(`Cancel reconfiguration ${jobId}?`)) return;
+        cancel.disabled = true;
+        try {
+          await api(`/v1/reconfigurations/${encodeURIComponent(jobId)}/cancel`, { method: "POST", body: {} });
+        } catch (err) {
+          root.insertAdjacentHTML("afterbegin", problemHtml(err));
+        }
+        refresh();
+      });
+    }
+  }
+
+  function drawCharts() {
+    if (!current) return;
+    const box = document.getElementById("timeline");
+    if (box) box.innerHTML = timelineSvg(current, box.clientWidth || 1000);
+    const commit = document.getElementById("commit-window");
+    const panel = document.getElementById("commit-panel");
+    if (commit) {
+      const svg = commitWindowSvg(current, commit.clientWidth || 1000);
+      commit.innerHTML = svg;
+      panel.hidden = !svg;
+    }
+  }
+
+  const stopResize = onResize(drawCharts);
+  refresh().then(() => {
+    if (!alive || !current) return;
+    if (isTerminal(job.state(current))) return;
+    stopFollow = followJob(jobId, {
+      onUpdate: () => refresh(),
+      onMode: (m) => {
+        mode = m;
+        const label = document.getElementById("live-mode");
+        if (label && current && !isTerminal(job.state(current))) label.outerHTML = liveLabel();
+      },
+      isFinished: () => !alive || (current && isTerminal(job.state(current))),
+    });
+    // The running phase's bar grows with the clock even between events.
+    ticker = setInterval(() => {
+      if (current && !isTerminal(job.state(current))) drawCharts();
+    }, 1000);
+  });
+
+  return () => {
+    alive = false;
+    stopFollow();
+    clearInterval(ticker);
+    stopResize();
+  };
+}
+
+render();

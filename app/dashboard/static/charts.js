@@ -1,0 +1,176 @@
+// Plain SVG charts: a job's timeline, its commit window, and downtime per job.
+import { badge, esc, fmtMs, fmtTime, job, shortId, stateClass, isTerminal } from "./model.js";
+
+const LABEL_W = 150;
+const ROW_H = 26;
+const BAR_H = 14;
+
+/** Round tick step (1, 2, 5 x 10^n) giving about `count` ticks over `span`. */
+function niceStep(span, count) {
+  const raw = span / Math.max(1, count);
+  const pow = 10 ** Math.floor(Math.log10(raw || 1));
+  for (const m of [1, 2, 5, 10]) if (raw <= m * pow) return m * pow;
+  return 10 * pow;
+}
+
+function timeAxis(t0, t1, x, top, bottom, count) {
+  const span = t1 - t0;
+  const step = niceStep(span, count);
+  let out = "";
+  for (let t = 0; t <= span + 1e-9; t += step) {
+    const px = x(t0 + t);
+    out += `<g class="grid"><line x1="${px}" x2="${px}" y1="${top}" y2="${bottom}"></line></g>`;
+    out += `<text x="${px}" y="${bottom + 14}" text-anchor="middle">+${esc(fmtMs(t).replace(/\.00 s$/, " s"))}</text>`;
+  }
+  return out;
+}
+
+function bar(cls, x0, x1, y, title, minWidth = 2) {
+  const w = Math.max(minWidth, x1 - x0);
+  return `<rect class="${cls}" x="${x0.toFixed(1)}" y="${y}" width="${w.toFixed(1)}" height="${BAR_H}" rx="3"><title>${esc(title)}</title></rect>`;
+}
+
+/**
+ * The whole job on one time axis: a row per phase (start to end; an open phase runs to now),
+ * then a row per engine with its pause interval, and the union of pauses (the job's downtime).
+ */
+export function timelineSvg(j, width, nowMs = Date.now()) {
+  const phases = job.phases(j).filter((p) => p.start !== null);
+  const engines = job.engines(j);
+  const pausing = engines.filter((e) => e.start !== null);
+  const times = [job.createdMs(j), ...phases.flatMap((p) => [p.start, p.end]), ...pausing.flatMap((e) => [e.start, e.end])]
+    .filter((v) => v !== null);
+  if (!times.length) return `<div class="empty">No phase has started yet.</div>`;
+  const running = !isTerminal(job.state(j));
+  const t0 = Math.min(...times);
+  let t1 = Math.max(...times, running ? nowMs : 0);
+  if (t1 - t0 < 1) t1 = t0 + 1;
+  const rows = phases.length + engines.length + (pausing.length ? 1 : 0) + (engines.length ? 1 : 0);
+  const plotW = Math.max(200, width - LABEL_W - 90);
+  const x = (t) => LABEL_W + ((t - t0) / (t1 - t0)) * plotW;
+  const height = rows * ROW_H + 40;
+  let body = "";
+  let y = 8;
+  for (const p of phases) {
+    const end = p.end ?? nowMs;
+    const open = p.end === null;
+    const duration = end - p.start;
+    body += `<text class="label-strong" x="0" y="${y + 11}">${esc(p.name.replace(/_/g, " "))}</text>`;
+    body += bar(`bar-phase${open ? " open" : ""}`, x(p.start), x(end), y, `${p.name}: ${fmtMs(duration)}${open ? " (running)" : ""}`);
+    body += `<text x="${x(end) + 6}" y="${y + 11}">${esc(fmtMs(duration))}${open ? " …" : ""}</text>`;
+    body += `<g data-phase="${esc(p.name)}"></g>`;
+    y += ROW_H;
+  }
+  if (engines.length) {
+    body += `<text x="0" y="${y + 14}" class="faint">engine pauses</text>`;
+    body += `<line x1="${LABEL_W}" x2="${LABEL_W + plotW}" y1="${y + 4}" y2="${y + 4}" stroke="var(--border)"></line>`;
+    y += ROW_H;
+  }
+  for (const e of engines) {
+    const role = e.role ? ` · ${e.role}` : "";
+    body += `<text x="0" y="${y + 11}"><tspan class="label-strong">${esc(shortLabel(e.engineId))}</tspan>${esc(role)}</text>`;
+    body += `<rect class="row-bg" x="${LABEL_W}" y="${y + BAR_H / 2 - 1}" width="${plotW}" height="2"></rect>`;
+    if (e.start !== null) {
+      const end = e.end ?? nowMs;
+      body += bar("bar-pause", x(e.start), x(end), y, `${e.engineId} paused ${fmtMs(e.ms ?? end - e.start)}`, 3);
+      body += `<text x="${x(end) + 6}" y="${y + 11}">${esc(fmtMs(e.ms ?? end - e.start))}</text>`;
+    } else {
+      body += `<text x="${LABEL_W + plotW + 6}" y="${y + 11}" class="faint">no pause</text>`;
+    }
+    y += ROW_H;
+  }
+  if (pausing.length) {
+    const start = Math.min(...pausing.map((e) => e.start));
+    const end = Math.max(...pausing.map((e) => e.end ?? nowMs));
+    const downtime = job.downtimeMs(j);
+    body += `<text class="label-strong" x="0" y="${y + 11}">downtime</text>`;
+    body += bar("bar-union", x(start), x(end), y, `deployment down ${fmtMs(downtime ?? end - start)}`, 3);
+    body += `<text x="${x(end) + 6}" y="${y + 11}">${esc(fmtMs(downtime ?? end - start))}</text>`;
+    y += ROW_H;
+  }
+  const axis = timeAxis(t0, t1, x, 2, y, Math.max(3, Math.floor(plotW / 110)));
+  let nowLine = "";
+  if (running) nowLine = `<line class="now-line" x1="${x(nowMs)}" x2="${x(nowMs)}" y1="2" y2="${y}"></line>`;
+  return `<svg class="chart timeline" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" role="img"
+    aria-label="timeline of job ${esc(job.id(j))}" data-start="${fmtTime(t0)}">${axis}${nowLine}${body}</svg>`;
+}
+
+/** The commit window zoomed in: each engine's pause on a millisecond axis. */
+export function commitWindowSvg(j, width) {
+  const engines = job.engines(j).filter((e) => e.start !== null && e.end !== null);
+  if (!engines.length) return "";
+  const t0 = Math.min(...engines.map((e) => e.start));
+  let t1 = Math.max(...engines.map((e) => e.end));
+  if (t1 - t0 < 0.5) t1 = t0 + 0.5;
+  const pad = (t1 - t0) * 0.04;
+  const a = t0 - pad;
+  const b = t1 + pad;
+  const plotW = Math.max(200, width - LABEL_W - 90);
+  const x = (t) => LABEL_W + ((t - a) / (b - a)) * plotW;
+  let y = 8;
+  let body = "";
+  for (const e of engines) {
+    body += `<text x="0" y="${y + 11}" class="label-strong">${esc(shortLabel(e.engineId))}</text>`;
+    body += bar("bar-pause", x(e.start), x(e.end), y, `${e.engineId}: paused ${fmtMs(e.ms ?? e.end - e.start)}`, 3);
+    body += `<text x="${x(e.end) + 6}" y="${y + 11}">${esc(fmtMs(e.ms ?? e.end - e.start))}</text>`;
+    y += ROW_H;
+  }
+  const axisLines = [];
+  const step = niceStep(b - a, Math.max(3, Math.floor(plotW / 110)));
+  for (let t = 0; t <= b - a + 1e-9; t += step) {
+    const px = x(a + t);
+    axisLines.push(`<g class="grid"><line x1="${px}" x2="${px}" y1="2" y2="${y}"></line></g>`);
+    axisLines.push(`<text x="${px}" y="${y + 14}" text-anchor="middle">${esc(fmtMs(t + (a - t0)))}</text>`);
+  }
+  const height = y + 24;
+  return `<svg class="chart commit-window" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" role="img"
+    aria-label="commit window">${axisLines.join("")}${body}</svg>`;
+}
+
+/** Downtime of each job (oldest left), coloured by outcome; a click opens the job. */
+export function downtimeChartSvg(jobs, width) {
+  const rows = jobs.slice().reverse();
+  if (!rows.length) return `<div class="empty">No jobs to chart.</div>`;
+  const values = rows.map((j) => job.downtimeMs(j) ?? 0);
+  const max = Math.max(1, ...values);
+  const step = niceStep(max, 4);
+  const top = Math.ceil(max / step) * step;
+  const height = 180;
+  const left = 56;
+  const bottom = height - 28;
+  const plotW = width - left - 8;
+  const slot = plotW / rows.length;
+  const barW = Math.max(3, Math.min(36, slot * 0.7));
+  const y = (v) => bottom - (v / top) * (bottom - 10);
+  let out = "";
+  for (let v = 0; v <= top + 1e-9; v += step) {
+    out += `<g class="grid"><line x1="${left}" x2="${width - 8}" y1="${y(v)}" y2="${y(v)}"></line></g>`;
+    out += `<text x="${left - 6}" y="${y(v) + 4}" text-anchor="end">${esc(fmtMs(v))}</text>`;
+  }
+  rows.forEach((j, i) => {
+    const v = job.downtimeMs(j);
+    const cx = left + slot * i + slot / 2;
+    const h = v ? Math.max(1.5, bottom - y(v)) : 0;
+    const id = job.id(j);
+    const title = `${shortId(id)} · ${job.deployment(j)} · ${job.state(j)} · downtime ${v === null ? "–" : fmtMs(v)}`;
+    out += `<a href="/ui/jobs/${encodeURIComponent(id)}" data-link>`;
+    out += `<rect class="bar ${stateClass(job.state(j))}" data-job="${esc(id)}" x="${(cx - barW / 2).toFixed(1)}" y="${(bottom - h).toFixed(1)}" width="${barW.toFixed(1)}" height="${h.toFixed(1)}" rx="2"><title>${esc(title)}</title></rect>`;
+    if (!v) out += `<rect x="${(cx - barW / 2).toFixed(1)}" y="${bottom - 2}" width="${barW.toFixed(1)}" height="2" class="bar ${stateClass(job.state(j))}" opacity=".5"></rect>`;
+    out += `</a>`;
+    if (rows.length <= 24) out += `<text x="${cx}" y="${bottom + 16}" text-anchor="middle" class="mono">${esc(shortId(id).slice(1))}</text>`;
+  });
+  out += `<line x1="${left}" x2="${width - 8}" y1="${bottom}" y2="${bottom}" stroke="var(--border)"></line>`;
+  return `<svg class="chart downtime-chart" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" role="img" aria-label="downtime per job">${out}</svg>`;
+}
+
+export function chartLegend() {
+  const item = (cls, label) => `<span><i style="background: var(${cls})"></i>${label}</span>`;
+  return `<div class="legend">${item("--ok", "succeeded")}${item("--warn", "rolled back")}${item("--bad", "failed")}${item("--idle", "cancelled / pending")}${item("--run", "running")}</div>`;
+}
+
+function shortLabel(id) {
+  const s = String(id ?? "?");
+  return s.length > 20 ? `${s.slice(0, 19)}…` : s;
+}
+
+export { badge };

@@ -1,0 +1,181 @@
+// Reading a reconfiguration job as the coordinator returns it, plus formatting helpers.
+// One place knows the field names, so the pages stay readable.
+
+export const PHASE_ORDER = ["preparing", "syncing", "committing", "cleaning_up"];
+export const ACTIVE_STATES = ["pending", "preparing", "syncing", "committing", "cleaning_up"];
+export const TERMINAL_STATES = ["succeeded", "rolled_back", "failed", "cancelled"];
+export const ALL_STATES = [...ACTIVE_STATES, ...TERMINAL_STATES];
+export const SOURCES = ["api", "cli", "autoscaler", "webhook", "system"];
+export const CANCELLABLE_STATES = ["pending", "preparing", "syncing"];
+
+export function isTerminal(state) {
+  return TERMINAL_STATES.includes(state);
+}
+
+export function stateClass(state) {
+  if (state === "pending") return "s-pending";
+  if (ACTIVE_STATES.includes(state)) return "s-active";
+  return `s-${state}`;
+}
+
+export function esc(value) {
+  return String(value ?? "").replace(/[&<>"']/g, (c) => ({
+    "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;",
+  })[c]);
+}
+
+export function badge(state, big = false) {
+  const label = String(state || "unknown").replace(/_/g, " ");
+  return `<span class="badge ${stateClass(state)}${big ? " big" : ""}" data-state="${esc(state)}">${esc(label)}</span>`;
+}
+
+/** Milliseconds since the epoch from an ISO string (naive = UTC) or epoch seconds/milliseconds. */
+export function toMs(value) {
+  if (value === null || value === undefined || value === "") return null;
+  if (typeof value === "number") return value > 1e11 ? value : value * 1000;
+  if (/^-?\d+(\.\d+)?$/.test(value)) return toMs(Number(value));
+  const iso = /[zZ]|[+-]\d\d:?\d\d$/.test(value) ? value : `${value}Z`;
+  const ms = Date.parse(iso);
+  return Number.isNaN(ms) ? null : ms;
+}
+
+export function fmtMs(ms) {
+  if (ms === null || ms === undefined || Number.isNaN(ms)) return "–";
+  if (ms < 1) return `${ms.toFixed(2)} ms`;
+  if (ms < 10) return `${ms.toFixed(1)} ms`;
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  if (ms < 60000) return `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
+  const minutes = Math.floor(ms / 60000);
+  return `${minutes} min ${Math.round((ms % 60000) / 1000)} s`;
+}
+
+export function fmtTime(ms, withDate = true) {
+  if (ms === null || ms === undefined) return "–";
+  const d = new Date(ms);
+  const pad = (n, w = 2) => String(n).padStart(w, "0");
+  const time = `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+  if (!withDate) return time;
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${time.slice(0, 8)}`;
+}
+
+export function fmtAgo(ms) {
+  if (ms === null || ms === undefined) return "";
+  const s = Math.round((Date.now() - ms) / 1000);
+  if (s < 5) return "just now";
+  if (s < 60) return `${s} s ago`;
+  if (s < 3600) return `${Math.round(s / 60)} min ago`;
+  if (s < 86400) return `${Math.round(s / 3600)} h ago`;
+  return `${Math.round(s / 86400)} d ago`;
+}
+
+/** The tail of a sortable id (prefix_<time><random>): the random part tells jobs apart. */
+export function shortId(id) {
+  const s = String(id ?? "");
+  return s.length > 12 ? `…${s.slice(-6)}` : s;
+}
+
+const first = (obj, ...keys) => {
+  for (const k of keys) if (obj && obj[k] !== undefined && obj[k] !== null) return obj[k];
+  return null;
+};
+
+export const job = {
+  id: (j) => first(j, "id", "job_id"),
+  deployment: (j) => first(j, "deployment", "deployment_name", "deployment_id"),
+  state: (j) => first(j, "state"),
+  source: (j) => first(j, "requested_by", "source"),
+  reason: (j) => first(j, "reason"),
+  fromSize: (j) => first(j, "from_dp_size", "from_size", "current_dp_size"),
+  toSize: (j) => first(j, "to_dp_size", "target_dp_size", "to_size"),
+  fromGeneration: (j) => first(j, "from_generation", "old_generation"),
+  toGeneration: (j) => first(j, "to_generation", "new_generation", "generation"),
+  warmup: (j) => first(j, "warmup_policy", "warmup_policy_requested"),
+  strategy: (j) => first(j, "strategy"),
+  progressPercent: (j) => Number(first(j.progress || {}, "percent") ?? first(j, "progress_percent") ?? 0),
+  progressStep: (j) => first(j.progress || {}, "step") ?? first(j, "progress_step"),
+  createdMs: (j) => toMs(first(j, "created_at")),
+  startedMs: (j) => toMs(first(j, "started_at")),
+  finishedMs: (j) => toMs(first(j, "finished_at", "ended_at", "completed_at")),
+  downtimeMs: (j) => {
+    const v = first(j, "downtime_ms");
+    return v === null ? null : Number(v);
+  },
+  error: (j) => first(j, "error"),
+  cleanupState: (j) => first(j, "cleanup_state"),
+  cleanupDetail: (j) => first(j, "cleanup", "cleanup_detail", "cleanup_outcome"),
+  events: (j) => first(j, "events", "transitions", "log") || [],
+
+  /** [{name, start, end}] in the order the job runs them. */
+  phases(j) {
+    const raw = first(j, "phases") || {};
+    const list = Array.isArray(raw)
+      ? raw.map((p) => [p.name, p])
+      : Object.entries(raw);
+    const rows = list.map(([name, p]) => ({
+      name,
+      start: toMs(first(p, "started_at", "start")),
+      end: toMs(first(p, "ended_at", "end", "finished_at")),
+    }));
+    const rank = (n) => {
+      const i = PHASE_ORDER.indexOf(n);
+      return i === -1 ? PHASE_ORDER.length : i;
+    };
+    return rows.sort((a, b) => rank(a.name) - rank(b.name) || (a.start ?? 0) - (b.start ?? 0));
+  },
+
+  /** [{engineId, role, ranks, generation, start, end, ms}] for every engine in the job. */
+  engines(j) {
+    const results = first(j, "engine_results") || [];
+    const detail = first(j, "downtime_detail", "downtime") || {};
+    const detailIntervals = {};
+    const perEngine = first(detail, "engines", "intervals", "per_engine") || [];
+    if (Array.isArray(perEngine)) {
+      for (const row of perEngine) detailIntervals[first(row, "engine_id", "engine")] = row;
+    } else if (typeof perEngine === "object") {
+      Object.assign(detailIntervals, perEngine);
+    }
+    const rows = (Array.isArray(results) ? results : Object.entries(results).map(([engine_id, r]) => ({ engine_id, ...r })))
+      .map((r) => {
+        const id = first(r, "engine_id", "id");
+        const pause = first(r, "pause", "pause_interval") || detailIntervals[id] || {};
+        const start = toMs(first(pause, "paused_at", "start"));
+        const end = toMs(first(pause, "resumed_at", "end"));
+        let ms = first(pause, "pause_ms", "ms", "downtime_ms");
+        if (ms === null && start !== null && end !== null) ms = end - start;
+        return {
+          engineId: id,
+          role: first(r, "role"),
+          ranks: first(r, "ranks", "rank"),
+          generation: first(r, "generation"),
+          phase: first(r, "phase", "state", "result"),
+          error: first(r, "error"),
+          start, end, ms: ms === null ? null : Number(ms),
+        };
+      });
+    for (const [id, pause] of Object.entries(detailIntervals)) {
+      if (rows.some((r) => r.engineId === id) || !pause || typeof pause !== "object") continue;
+      const start = toMs(first(pause, "paused_at", "start"));
+      const end = toMs(first(pause, "resumed_at", "end"));
+      rows.push({ engineId: id, role: null, ranks: null, generation: null, phase: null, error: null,
+        start, end, ms: Number(first(pause, "pause_ms", "ms") ?? (end !== null && start !== null ? end - start : NaN)) });
+    }
+    return rows;
+  },
+};
+
+export function sizeChange(j) {
+  const from = job.fromSize(j);
+  const to = job.toSize(j);
+  return `${from ?? "?"} → ${to ?? "?"}`;
+}
+
+export function jobDurationMs(j) {
+  const start = job.createdMs(j);
+  const end = job.finishedMs(j) ?? (isTerminal(job.state(j)) ? lastPhaseEnd(j) : Date.now());
+  return start !== null && end !== null ? Math.max(0, end - start) : null;
+}
+
+function lastPhaseEnd(j) {
+  const ends = job.phases(j).map((p) => p.end).filter((v) => v !== null);
+  return ends.length ? Math.max(...ends) : null;
+}

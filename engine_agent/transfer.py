@@ -1,0 +1,560 @@
+"""The weight-transfer channel that moves expert weights between engines during prepare.
+
+Two backends, chosen explicitly per job (never silently):
+
+* `nixl`: one-sided READs through NIXL with its UCX backend, as production engines do. Each receiver
+  pulls the experts it needs straight out of the holders' registered memory (host memory on CPU,
+  device memory on CUDA); holders do nothing but keep the memory registered until every reader says
+  it is done.
+* `gloo`: send/recv over a transfer process group built from the same store: the fallback where NIXL
+  is not installed.
+
+A channel is opened once per reconfiguration, in prepare, by every participant (old members and new
+members alike), with a store prefix private to that generation's transfer. Opening does the slow work
+(NIXL agent start-up, metadata exchange, gloo group creation) so that `transfer()` only moves bytes.
+Every wait has a deadline: a participant that never arrives fails with `TransferTimeout` naming it.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import logging
+import os
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine_agent.placement import TransferItem
+from engine_agent.protocol import TransferBackend
+
+logger = logging.getLogger(__name__)
+
+
+class TransferError(RuntimeError):
+    """The weight transfer failed (bad plan, missing tensor, size mismatch, backend error)."""
+
+
+class TransferTimeout(TransferError, TimeoutError):
+    """A peer did not arrive or did not finish within the channel's timeout."""
+
+
+@dataclass
+class TransferStats:
+    backend: TransferBackend
+    bytes_received: int
+    bytes_sent: int
+    seconds: float
+
+
+class WeightChannel(ABC):
+    backend: TransferBackend
+
+    @abstractmethod
+    def transfer(
+        self,
+        plan: Sequence[TransferItem],
+        sources: Mapping[int, torch.Tensor],
+        destinations: Mapping[int, torch.Tensor],
+        on_progress: Callable[[int], None] | None = None,
+    ) -> TransferStats:
+        """Collective over all participants: every participant calls it with the same plan.
+
+        sources: logical expert -> contiguous 1-D tensor this engine holds (old generation).
+        destinations: logical expert -> preallocated contiguous 1-D tensor to fill, for the items with
+        dst == me and src not None. Items with src None are not this channel's business (the caller
+        loads them from the checkpoint). on_progress(bytes_received_so_far) after each item arrives.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the channel's resources. Idempotent."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared helpers
+
+
+class _Deadline:
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._end = time.monotonic() + timeout_s
+
+    def remaining(self) -> float:
+        return max(self._end - time.monotonic(), 0.001)
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self._end
+
+
+def _wait_for_keys(store: dist.Store, keys: Mapping[str, str], deadline: _Deadline, what: str) -> None:
+    """Wait until every key exists. keys: store key -> the engine it comes from (for the error)."""
+    if not keys:
+        return
+    try:
+        store.wait(list(keys), timedelta(seconds=deadline.remaining()))
+    except dist.DistStoreError as error:
+        missing = sorted({engine for key, engine in keys.items() if not _key_exists(store, key)})
+        raise TransferTimeout(
+            f"{what}: no word from {', '.join(missing) or 'a peer'} within {deadline.timeout_s:g} s"
+        ) from error
+    except dist.DistError as error:
+        raise TransferError(f"{what}: the rendezvous store failed: {error}") from error
+
+
+def _put(store: dist.Store, key: str, value: bytes) -> None:
+    store.set(key, value)  # type: ignore[arg-type]  # the stubs say str; the store takes bytes too
+
+
+def _key_exists(store: dist.Store, key: str) -> bool:
+    try:
+        return bool(store.check([key]))
+    except dist.DistError:
+        return False
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor, so any dtype travels the same way."""
+    if not tensor.is_contiguous():
+        raise TransferError("transfer tensors must be contiguous")
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+@dataclass
+class _Roles:
+    """The part of a plan that concerns one engine."""
+
+    serve: list[tuple[int, TransferItem]]  # (plan index, item) with src == me
+    fetch: list[tuple[int, TransferItem]]  # (plan index, item) with dst == me
+
+
+def _my_roles(
+    plan: Sequence[TransferItem],
+    me: str,
+    participants: Sequence[str],
+    sources: Mapping[int, torch.Tensor],
+    destinations: Mapping[int, torch.Tensor],
+) -> _Roles:
+    known = set(participants)
+    roles = _Roles(serve=[], fetch=[])
+    for index, item in enumerate(plan):
+        if item.src is None:
+            continue
+        for engine in (item.src, item.dst):
+            if engine not in known:
+                raise TransferError(f"plan item {item} names {engine}, not a participant of this channel")
+        if item.src == item.dst:
+            raise TransferError(f"plan item {item} moves an expert onto the engine that holds it")
+        if item.src == me:
+            if item.logical_expert not in sources:
+                raise TransferError(f"{me} must serve expert {item.logical_expert} but does not hold it")
+            roles.serve.append((index, item))
+        if item.dst == me:
+            if item.logical_expert not in destinations:
+                raise TransferError(f"{me} has no destination buffer for expert {item.logical_expert}")
+            roles.fetch.append((index, item))
+    return roles
+
+
+# --------------------------------------------------------------------------------------------------
+# gloo
+
+
+class GlooChannel(WeightChannel):
+    """send/recv per plan item over a ProcessGroupGloo of all participants (rank = index)."""
+
+    backend = TransferBackend.gloo
+
+    def __init__(
+        self,
+        *,
+        engine_id: str,
+        participants: Sequence[str],
+        store: dist.Store,
+        device: torch.device,
+        timeout_s: float,
+    ) -> None:
+        self._me = engine_id
+        self._participants = list(participants)
+        self._rank_of = {engine: rank for rank, engine in enumerate(self._participants)}
+        self._device = device
+        self._timeout_s = timeout_s
+        # Any: the torch stubs lack ProcessGroupGloo's send/recv/_Options.
+        self._group: Any = None
+        deadline = _Deadline(timeout_s)
+        # Our own barrier first: the group's constructor would wait on the store's timeout (not ours)
+        # and fail without naming who is missing.
+        _put(store, f"gloo/here/{engine_id}", b"1")
+        _wait_for_keys(
+            store,
+            {f"gloo/here/{engine}": engine for engine in self._participants},
+            deadline,
+            "opening the gloo transfer group",
+        )
+        gloo: Any = dist.ProcessGroupGloo
+        options = gloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        options._timeout = timedelta(seconds=timeout_s)
+        self._group = dist.ProcessGroupGloo(
+            dist.PrefixStore("gloo/pg", store), self._rank_of[engine_id], len(self._participants), options
+        )
+
+    def transfer(
+        self,
+        plan: Sequence[TransferItem],
+        sources: Mapping[int, torch.Tensor],
+        destinations: Mapping[int, torch.Tensor],
+        on_progress: Callable[[int], None] | None = None,
+    ) -> TransferStats:
+        if self._group is None:
+            raise TransferError("the gloo channel is closed")
+        started = time.monotonic()
+        deadline = _Deadline(self._timeout_s)
+        roles = _my_roles(plan, self._me, self._participants, sources, destinations)
+        sends: list[tuple[dist.Work, int]] = []
+        receives: list[tuple[dist.Work, TransferItem, torch.Tensor, torch.Tensor]] = []
+        # Post every send and receive at once, in plan order, each tagged with its plan index, so
+        # no pair of engines can wait on each other.
+        for index, item in sorted(roles.serve + roles.fetch, key=lambda pair: pair[0]):
+            if item.src == self._me:
+                payload = _as_bytes(sources[item.logical_expert])
+                if payload.device.type != "cpu":
+                    payload = payload.cpu()  # gloo moves host memory; NIXL is the device path
+                work = self._group.send([payload], self._rank_of[item.dst], index)
+                sends.append((work, _nbytes(payload)))
+            else:
+                target = destinations[item.logical_expert]
+                landing = _as_bytes(target)
+                if landing.device.type != "cpu":
+                    landing = torch.empty(landing.numel(), dtype=torch.uint8)
+                assert item.src is not None  # _my_roles skips checkpoint items
+                work = self._group.recv([landing], self._rank_of[item.src], index)
+                receives.append((work, item, target, landing))
+        received = 0
+        for work, item, target, landing in receives:
+            self._wait(work, deadline, f"receiving expert {item.logical_expert} from {item.src}")
+            if landing.data_ptr() != target.data_ptr():
+                _as_bytes(target).copy_(landing)
+            received += landing.numel()
+            if on_progress is not None:
+                on_progress(received)
+        sent = 0
+        for work, nbytes in sends:
+            self._wait(work, deadline, "sending expert weights")
+            sent += nbytes
+        return TransferStats(self.backend, received, sent, time.monotonic() - started)
+
+    def _wait(self, work: dist.Work, deadline: _Deadline, what: str) -> None:
+        try:
+            work.wait(timedelta(seconds=deadline.remaining()))
+        except Exception as error:
+            if deadline.expired() or "timeout" in str(error).lower() or "timed out" in str(error).lower():
+                raise TransferTimeout(f"{what}: not done within {self._timeout_s:g} s") from error
+            raise TransferError(f"{what}: {error}") from error
+
+    def close(self) -> None:
+        group, self._group = self._group, None
+        if group is None:
+            return
+        try:
+            group.shutdown()
+        except Exception:  # a broken group cannot shut down cleanly; abort returns at once
+            logger.warning("gloo transfer group did not shut down cleanly; aborting it", exc_info=True)
+            group.abort()
+
+
+# --------------------------------------------------------------------------------------------------
+# NIXL
+
+
+def _normalize_ucx_environment() -> None:
+    # An empty UCX_TLS makes the UCX backend fail to start: empty means "not set", so treat it so.
+    if os.environ.get("UCX_TLS", None) == "":
+        logger.warning("UCX_TLS is set but empty; unsetting it so UCX picks its default transports")
+        del os.environ["UCX_TLS"]
+
+
+def _new_nixl_agent(name: str) -> Any:
+    _normalize_ucx_environment()
+    from nixl._api import nixl_agent, nixl_agent_config
+
+    agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+    if "UCX" not in agent.backends:
+        raise TransferError("NIXL started without its UCX backend")
+    return agent
+
+
+def _encode(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload).encode()
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    decoded: dict[str, Any] = json.loads(raw.decode())
+    return decoded
+
+
+class NixlChannel(WeightChannel):
+    """Receivers READ the experts they need from the holders' registered memory through NIXL/UCX."""
+
+    backend = TransferBackend.nixl
+    _POLL_S = 0.0002  # between state checks: the UCX progress thread needs the core too
+
+    def __init__(
+        self,
+        *,
+        engine_id: str,
+        participants: Sequence[str],
+        store: dist.Store,
+        device: torch.device,
+        timeout_s: float,
+    ) -> None:
+        self._me = engine_id
+        self._participants = list(participants)
+        self._store = store
+        self._device = device
+        self._timeout_s = timeout_s
+        self._round = 0
+        deadline = _Deadline(timeout_s)
+        # A fresh name per channel: an engine opens one channel per generation.
+        self._agent: Any = _new_nixl_agent(f"{engine_id}/{uuid.uuid4().hex[:12]}")
+        self._peer_agent: dict[str, str] = {}
+        _put(store, f"nixl/md/{engine_id}", self._agent.get_agent_metadata())
+        peers = [engine for engine in self._participants if engine != engine_id]
+        _wait_for_keys(
+            store,
+            {f"nixl/md/{engine}": engine for engine in peers},
+            deadline,
+            "exchanging NIXL agent metadata",
+        )
+        for engine in peers:
+            name = self._agent.add_remote_agent(store.get(f"nixl/md/{engine}"))
+            self._peer_agent[engine] = name.decode() if isinstance(name, bytes) else str(name)
+            self._agent.make_connection(self._peer_agent[engine])
+
+    def transfer(
+        self,
+        plan: Sequence[TransferItem],
+        sources: Mapping[int, torch.Tensor],
+        destinations: Mapping[int, torch.Tensor],
+        on_progress: Callable[[int], None] | None = None,
+    ) -> TransferStats:
+        if self._agent is None:
+            raise TransferError("the NIXL channel is closed")
+        started = time.monotonic()
+        deadline = _Deadline(self._timeout_s)
+        roles = _my_roles(plan, self._me, self._participants, sources, destinations)
+        prefix = f"nixl/round{self._round}"
+        self._round += 1
+
+        serving = self._publish(prefix, roles, sources)
+        received = 0
+        try:
+            if roles.fetch:
+                received = self._fetch(prefix, roles, destinations, deadline, on_progress)
+            sent = 0
+            if serving is not None:
+                readers = sorted({item.dst for _, item in roles.serve})
+                _wait_for_keys(
+                    self._store,
+                    {f"{prefix}/done/{self._me}/{reader}": reader for reader in readers},
+                    deadline,
+                    f"{self._me} waiting for its readers to finish",
+                )
+                failed = [
+                    reader
+                    for reader in readers
+                    if self._store.get(f"{prefix}/done/{self._me}/{reader}") != b"ok"
+                ]
+                if failed:
+                    raise TransferError(f"readers {failed} failed to read from {self._me}")
+                sent = sum(_nbytes(sources[item.logical_expert]) for _, item in roles.serve)
+        finally:
+            if serving is not None:
+                self._agent.deregister_memory(serving)
+        return TransferStats(self.backend, received, sent, time.monotonic() - started)
+
+    def _publish(self, prefix: str, roles: _Roles, sources: Mapping[int, torch.Tensor]) -> Any:
+        """Register the experts this engine serves and publish where they are."""
+        experts = sorted({item.logical_expert for _, item in roles.serve})
+        if not experts:
+            return None
+        tensors = [_as_bytes(sources[expert]) for expert in experts]
+        registered = self._agent.register_memory(tensors)
+        descriptors = {
+            str(expert): [tensor.data_ptr(), _nbytes(tensor), max(tensor.get_device(), 0)]
+            for expert, tensor in zip(experts, tensors, strict=True)
+        }
+        metadata = self._agent.get_partial_agent_metadata(registered, False)
+        _put(
+            self._store,
+            f"{prefix}/serve/{self._me}",
+            _encode(
+                {
+                    "metadata": base64.b64encode(metadata).decode(),
+                    "mem_type": "VRAM" if tensors[0].is_cuda else "DRAM",
+                    "descriptors": descriptors,
+                }
+            ),
+        )
+        return registered
+
+    def _fetch(
+        self,
+        prefix: str,
+        roles: _Roles,
+        destinations: Mapping[int, torch.Tensor],
+        deadline: _Deadline,
+        on_progress: Callable[[int], None] | None,
+    ) -> int:
+        holders = sorted({item.src for _, item in roles.fetch if item.src is not None})
+        landing = [_as_bytes(destinations[item.logical_expert]) for _, item in roles.fetch]
+        registered = self._agent.register_memory(landing)
+        handles: list[tuple[Any, TransferItem, int]] = []
+        outcome = b"error"
+        try:
+            _wait_for_keys(
+                self._store,
+                {f"{prefix}/serve/{holder}": holder for holder in holders},
+                deadline,
+                f"{self._me} waiting for expert holders to publish",
+            )
+            offers = {holder: _decode(self._store.get(f"{prefix}/serve/{holder}")) for holder in holders}
+            for offer in offers.values():
+                self._agent.add_remote_agent(base64.b64decode(offer["metadata"]))
+            for (_, item), target in zip(roles.fetch, landing, strict=True):
+                assert item.src is not None
+                offer = offers[item.src]
+                address, nbytes, device_id = offer["descriptors"][str(item.logical_expert)]
+                if nbytes != target.numel():
+                    raise TransferError(
+                        f"expert {item.logical_expert}: {item.src} holds {nbytes} bytes, "
+                        f"{self._me} expects {target.numel()}"
+                    )
+                remote = self._agent.get_xfer_descs([(address, nbytes, device_id)], offer["mem_type"])
+                local = self._agent.get_xfer_descs(target)
+                handle = self._agent.initialize_xfer("READ", local, remote, self._peer_agent[item.src])
+                if self._agent.transfer(handle) == "ERR":
+                    raise TransferError(f"NIXL could not start reading expert {item.logical_expert}")
+                handles.append((handle, item, nbytes))
+            received = self._poll(handles, deadline, on_progress)
+            outcome = b"ok"
+            return received
+        finally:
+            for handle, _, _ in handles:
+                handle.release()
+            for holder in holders:
+                _put(self._store, f"{prefix}/done/{holder}/{self._me}", outcome)
+            self._agent.deregister_memory(registered)
+
+    def _poll(
+        self,
+        handles: list[tuple[Any, TransferItem, int]],
+        deadline: _Deadline,
+        on_progress: Callable[[int], None] | None,
+    ) -> int:
+        received = 0
+        pending = list(handles)
+        while pending:
+            still_pending = []
+            for handle, item, nbytes in pending:
+                state = self._agent.check_xfer_state(handle)
+                if state == "DONE":
+                    received += nbytes
+                    if on_progress is not None:
+                        on_progress(received)
+                elif state == "ERR":
+                    raise TransferError(f"NIXL failed reading expert {item.logical_expert} from {item.src}")
+                else:
+                    still_pending.append((handle, item, nbytes))
+            pending = still_pending
+            if pending:
+                if deadline.expired():
+                    late = sorted({item.src or "" for _, item, _ in pending})
+                    raise TransferTimeout(
+                        f"reads from {', '.join(late)} not done within {self._timeout_s:g} s"
+                    )
+                time.sleep(self._POLL_S)
+        return received
+
+    def close(self) -> None:
+        agent, self._agent = self._agent, None
+        if agent is None:
+            return
+        for name in self._peer_agent.values():
+            try:
+                agent.remove_remote_agent(name)
+            except Exception:  # the peer may already be gone; nothing to disconnect then
+                logger.debug("removing NIXL peer %s failed", name, exc_info=True)
+        del agent
+
+
+# --------------------------------------------------------------------------------------------------
+# Choosing and opening
+
+
+def open_channel(
+    backend: TransferBackend,
+    *,
+    engine_id: str,
+    participants: Sequence[str],
+    store: dist.Store,
+    device: torch.device,
+    timeout_s: float,
+) -> WeightChannel:
+    """Open the channel for one reconfiguration. Every participant (old members and new members) calls
+    it with the same participants in the same order. `store` is a PrefixStore private to this
+    generation's transfer. Raises TransferTimeout naming the participants that never arrived."""
+    if engine_id not in participants:
+        raise TransferError(f"{engine_id} is not among the participants {list(participants)}")
+    if len(set(participants)) != len(participants):
+        raise TransferError(f"participants repeat an engine id: {list(participants)}")
+    channel_class: type[GlooChannel] | type[NixlChannel]
+    if backend == TransferBackend.nixl:
+        channel_class = NixlChannel
+    elif backend == TransferBackend.gloo:
+        channel_class = GlooChannel
+    else:
+        raise TransferError(f"unknown transfer backend {backend!r}")
+    return channel_class(
+        engine_id=engine_id, participants=participants, store=store, device=device, timeout_s=timeout_s
+    )
+
+
+@functools.cache
+def nixl_unavailable_reason() -> str | None:
+    """None when NIXL with a UCX agent works in this process, else why not (cached per process)."""
+    try:
+        agent = _new_nixl_agent(f"probe/{os.getpid()}/{uuid.uuid4().hex[:8]}")
+    except ImportError as error:
+        return f"nixl is not installed: {error}"
+    except Exception as error:
+        return f"a NIXL UCX agent cannot be created: {error}"
+    del agent
+    return None
+
+
+def available_backends() -> list[TransferBackend]:
+    """The backends this engine can use: NIXL when it imports and a UCX agent starts; gloo always."""
+    backends = [TransferBackend.gloo]
+    if nixl_unavailable_reason() is None:
+        backends.insert(0, TransferBackend.nixl)
+    return backends
+
+
+def choose_backend(per_engine: Sequence[Sequence[TransferBackend]]) -> TransferBackend:
+    """NIXL if every participant has it, else gloo."""
+    if per_engine and all(TransferBackend.nixl in backends for backends in per_engine):
+        return TransferBackend.nixl
+    return TransferBackend.gloo

@@ -1,0 +1,81 @@
+"""One participant of a weight-transfer test, run in its own process (multiprocessing spawn)."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine_agent.placement import TransferItem
+from engine_agent.protocol import TransferBackend
+from engine_agent.transfer import open_channel
+
+
+def expert_weights(expert: int, numel: int) -> torch.Tensor:
+    """What every holder of `expert` has: deterministic per expert, different between experts."""
+    generator = torch.Generator().manual_seed(1000 + expert)
+    return torch.randn(numel, generator=generator, dtype=torch.float32)
+
+
+def run_participant(
+    backend: str,
+    engine_id: str,
+    participants: list[str],
+    store_port: int,
+    plan: list[TransferItem],
+    held: list[int],
+    numel: dict[int, int],
+    timeout_s: float,
+    results: Any,
+    absent_from_transfer: bool = False,
+) -> None:
+    """Open the channel, run the plan once, and put a report on `results`. With
+    `absent_from_transfer` the engine opens the channel but never joins the transfer (a stalled peer)."""
+    report: dict[str, Any] = {"engine": engine_id}
+    started = time.monotonic()
+    try:
+        store = dist.TCPStore(
+            "127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=timeout_s * 4)
+        )
+        prefix_store = dist.PrefixStore("gen1/transfer", store)
+        channel = open_channel(
+            TransferBackend(backend),
+            engine_id=engine_id,
+            participants=participants,
+            store=prefix_store,
+            device=torch.device("cpu"),
+            timeout_s=timeout_s,
+        )
+        try:
+            if absent_from_transfer:
+                time.sleep(timeout_s + 1.0)
+                results.put(report)
+                return
+            # One buffer per engine with every expert as a view of it, as an engine's weight slab.
+            sources = {e: expert_weights(e, numel[e]) for e in held}
+            wanted = [i.logical_expert for i in plan if i.dst == engine_id and i.src is not None]
+            slab = torch.zeros(sum(numel[e] for e in wanted), dtype=torch.float32)
+            destinations, offset = {}, 0
+            for expert in wanted:
+                destinations[expert] = slab[offset : offset + numel[expert]]
+                offset += numel[expert]
+            progress: list[int] = []
+            stats = channel.transfer(plan, sources, destinations, on_progress=progress.append)
+            report["exact"] = {
+                e: bool(torch.equal(t, expert_weights(e, numel[e]))) for e, t in destinations.items()
+            }
+            report["stats"] = (stats.backend.value, stats.bytes_received, stats.bytes_sent)
+            report["progress"] = progress
+        finally:
+            channel.close()
+    except Exception as error:
+        report["error_type"] = type(error).__name__
+        report["error"] = str(error)
+        report["is_timeout"] = isinstance(error, TimeoutError)
+        report["traceback"] = traceback.format_exc()
+    report["seconds"] = time.monotonic() - started
+    results.put(report)

@@ -44,6 +44,29 @@ class Settings(BaseSettings):
         60.0, gt=0, description="an Idempotency-Key still in flight after this long may be taken over"
     )
     job_lease_s: float = Field(30.0, gt=0, description="how long a coordinator's claim on a job lasts")
+    # Operators' surfaces (helper F): live events, outbound webhooks, inbound autoscaler hooks.
+    events_poll_s: float = Field(0.25, gt=0, description="SSE: how often a live stream polls the job log")
+    webhook_worker_enabled: bool = Field(True, description="run the outbound webhook delivery worker")
+    webhook_poll_s: float = Field(0.5, gt=0, description="how often the delivery worker looks for work")
+    webhook_timeout_s: float = Field(10.0, gt=0, description="deadline of one delivery attempt")
+    webhook_retry_base_s: float = Field(2.0, gt=0, description="first retry delay; doubles per attempt")
+    webhook_retry_max_s: float = Field(600.0, gt=0, description="longest delay between two attempts")
+    webhook_max_attempts: int = Field(12, ge=1, description="attempts before a delivery is failed")
+    webhook_claim_lease_s: float = Field(
+        60.0, gt=0, description="a claimed delivery is retried by any coordinator after this long"
+    )
+    hooks_inbound_secret: SecretStr | None = Field(
+        None, description="whsec_... secret that signs generic scale requests for every deployment"
+    )
+    hooks_inbound_secrets: dict[str, SecretStr] = Field(
+        default_factory=dict, description='per-deployment secrets, JSON: {"<deployment>": "whsec_..."}'
+    )
+    hooks_signature_tolerance_s: int = Field(
+        300, gt=0, description="signed requests older than this are stale"
+    )
+    hooks_dedupe_window_s: float = Field(
+        86400.0, gt=0, description="how long an accepted Alertmanager notification dedupes its repeats"
+    )
 
     @field_validator("database_url")
     @classmethod

@@ -45,3 +45,10 @@ class AuthenticationError(DomainError):
 class PermissionDeniedError(DomainError):
     code = "forbidden"
     title = "Forbidden"
+
+
+class UnavailableError(DomainError):
+    """A dependency (the database) is not ready."""
+
+    code = "unavailable"
+    title = "Service unavailable"

@@ -35,7 +35,7 @@ class Engine(SQLModel, table=True):
     dp_rank: int | None = None
     world_size: int = 0
     generation: int = 0
-    last_heartbeat_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    last_heartbeat_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     launched_by: str = Field(sa_type=sa.String(16))
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)

@@ -30,13 +30,15 @@ class InboundHookRequest(SQLModel, table=True):
 
     id: str = Field(primary_key=True, max_length=40)
     source: str = Field(sa_type=sa.String(16))
-    deployment_name: str | None = Field(None, max_length=63)
-    deployment_id: str | None = Field(None, max_length=40, description="no foreign key: an audit record")
+    deployment_name: str | None = Field(default=None, max_length=63)
+    deployment_id: str | None = Field(
+        default=None, max_length=40, description="no foreign key: an audit record"
+    )
     requested_dp_size: int | None = None
-    target_dp_size: int | None = Field(None, description="after min/max clamping")
+    target_dp_size: int | None = Field(default=None, description="after min/max clamping")
     decision: str = Field(sa_type=sa.String(16))
     reason: str = Field(max_length=1000)
-    job_id: str | None = Field(None, max_length=40)
-    requester: str | None = Field(None, max_length=128)
-    payload: dict[str, Any] | None = Field(None, sa_type=sa.JSON)
+    job_id: str | None = Field(default=None, max_length=40)
+    requester: str | None = Field(default=None, max_length=128)
+    payload: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)

@@ -63,29 +63,31 @@ class ReconfigurationJob(SQLModel, table=True):
     from_generation: int
     to_generation: int
     requested_by: str = Field(sa_type=sa.String(16), index=True)
-    requester: str | None = Field(None, max_length=128, description="the token name")
-    reason: str | None = Field(None, max_length=1000)
-    warmup_policy: str | None = Field(None, sa_type=sa.String(16), description="resolved: eager|deferred")
+    requester: str | None = Field(default=None, max_length=128, description="the token name")
+    reason: str | None = Field(default=None, max_length=1000)
+    warmup_policy: str | None = Field(
+        default=None, sa_type=sa.String(16), description="resolved: eager|deferred"
+    )
     warmup_policy_requested: str = Field(sa_type=sa.String(16))
     strategy: str = Field(sa_type=sa.String(16))
-    progress_step: str | None = Field(None, max_length=200)
+    progress_step: str | None = Field(default=None, max_length=200)
     progress_percent: float = 0.0
     phases: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
     engine_results: list[Any] = Field(default_factory=list, sa_type=sa.JSON)
     downtime_ms: float | None = None
-    downtime: dict[str, Any] | None = Field(None, sa_type=sa.JSON)
-    error: dict[str, Any] | None = Field(None, sa_type=sa.JSON)
+    downtime: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    error: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     cleanup_state: str = Field(default=CleanupState.none.value, sa_type=sa.String(16))
-    cleanup: dict[str, Any] | None = Field(None, sa_type=sa.JSON)
+    cleanup: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     cancel_requested: bool = False
-    lease_owner: str | None = Field(None, max_length=128)
-    lease_expires_at: datetime | None = Field(None, sa_type=UTCDateTime)
-    idempotency_key: str | None = Field(None, max_length=255)
-    last_event_seq: int = Field(0, description="the seq of the newest event row (a per-job counter)")
+    lease_owner: str | None = Field(default=None, max_length=128)
+    lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    idempotency_key: str | None = Field(default=None, max_length=255)
+    last_event_seq: int = Field(default=0, description="the seq of the newest event row (a per-job counter)")
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
-    started_at: datetime | None = Field(None, sa_type=UTCDateTime)
-    finished_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class JobEvent(SQLModel, table=True):
@@ -98,10 +100,10 @@ class JobEvent(SQLModel, table=True):
     job_id: str = Field(foreign_key="reconfigurations.id", max_length=40)
     seq: int
     kind: str = Field(max_length=32, description="'transition', 'created', 'progress', 'phase', ...")
-    from_state: str | None = Field(None, sa_type=sa.String(16))
-    to_state: str | None = Field(None, sa_type=sa.String(16))
-    message: str | None = Field(None, max_length=2000)
-    data: dict[str, Any] | None = Field(None, sa_type=sa.JSON)
+    from_state: str | None = Field(default=None, sa_type=sa.String(16))
+    to_state: str | None = Field(default=None, sa_type=sa.String(16))
+    message: str | None = Field(default=None, max_length=2000)
+    data: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
 
 
@@ -116,7 +118,7 @@ class IdempotencyRecord(SQLModel, table=True):
     key: str = Field(max_length=255)
     request_hash: str = Field(max_length=64)
     state: str = Field(sa_type=sa.String(16), description="in_flight | completed")
-    job_id: str | None = Field(None, max_length=40)
+    job_id: str | None = Field(default=None, max_length=40)
     response_status: int | None = None
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
@@ -247,4 +249,6 @@ class JobDetail(JobPublic):
 class JobList(BaseModel):
     data: list[JobPublic]
     count: int = ApiField(description="jobs matching the filters, over all pages")
-    next_cursor: str | None = ApiField(description="pass as `cursor` for the next (older) page; null at the end")
+    next_cursor: str | None = ApiField(
+        description="pass as `cursor` for the next (older) page; null at the end"
+    )

@@ -88,10 +88,10 @@ class TransitionError(ConflictError):
 
     code = "invalid-transition"
 
-    def __init__(self, detail: str, *, job_id: str, from_state: JobState, to_state: JobState,
-                 **extra: Any) -> None:
-        super().__init__(detail, job_id=job_id, from_state=from_state.value, to_state=to_state.value,
-                         **extra)
+    def __init__(
+        self, detail: str, *, job_id: str, from_state: JobState, to_state: JobState, **extra: Any
+    ) -> None:
+        super().__init__(detail, job_id=job_id, from_state=from_state.value, to_state=to_state.value, **extra)
         self.job_id = job_id
         self.from_state = from_state
         self.to_state = to_state
@@ -108,10 +108,12 @@ class StaleTransitionError(TransitionError):
 
     code = "stale-transition"
 
-    def __init__(self, detail: str, *, job_id: str, from_state: JobState, to_state: JobState,
-                 current_state: JobState) -> None:
-        super().__init__(detail, job_id=job_id, from_state=from_state, to_state=to_state,
-                         current_state=current_state.value)
+    def __init__(
+        self, detail: str, *, job_id: str, from_state: JobState, to_state: JobState, current_state: JobState
+    ) -> None:
+        super().__init__(
+            detail, job_id=job_id, from_state=from_state, to_state=to_state, current_state=current_state.value
+        )
         self.current_state = current_state
 
 
@@ -156,7 +158,9 @@ def transition(
         allowed = ", ".join(sorted(ALLOWED_TRANSITIONS[from_state])) or "none: it is terminal"
         raise IllegalTransitionError(
             f"job {job_id}: {from_state} -> {to_state} is not allowed (from {from_state}: {allowed})",
-            job_id=job_id, from_state=from_state, to_state=to_state,
+            job_id=job_id,
+            from_state=from_state,
+            to_state=to_state,
         )
     values = _checked_changes(changes)
     try:
@@ -188,9 +192,16 @@ def transition(
                 raise JobNotFoundError(f"no reconfiguration {job_id}", job_id=job_id)
             raise _stale(job_id, from_state, to_state, JobState(current.state))
         session.add(
-            JobEvent(job_id=job_id, seq=seq, kind="transition", from_state=from_state.value,
-                     to_state=to_state.value, message=message, data=dict(data) if data else None,
-                     created_at=now)
+            JobEvent(
+                job_id=job_id,
+                seq=seq,
+                kind="transition",
+                from_state=from_state.value,
+                to_state=to_state.value,
+                message=message,
+                data=dict(data) if data else None,
+                created_at=now,
+            )
         )
         job = session.get(ReconfigurationJob, job_id, populate_existing=True)
         assert job is not None
@@ -238,10 +249,18 @@ def append_event(
             expected = ", ".join(sorted(JobState(s) for s in expected_states or ()))
             raise ConflictError(
                 f"job {job_id} is {current.state}, not one of: {expected}",
-                code="job-state-changed", job_id=job_id, current_state=current.state,
+                code="job-state-changed",
+                job_id=job_id,
+                current_state=current.state,
             )
-        event = JobEvent(job_id=job_id, seq=seq, kind=kind, message=message,
-                         data=dict(data) if data else None, created_at=now)
+        event = JobEvent(
+            job_id=job_id,
+            seq=seq,
+            kind=kind,
+            message=message,
+            data=dict(data) if data else None,
+            created_at=now,
+        )
         session.add(event)
         if outbox_type is not None:
             job = session.get(ReconfigurationJob, job_id, populate_existing=True)
@@ -285,7 +304,10 @@ def _bump(
 def _stale(job_id: str, from_state: JobState, to_state: JobState, current: JobState) -> StaleTransitionError:
     return StaleTransitionError(
         f"job {job_id} is {current}, not {from_state}: {from_state} -> {to_state} not performed",
-        job_id=job_id, from_state=from_state, to_state=to_state, current_state=current,
+        job_id=job_id,
+        from_state=from_state,
+        to_state=to_state,
+        current_state=current,
     )
 
 
@@ -303,7 +325,11 @@ def _add_outbox(session: Session, job: ReconfigurationJob, event_type: str) -> N
             type=event_type,
             job_id=job.id,
             deployment_id=job.deployment_id,
-            payload={"type": event_type, "timestamp": now.isoformat(), "data": summary.model_dump(mode="json")},
+            payload={
+                "type": event_type,
+                "timestamp": now.isoformat(),
+                "data": summary.model_dump(mode="json"),
+            },
             created_at=now,
         )
     )

@@ -29,10 +29,10 @@ class ApiToken(SQLModel, table=True):
     role: str = Field(sa_type=sa.String(16))
     token_hash: str = Field(max_length=64, sa_column_kwargs={"unique": True})
     token_prefix: str = Field(max_length=16, description="the secret's first characters, to recognise it")
-    created_by: str | None = Field(None, max_length=128)
+    created_by: str | None = Field(default=None, max_length=128)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
-    last_used_at: datetime | None = Field(None, sa_type=UTCDateTime)
-    revoked_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    last_used_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class TokenCreate(BaseModel):

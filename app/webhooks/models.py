@@ -39,7 +39,7 @@ class WebhookSubscription(SQLModel, table=True):
     url: str = Field(max_length=2048)
     secret: str = Field(max_length=200, description="Standard Webhooks signing secret (whsec_...)")
     event_types: list[str] = Field(default_factory=list, sa_type=sa.JSON, description="empty: all")
-    description: str | None = Field(None, max_length=500)
+    description: str | None = Field(default=None, max_length=500)
     active: bool = True
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
@@ -50,12 +50,12 @@ class OutboxEvent(SQLModel, table=True):
 
     id: str = Field(primary_key=True, max_length=40)
     type: str = Field(max_length=64, index=True)
-    job_id: str | None = Field(None, max_length=40, index=True)
-    deployment_id: str | None = Field(None, max_length=40)
+    job_id: str | None = Field(default=None, max_length=40, index=True)
+    deployment_id: str | None = Field(default=None, max_length=40)
     payload: dict[str, Any] = Field(sa_type=sa.JSON, description="{type, timestamp, data}")
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     dispatched_at: datetime | None = Field(
-        None, sa_type=UTCDateTime, index=True, description="when deliveries were created for it"
+        default=None, sa_type=UTCDateTime, index=True, description="when deliveries were created for it"
     )
 
 
@@ -66,17 +66,20 @@ class WebhookDelivery(SQLModel, table=True):
     )
 
     id: str = Field(primary_key=True, max_length=40)
-    event_id: str = Field(sa_column_args=[sa.ForeignKey("outbox_events.id", ondelete="CASCADE")], max_length=40)
+    event_id: str = Field(
+        sa_column_args=[sa.ForeignKey("outbox_events.id", ondelete="CASCADE")], max_length=40
+    )
     subscription_id: str = Field(
-        sa_column_args=[sa.ForeignKey("webhook_subscriptions.id", ondelete="CASCADE")], max_length=40,
+        sa_column_args=[sa.ForeignKey("webhook_subscriptions.id", ondelete="CASCADE")],
+        max_length=40,
         index=True,
     )
     state: str = Field(default=DeliveryState.pending.value, sa_type=sa.String(16), index=True)
     attempt_count: int = 0
-    next_attempt_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    next_attempt_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     last_status_code: int | None = None
-    last_error: str | None = Field(None, max_length=2000)
-    delivered_at: datetime | None = Field(None, sa_type=UTCDateTime)
+    last_error: str | None = Field(default=None, max_length=2000)
+    delivered_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
 
@@ -90,6 +93,6 @@ class WebhookDeliveryAttempt(SQLModel, table=True):
     )
     attempt: int
     status_code: int | None = None
-    error: str | None = Field(None, max_length=2000)
+    error: str | None = Field(default=None, max_length=2000)
     duration_ms: float = 0.0
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)

@@ -1,0 +1,31 @@
+"""`epctl`: the command line. Each command group lives in its own module under app/cli/ and is
+registered here (`app.command(...)` for a top-level command, `app.add_typer(...)` for a group)."""
+
+from __future__ import annotations
+
+import typer
+
+from app.cli.serve import serve
+
+app = typer.Typer(
+    name="epctl",
+    help="Elastic expert-parallel reconfiguration control plane.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Elastic expert-parallel reconfiguration control plane."""
+
+
+app.command("serve")(serve)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Engine registration and heartbeats, HTTP-free."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlmodel import Session, col, select
+
+from app.core.clock import utc_now
+from app.core.errors import ConflictError, NotFoundError
+from app.deployments.models import Deployment
+from app.deployments.service import get_deployment
+from app.engines.models import Engine, EngineState
+from engine_agent.protocol import AgentHeartbeat, AgentRegistration, EngineConfig
+
+
+class EngineNotFoundError(NotFoundError):
+    code = "engine-not-found"
+
+
+def register_engine(session: Session, *, registration: AgentRegistration) -> tuple[Engine, bool]:
+    """Create or update (same engine_id: idempotent). Returns (engine, created)."""
+    deployment = get_deployment(session, ref=registration.deployment)
+    expected = EngineConfig.model_validate(deployment.engine_config)
+    if registration.engine != expected:
+        raise ConflictError(
+            f"engine {registration.engine_id} runs another engine config than deployment "
+            f"{deployment.name!r}: {registration.engine.model_dump()} != {expected.model_dump()}",
+            code="engine-config-mismatch",
+            engine_id=registration.engine_id,
+        )
+    now = utc_now()
+    engine = session.get(Engine, registration.engine_id)
+    created = engine is None
+    if engine is None:
+        engine = Engine(
+            id=registration.engine_id,
+            deployment_id=deployment.id,
+            url=registration.url,
+            platform=registration.platform.value,
+            device=registration.device,
+            launched_by=deployment.launcher,
+            created_at=now,
+        )
+    elif engine.deployment_id != deployment.id and engine.state != EngineState.left:
+        raise ConflictError(
+            f"engine {engine.id} is registered with another deployment; deregister it there first",
+            code="engine-in-other-deployment",
+            engine_id=engine.id,
+        )
+    engine.deployment_id = deployment.id
+    engine.url = registration.url
+    engine.platform = registration.platform.value
+    engine.device = registration.device
+    engine.generation = registration.generation
+    engine.dp_rank = registration.rank
+    engine.state = EngineState.registered.value
+    engine.launched_by = deployment.launcher
+    engine.last_heartbeat_at = now
+    engine.updated_at = now
+    session.add(engine)
+    session.commit()
+    return engine, created
+
+
+def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartbeat) -> Engine:
+    engine = get_engine(session, engine_id=engine_id)
+    if engine.state == EngineState.left:
+        raise ConflictError(
+            f"engine {engine_id} has left; register it again", code="engine-left", engine_id=engine_id
+        )
+    now = utc_now()
+    engine.state = EngineState(heartbeat.state.value).value
+    engine.generation = heartbeat.generation
+    engine.dp_rank = heartbeat.rank
+    engine.world_size = heartbeat.world_size
+    engine.last_heartbeat_at = now
+    engine.updated_at = now
+    session.add(engine)
+    session.commit()
+    return engine
+
+
+def deregister_engine(session: Session, *, engine_id: str) -> Engine:
+    """Marks it `left` (kept for history; never picked again)."""
+    engine = get_engine(session, engine_id=engine_id)
+    engine.state = EngineState.left.value
+    engine.dp_rank = None
+    engine.updated_at = utc_now()
+    session.add(engine)
+    session.commit()
+    return engine
+
+
+def get_engine(session: Session, *, engine_id: str) -> Engine:
+    engine = session.get(Engine, engine_id)
+    if engine is None:
+        raise EngineNotFoundError(f"no engine {engine_id!r}", engine_id=engine_id)
+    return engine
+
+
+def list_engines(
+    session: Session, *, deployment: str | None = None, state: EngineState | None = None
+) -> list[Engine]:
+    statement = select(Engine)
+    if deployment is not None:
+        statement = statement.where(Engine.deployment_id == get_deployment(session, ref=deployment).id)
+    if state is not None:
+        statement = statement.where(Engine.state == state.value)
+    return list(session.exec(statement.order_by(col(Engine.deployment_id), col(Engine.id))).all())
+
+
+def available_engines(session: Session, *, deployment_id: str) -> list[Engine]:
+    """The engines a job may use: registered with the deployment and not `left`."""
+    return list(
+        session.exec(
+            select(Engine)
+            .where(Engine.deployment_id == deployment_id, Engine.state != EngineState.left.value)
+            .order_by(col(Engine.dp_rank).is_(None), col(Engine.dp_rank), col(Engine.created_at))
+        ).all()
+    )
+
+
+def mark_unreachable(session: Session, *, silent_since: datetime) -> list[str]:
+    """Engines whose last heartbeat is older than `silent_since` become `unreachable`; returns their ids."""
+    live = [
+        EngineState.registered.value,
+        EngineState.serving.value,
+        EngineState.idle.value,
+        EngineState.paused.value,
+    ]
+    stale = list(
+        session.exec(
+            select(Engine.id).where(col(Engine.state).in_(live), col(Engine.last_heartbeat_at) < silent_since)
+        ).all()
+    )
+    if stale:
+        session.execute(
+            sa.update(Engine)
+            .where(col(Engine.id).in_(stale))
+            .values(state=EngineState.unreachable.value, updated_at=utc_now())
+        )
+        session.commit()
+    return stale
+
+
+def deployment_names(session: Session, deployment_ids: set[str]) -> dict[str, str]:
+    if not deployment_ids:
+        return {}
+    rows = session.exec(select(Deployment.id, Deployment.name).where(col(Deployment.id).in_(deployment_ids)))
+    return dict(rows.all())

@@ -1,0 +1,121 @@
+"""API tokens: create (the secret is returned once), list, revoke, authenticate. HTTP-free."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from contextlib import suppress
+from datetime import timedelta
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from app.core.clock import utc_now
+from app.core.errors import ConflictError, NotFoundError
+from app.core.ids import new_id
+from app.tokens.models import ApiToken, TokenRole
+
+TOKEN_ID_PREFIX = "tok"
+SECRET_PREFIX = "epctl_"
+FIRST_ADMIN_NAME = "admin"
+ENV_ADMIN_NAME = "admin-env"
+# Reads must not turn into writes on every request; last_used_at is refreshed at most this often.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class TokenNotFoundError(NotFoundError):
+    code = "token-not-found"
+
+
+def hash_token(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def generate_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def create_token(
+    session: Session, *, name: str, role: TokenRole, created_by: str | None = None, secret: str | None = None
+) -> tuple[ApiToken, str]:
+    """Returns the row and the secret (shown to the user once; only its hash is stored)."""
+    secret = secret or generate_secret()
+    token = ApiToken(
+        id=new_id(TOKEN_ID_PREFIX),
+        name=name,
+        role=role.value,
+        token_hash=hash_token(secret),
+        token_prefix=secret[:12],
+        created_by=created_by,
+    )
+    session.add(token)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise ConflictError(
+            f"a token named {name!r} (or with this secret) already exists", code="token-exists", name=name
+        ) from None
+    return token, secret
+
+
+def list_tokens(session: Session) -> list[ApiToken]:
+    return list(session.exec(select(ApiToken).order_by(col(ApiToken.created_at))).all())
+
+
+def get_token(session: Session, *, ref: str) -> ApiToken:
+    token = session.get(ApiToken, ref) or session.exec(select(ApiToken).where(ApiToken.name == ref)).first()
+    if token is None:
+        raise TokenNotFoundError(f"no token {ref!r}", token=ref)
+    return token
+
+
+def revoke_token(session: Session, *, ref: str) -> ApiToken:
+    token = get_token(session, ref=ref)
+    if token.revoked_at is None:
+        token.revoked_at = utc_now()
+        session.add(token)
+        session.commit()
+    return token
+
+
+def authenticate(session: Session, *, secret: str) -> ApiToken | None:
+    """The live token with this secret, or None."""
+    token = session.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(secret))).first()
+    if token is None or token.revoked_at is not None:
+        return None
+    now = utc_now()
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+        token.last_used_at = now
+        session.add(token)
+        session.commit()
+    return token
+
+
+def ensure_first_admin(session: Session, *, env_secret: str | None) -> str | None:
+    """Make sure an admin can get in. EPCTL_ADMIN_TOKEN, when set, is always accepted (added if new).
+    Without it, the first start generates one admin token and returns its secret (to print once);
+    later starts return None."""
+    if env_secret is not None:
+        if (
+            session.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(env_secret))).first()
+            is None
+        ):
+            with suppress(ConflictError):  # another coordinator started at the same moment and added it
+                create_token(
+                    session,
+                    name=ENV_ADMIN_NAME,
+                    role=TokenRole.admin,
+                    secret=env_secret,
+                    created_by="EPCTL_ADMIN_TOKEN",
+                )
+        return None
+    if session.exec(select(ApiToken.id)).first() is not None:
+        return None
+    try:
+        _, secret = create_token(
+            session, name=FIRST_ADMIN_NAME, role=TokenRole.admin, created_by="first start"
+        )
+    except ConflictError:
+        return None  # another coordinator generated it first
+    return secret

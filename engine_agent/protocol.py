@@ -148,6 +148,7 @@ class AgentError(BaseModel):
     type: str  # machine-readable, e.g. "policy_mismatch", "rendezvous_timeout", "cleanup_failed"
     message: str
     step: str | None = None
+    engines: list[str] = Field(default_factory=list, description="the engines the error names, if any")
 
 
 class PauseInterval(BaseModel):
@@ -258,7 +259,10 @@ class FaultInjection(BaseModel):
 
     fail_next_cleanup: bool = False
     fail_prepare_at_step: str | None = None
-    hang_prepare_at_step: str | None = None
+    hang_prepare_at_step: str | None = Field(
+        None, description="stop at this prepare step until aborted or released (release_hang)"
+    )
+    release_hang: bool = Field(False, description="let a prepare held by hang_prepare_at_step go on")
     fail_next_switch: bool = False
     warmup_policy_override: WarmupPolicy | None = Field(
         None, description="pretend the job said this policy (to show the mismatch check)"

@@ -1,0 +1,116 @@
+"""`epctl-agent`: one engine agent. Also the ASGI app `engine_agent.main:app` (settings from
+EPCTL_AGENT_* variables; nothing heavy starts at import: the agent is built when the app is served)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+
+import uvicorn
+
+from engine_agent.api import create_app
+from engine_agent.protocol import Platform
+from engine_agent.settings import AgentSettings
+
+__all__ = ["app", "create_app", "main"]
+
+app = create_app()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="epctl-agent", description="Run one engine agent (reference MoE engine)."
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--port", type=int, default=0, help="0: pick a free port (printed, and written to --ready-file)"
+    )
+    p.add_argument("--url", help="the URL to advertise (default http://host:port)")
+    p.add_argument("--engine-id")
+    p.add_argument("--platform", choices=[p.value for p in Platform], default="cpu")
+    p.add_argument("--device", help="cpu, or cuda:N on cuda/rocm (default cuda:0)")
+    p.add_argument("--num-logical-experts", type=int, default=16)
+    p.add_argument("--num-redundant-experts", type=int, default=0)
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--intermediate-size", type=int, default=128)
+    p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--coordinator", help="coordinator base URL: register there and send heartbeats")
+    p.add_argument("--deployment", help="the deployment to register into")
+    p.add_argument(
+        "--token", default=os.environ.get("EPCTL_TOKEN"), help="bearer token (default $EPCTL_TOKEN)"
+    )
+    p.add_argument("--heartbeat-s", type=float, default=3.0)
+    p.add_argument(
+        "--enable-fault-injection", action="store_true", help="accept POST /v1/faults (tests only)"
+    )
+    p.add_argument("--ready-file", help="write the bound URL here once HTTP is served")
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # Bind first, so port 0 resolves to a real port before the agent (and its URL) exists.
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    port = sock.getsockname()[1]
+    settings = AgentSettings(
+        host=args.host,
+        port=port,
+        url=args.url,
+        engine_id=args.engine_id,
+        platform=Platform(args.platform),
+        device=args.device,
+        num_logical_experts=args.num_logical_experts,
+        num_redundant_experts=args.num_redundant_experts,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        top_k=args.top_k,
+        dtype=args.dtype,
+        seed=args.seed,
+        coordinator=args.coordinator,
+        deployment=args.deployment,
+        token=args.token,
+        heartbeat_s=args.heartbeat_s,
+        enable_fault_injection=args.enable_fault_injection,
+        ready_file=args.ready_file,
+    )
+    url = settings.url or f"http://{settings.advertised_host()}:{port}"
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings, url=url), log_level=args.log_level, access_log=False, lifespan="on"
+        )
+    )
+
+    def announce_ready() -> None:
+        while not server.started:
+            if server.should_exit:
+                return
+            time.sleep(0.01)
+        print(url, flush=True)
+        if settings.ready_file:
+            tmp = f"{settings.ready_file}.tmp"
+            with open(tmp, "w") as f:
+                f.write(url + "\n")
+            os.replace(tmp, settings.ready_file)  # readers never see a half-written file
+
+    threading.Thread(target=announce_ready, name="ready", daemon=True).start()
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The reference MoE layer: deterministic weights, the single-process forward, and the distributed
+step math one EP rank runs.
+
+Every weight comes from (seed, stream, index) through a CPU `torch.Generator`, so any engine can
+recompute any expert ("load it from the checkpoint") and tests can check outputs exactly. One logical
+expert's weights are packed into one contiguous 1-D buffer (gate, up, down), so moving an expert is
+moving one row of bytes.
+
+Gating: softmax over the router logits, top-k, the k weights renormalised to sum to 1. Expert MLP:
+SiLU-gated, `down(silu(gate(x)) * up(x))`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from engine_agent.protocol import EngineConfig
+
+_ROUTER_STREAM = 1
+_EXPERT_STREAM = 2
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(seed: int, stream: int, index: int) -> int:
+    """A 63-bit generator seed from (seed, stream, index): splitmix64 over their combination."""
+    z = (seed * 0x9E3779B97F4A7C15 + stream * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+def torch_dtype(config: EngineConfig) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[config.dtype]
+
+
+def expert_numel(config: EngineConfig) -> int:
+    """Elements in one packed expert: gate [I, H], up [I, H], down [H, I]."""
+    return 3 * config.intermediate_size * config.hidden_size
+
+
+def expert_nbytes(config: EngineConfig) -> int:
+    return expert_numel(config) * torch.empty((), dtype=torch_dtype(config)).element_size()
+
+
+def router_weights(config: EngineConfig, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The gate of the layer, [num_logical_experts, hidden_size], in fp32 (routing is never lowered)."""
+    generator = torch.Generator().manual_seed(_mix(config.seed, _ROUTER_STREAM, 0))
+    weights = torch.randn(config.num_logical_experts, config.hidden_size, generator=generator)
+    return (weights / math.sqrt(config.hidden_size)).to(device)
+
+
+def expert_weights(config: EngineConfig, expert: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Logical expert `expert`'s packed 1-D buffer, recomputed from the seed (our "checkpoint")."""
+    if not 0 <= expert < config.num_logical_experts:
+        raise ValueError(f"expert {expert} out of range [0, {config.num_logical_experts})")
+    hidden, inter = config.hidden_size, config.intermediate_size
+    generator = torch.Generator().manual_seed(_mix(config.seed, _EXPERT_STREAM, expert))
+    gate_up = torch.randn(2 * inter * hidden, generator=generator) / math.sqrt(hidden)
+    down = torch.randn(hidden * inter, generator=generator) / math.sqrt(inter)
+    return torch.cat([gate_up, down]).to(device=device, dtype=torch_dtype(config)).contiguous()
+
+
+def unpack(config: EngineConfig, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views (gate [I, H], up [I, H], down [H, I]) into one packed expert buffer."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    block = inter * hidden
+    gate = packed[:block].view(inter, hidden)
+    up = packed[block : 2 * block].view(inter, hidden)
+    down = packed[2 * block : 3 * block].view(hidden, inter)
+    return gate, up, down
+
+
+def expert_mlp(config: EngineConfig, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    gate, up, down = unpack(config, packed)
+    return (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
+
+
+def route(
+    config: EngineConfig, router: torch.Tensor, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-k logical expert ids [T, k], their gate weights [T, k]) for fp32 tokens [T, H]."""
+    probs = torch.softmax(tokens.float() @ router.T, dim=-1)
+    top_k = min(config.top_k, config.num_logical_experts)
+    weights, experts = torch.topk(probs, top_k, dim=-1)
+    return experts, weights / weights.sum(dim=-1, keepdim=True)
+
+
+def reference_forward(config: EngineConfig, tokens: torch.Tensor) -> torch.Tensor:
+    """The layer computed in one process with every expert recomputed from the seed: the accuracy
+    reference for a deployment of any size. tokens [T, H] -> outputs [T, H] (fp32)."""
+    tokens = tokens.float()
+    experts, gate_weights = route(config, router_weights(config), tokens)
+    out = torch.zeros_like(tokens)
+    dtype = torch_dtype(config)
+    for expert in torch.unique(experts).tolist():
+        rows, which = (experts == expert).nonzero(as_tuple=True)
+        y = expert_mlp(config, expert_weights(config, expert), tokens[rows].to(dtype)).float()
+        out.index_add_(0, rows, y * gate_weights[rows, which].unsqueeze(-1))
+    return out
+
+
+@dataclass(frozen=True)
+class ReplicaTable:
+    """For each logical expert, its replicas' (rank, slot) as tensors, for vectorised replica choice."""
+
+    counts: torch.Tensor  # [L] replicas per logical expert
+    ranks: torch.Tensor  # [L, max_replicas]
+    slots: torch.Tensor  # [L, max_replicas]
+
+    @classmethod
+    def build(cls, placement: list[list[int]], num_logical: int, device: torch.device | str) -> ReplicaTable:
+        replicas: list[list[tuple[int, int]]] = [[] for _ in range(num_logical)]
+        for rank, slots in enumerate(placement):
+            for slot, expert in enumerate(slots):
+                replicas[expert].append((rank, slot))
+        width = max(len(r) for r in replicas)
+        ranks = torch.full((num_logical, width), -1, dtype=torch.int64)
+        slots_t = torch.full((num_logical, width), -1, dtype=torch.int64)
+        for expert, places in enumerate(replicas):
+            for i, (rank, slot) in enumerate(places):
+                ranks[expert, i] = rank
+                slots_t[expert, i] = slot
+        counts = torch.tensor([max(len(r), 1) for r in replicas], dtype=torch.int64)
+        return cls(counts.to(device), ranks.to(device), slots_t.to(device))
+
+
+def local_contribution(
+    config: EngineConfig,
+    router: torch.Tensor,
+    tokens: torch.Tensor,
+    rank: int,
+    placement: list[list[int]],
+    table: ReplicaTable,
+    weights: Mapping[int, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One EP rank's share of a step over the gathered batch tokens [T, H] (every rank sees the same).
+
+    A (token, expert) pair is computed by exactly one replica of the expert: replica number
+    (global token index mod replica count), so the ranks' partial outputs sum (all-reduce) to the
+    layer's output. Returns (partial output [T, H] fp32, top-k expert ids [T, k] for load accounting).
+    """
+    tokens = tokens.float()
+    experts, gate_weights = route(config, router, tokens)
+    token_index = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(-1).expand_as(experts)
+    choice = token_index % table.counts[experts]
+    chosen_rank = table.ranks[experts, choice]
+    chosen_slot = table.slots[experts, choice]
+    out = torch.zeros_like(tokens)
+    dtype = torch_dtype(config)
+    for slot, expert in enumerate(placement[rank]):
+        mask = (experts == expert) & (chosen_rank == rank) & (chosen_slot == slot)
+        rows, which = mask.nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        y = expert_mlp(config, weights[expert], tokens[rows].to(dtype)).float()
+        out.index_add_(0, rows, y * gate_weights[rows, which].unsqueeze(-1))
+    return out, experts

@@ -1,0 +1,456 @@
+"""The outbound webhook delivery worker: outbox -> per-subscription deliveries -> signed POSTs, with retries.
+
+Two steps, each safe with several coordinators on one database:
+
+1. **Dispatch**: an outbox event (written in the same transaction as the job change) is claimed with
+   `UPDATE outbox_events SET dispatched_at = now WHERE id = :id AND dispatched_at IS NULL`; the winner
+   creates one delivery per matching active subscription in the same transaction. A crash before the
+   commit leaves the event undispatched, so the next worker (after a restart, or another coordinator)
+   dispatches it: no event is lost.
+2. **Attempt**: a due delivery is claimed with a compare-and-set that pushes `next_attempt_at` one lease
+   into the future (`... WHERE id = :id AND state = 'pending' AND next_attempt_at <= now`): the lease row
+   without an extra column. A worker killed mid-attempt leaves the delivery due again when the lease
+   ends, and it is attempted again with the same `webhook-id` (the outbox event id), so a receiver that
+   saw the first try dedupes the second. The attempt's result is written (attempt row + delivery update)
+   in one transaction.
+
+Retries back off exponentially (`retry_base_s * 2^(n-1)`, capped at `retry_max_s`); a `Retry-After` on
+the response (seconds or an HTTP date) replaces the backoff. `410 Gone` disables the subscription and
+fails the delivery; other deliveries of a disabled subscription wait (pending) until it is re-enabled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from app import metrics
+from app.core.clock import utc_now
+from app.core.config import Settings
+from app.core.ids import new_id
+from app.webhooks import signing
+from app.webhooks.models import (
+    DeliveryState,
+    EventType,
+    OutboxEvent,
+    WebhookDelivery,
+    WebhookDeliveryAttempt,
+    WebhookSubscription,
+)
+from app.webhooks.service import DELIVERY_ID_PREFIX, subscription_wants
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = "epctl-webhooks/1"
+# A receiver may ask for a long pause, but not for longer than a day.
+MAX_RETRY_AFTER_S = 86400.0
+_ERROR_LIMIT = 2000
+TERMINAL_EVENT_TYPES = frozenset(
+    {EventType.succeeded, EventType.failed, EventType.rolled_back, EventType.cancelled}
+)
+
+
+@dataclass(frozen=True)
+class DeliveryPolicy:
+    poll_s: float = 0.5
+    timeout_s: float = 10.0
+    retry_base_s: float = 2.0
+    retry_max_s: float = 600.0
+    max_attempts: int = 12
+    claim_lease_s: float = 60.0
+    concurrency: int = 8
+    dispatch_batch: int = 100
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DeliveryPolicy:
+        return cls(
+            poll_s=settings.webhook_poll_s,
+            timeout_s=settings.webhook_timeout_s,
+            retry_base_s=settings.webhook_retry_base_s,
+            retry_max_s=settings.webhook_retry_max_s,
+            max_attempts=settings.webhook_max_attempts,
+            # A lease shorter than an attempt would let a second worker retry a delivery still in flight.
+            claim_lease_s=max(settings.webhook_claim_lease_s, settings.webhook_timeout_s + 1.0),
+        )
+
+    def backoff_s(self, attempts_made: int) -> float:
+        return float(min(self.retry_base_s * 2 ** max(attempts_made - 1, 0), self.retry_max_s))
+
+
+@dataclass(frozen=True)
+class ClaimedDelivery:
+    delivery_id: str
+    event_id: str  # also the webhook-id of every attempt
+    event_type: str
+    subscription_id: str
+    url: str
+    secret: str
+    body: bytes
+    attempt: int  # the number of the attempt about to be made (1-based)
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    status_code: int | None
+    error: str | None
+    duration_ms: float
+    retry_after_s: float | None
+
+    @property
+    def delivered(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+    @property
+    def gone(self) -> bool:
+        return self.status_code == 410
+
+    @property
+    def outcome(self) -> str:
+        if self.delivered:
+            return "delivered"
+        if self.gone:
+            return "gone"
+        return "failed" if self.status_code is not None else "error"
+
+
+def parse_retry_after(value: str | None, now: datetime) -> float | None:
+    """`Retry-After` as seconds from `now`: delta-seconds or an HTTP date; None when absent or unreadable."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    if text.isdigit():
+        seconds = float(text)
+    else:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = (when - now).total_seconds()
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def encode_payload(payload: dict[str, Any]) -> bytes:
+    """The exact bytes sent and signed; stable for every attempt of one event."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode()
+
+
+class DeliveryWorker:
+    def __init__(
+        self,
+        engine: Engine,
+        policy: DeliveryPolicy,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.engine = engine
+        self.policy = policy
+        self.transport = transport
+        self.clock = clock
+
+    # -- step 1: outbox -> deliveries ------------------------------------------------------------------
+
+    def dispatch_outbox(self) -> int:
+        """Create the deliveries of every undispatched outbox event; return how many events were taken."""
+        with Session(self.engine, expire_on_commit=False) as session:
+            candidates = session.exec(
+                select(OutboxEvent.id)
+                .where(col(OutboxEvent.dispatched_at).is_(None))
+                .order_by(col(OutboxEvent.created_at), col(OutboxEvent.id))
+                .limit(self.policy.dispatch_batch)
+            ).all()
+        taken = 0
+        for event_id in candidates:
+            if self._dispatch_one(event_id):
+                taken += 1
+        return taken
+
+    def _dispatch_one(self, event_id: str) -> bool:
+        now = self.clock()
+        with Session(self.engine, expire_on_commit=False) as session:
+            claimed = session.execute(
+                sa.update(OutboxEvent)
+                .where(col(OutboxEvent.id) == event_id, col(OutboxEvent.dispatched_at).is_(None))
+                .values(dispatched_at=now)
+            )
+            if claimed.rowcount != 1:  # type: ignore[attr-defined]
+                session.rollback()
+                return False
+            event = session.get(OutboxEvent, event_id)
+            assert event is not None
+            subscriptions = session.exec(
+                select(WebhookSubscription).where(col(WebhookSubscription.active).is_(True))
+            ).all()
+            for subscription in subscriptions:
+                if subscription_wants(subscription, event.type):
+                    session.add(
+                        WebhookDelivery(
+                            id=new_id(DELIVERY_ID_PREFIX),
+                            event_id=event.id,
+                            subscription_id=subscription.id,
+                            state=DeliveryState.pending.value,
+                            next_attempt_at=now,
+                            last_status_code=None,
+                            last_error=None,
+                            delivered_at=None,
+                            created_at=now,
+                            updated_at=now,
+                        )
+                    )
+            event_type, payload = event.type, dict(event.payload or {})
+            session.commit()
+        # Each outbox event is dispatched exactly once across coordinators: count finished jobs here.
+        if event_type in TERMINAL_EVENT_TYPES:
+            _observe_finished_job(payload.get("data") or {})
+        return True
+
+    # -- step 2: attempts ------------------------------------------------------------------------------
+
+    def claim_due(self, limit: int) -> list[ClaimedDelivery]:
+        if limit <= 0:
+            return []
+        now = self.clock()
+        next_at = col(WebhookDelivery.next_attempt_at)
+        due = sa.or_(next_at.is_(None), next_at <= now)
+        with Session(self.engine, expire_on_commit=False) as session:
+            candidates = session.exec(
+                select(WebhookDelivery.id)
+                .join(
+                    WebhookSubscription, col(WebhookSubscription.id) == col(WebhookDelivery.subscription_id)
+                )
+                .where(
+                    col(WebhookDelivery.state) == DeliveryState.pending.value,
+                    col(WebhookSubscription.active).is_(True),
+                    due,
+                )
+                .order_by(col(WebhookDelivery.next_attempt_at), col(WebhookDelivery.id))
+                .limit(limit)
+            ).all()
+        claimed: list[ClaimedDelivery] = []
+        lease_until = now + timedelta(seconds=self.policy.claim_lease_s)
+        for delivery_id in candidates:
+            with Session(self.engine, expire_on_commit=False) as session:
+                result = session.execute(
+                    sa.update(WebhookDelivery)
+                    .where(
+                        col(WebhookDelivery.id) == delivery_id,
+                        col(WebhookDelivery.state) == DeliveryState.pending.value,
+                        due,
+                    )
+                    .values(next_attempt_at=lease_until, updated_at=now)
+                )
+                if result.rowcount != 1:  # type: ignore[attr-defined]
+                    session.rollback()
+                    continue
+                row = session.exec(
+                    select(WebhookDelivery, OutboxEvent, WebhookSubscription)
+                    .join(OutboxEvent, col(OutboxEvent.id) == col(WebhookDelivery.event_id))
+                    .join(
+                        WebhookSubscription,
+                        col(WebhookSubscription.id) == col(WebhookDelivery.subscription_id),
+                    )
+                    .where(col(WebhookDelivery.id) == delivery_id)
+                ).one()
+                session.commit()
+            delivery, event, subscription = row
+            claimed.append(
+                ClaimedDelivery(
+                    delivery_id=delivery.id,
+                    event_id=event.id,
+                    event_type=event.type,
+                    subscription_id=subscription.id,
+                    url=subscription.url,
+                    secret=subscription.secret,
+                    body=encode_payload(event.payload),
+                    attempt=delivery.attempt_count + 1,
+                )
+            )
+        return claimed
+
+    async def attempt(self, client: httpx.AsyncClient, claimed: ClaimedDelivery) -> AttemptResult:
+        headers = signing.signature_headers(claimed.secret, claimed.event_id, int(time.time()), claimed.body)
+        headers["content-type"] = "application/json"
+        headers["user-agent"] = USER_AGENT
+        started = time.perf_counter()
+        try:
+            response = await client.post(
+                claimed.url, content=claimed.body, headers=headers, timeout=self.policy.timeout_s
+            )
+        except httpx.TimeoutException:
+            error = f"timed out after {self.policy.timeout_s:g} s"
+            return AttemptResult(None, error, _ms_since(started), None)
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"[:_ERROR_LIMIT]
+            return AttemptResult(None, error, _ms_since(started), None)
+        duration_ms = _ms_since(started)
+        if 200 <= response.status_code < 300:
+            return AttemptResult(response.status_code, None, duration_ms, None)
+        retry_after = parse_retry_after(response.headers.get("retry-after"), self.clock())
+        snippet = response.text[:200].strip()
+        error = f"HTTP {response.status_code}" + (f": {snippet}" if snippet else "")
+        return AttemptResult(response.status_code, error[:_ERROR_LIMIT], duration_ms, retry_after)
+
+    def record(self, claimed: ClaimedDelivery, result: AttemptResult) -> None:
+        now = self.clock()
+        values: dict[str, Any] = {
+            "attempt_count": claimed.attempt,
+            "last_status_code": result.status_code,
+            "last_error": result.error,
+            "updated_at": now,
+        }
+        disable_subscription = False
+        if result.delivered:
+            values.update(state=DeliveryState.succeeded.value, delivered_at=now, next_attempt_at=None)
+        elif result.gone:
+            disable_subscription = True
+            values.update(
+                state=DeliveryState.failed.value,
+                next_attempt_at=None,
+                last_error=f"{result.error}; endpoint gone (410): subscription disabled"[:_ERROR_LIMIT],
+            )
+        elif claimed.attempt >= self.policy.max_attempts:
+            values.update(
+                state=DeliveryState.failed.value,
+                next_attempt_at=None,
+                last_error=f"{result.error}; gave up after {claimed.attempt} attempts"[:_ERROR_LIMIT],
+            )
+        else:
+            delay = result.retry_after_s
+            if delay is None:
+                delay = self.policy.backoff_s(claimed.attempt)
+            values["next_attempt_at"] = now + timedelta(seconds=delay)
+        with Session(self.engine, expire_on_commit=False) as session:
+            session.add(
+                WebhookDeliveryAttempt(
+                    delivery_id=claimed.delivery_id,
+                    attempt=claimed.attempt,
+                    status_code=result.status_code,
+                    error=result.error,
+                    duration_ms=result.duration_ms,
+                    created_at=now,
+                )
+            )
+            # Only the holder of this attempt number moves the delivery on: if our lease ran out and
+            # another worker already recorded it, our attempt stays in the log and changes nothing else.
+            session.execute(
+                sa.update(WebhookDelivery)
+                .where(
+                    col(WebhookDelivery.id) == claimed.delivery_id,
+                    col(WebhookDelivery.attempt_count) == claimed.attempt - 1,
+                    col(WebhookDelivery.state) == DeliveryState.pending.value,
+                )
+                .values(**values)
+            )
+            if disable_subscription:
+                session.execute(
+                    sa.update(WebhookSubscription)
+                    .where(col(WebhookSubscription.id) == claimed.subscription_id)
+                    .values(active=False, updated_at=now)
+                )
+            session.commit()
+        metrics.record_webhook_delivery(result.outcome)
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    def _client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=self.transport, follow_redirects=False)
+
+    async def run_once(self) -> int:
+        """Dispatch, then attempt every due delivery once and wait for them; return attempts made."""
+        await asyncio.to_thread(self.dispatch_outbox)
+        claimed = await asyncio.to_thread(self.claim_due, self.policy.concurrency)
+        async with self._client() as client:
+            await asyncio.gather(*(self._attempt_and_record(client, c) for c in claimed))
+        return len(claimed)
+
+    async def _attempt_and_record(self, client: httpx.AsyncClient, claimed: ClaimedDelivery) -> None:
+        result = await self.attempt(client, claimed)
+        await asyncio.to_thread(self.record, claimed, result)
+
+    async def run_forever(self) -> None:
+        """Poll until cancelled. Attempts run as tasks, so one slow endpoint does not hold up the rest."""
+        in_flight: set[asyncio.Task[None]] = set()
+        async with self._client() as client:
+            try:
+                while True:
+                    try:
+                        await asyncio.to_thread(self.dispatch_outbox)
+                        free = self.policy.concurrency - len(in_flight)
+                        for claimed in await asyncio.to_thread(self.claim_due, free):
+                            task = asyncio.create_task(self._attempt_and_record(client, claimed))
+                            in_flight.add(task)
+                            task.add_done_callback(_finished(in_flight))
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:  # the database may be briefly unreachable: keep going
+                        log.exception("webhook delivery worker: poll failed")
+                    await asyncio.sleep(self.policy.poll_s)
+            finally:
+                for task in in_flight:
+                    task.cancel()
+                await asyncio.gather(*in_flight, return_exceptions=True)
+
+
+def _finished(in_flight: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
+    def done(task: asyncio.Task[None]) -> None:
+        in_flight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("webhook delivery attempt failed to record", exc_info=task.exception())
+
+    return done
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000.0, 3)
+
+
+def _observe_finished_job(job: dict[str, Any]) -> None:
+    phase_durations: dict[str, float] = {}
+    for phase, times in (job.get("phases") or {}).items():
+        try:
+            started = datetime.fromisoformat(times["started_at"])
+            ended = datetime.fromisoformat(times["ended_at"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        seconds = (ended - started).total_seconds()
+        if math.isfinite(seconds):
+            phase_durations[phase] = seconds
+    downtime = job.get("downtime_ms")
+    metrics.observe_job_finished(
+        outcome=str(job.get("state", "unknown")),
+        requested_by=str(job.get("requested_by", "unknown")),
+        downtime_ms=float(downtime) if isinstance(downtime, int | float) else None,
+        phase_durations_s=phase_durations,
+    )
+
+
+@contextlib.asynccontextmanager
+async def delivery_worker(engine: Engine, settings: Settings) -> AsyncIterator[DeliveryWorker | None]:
+    """Run the worker for the life of the app (a lifespan helper); a no-op when disabled in settings."""
+    if not settings.webhook_worker_enabled:
+        yield None
+        return
+    worker = DeliveryWorker(engine, DeliveryPolicy.from_settings(settings))
+    task = asyncio.create_task(worker.run_forever(), name="webhook-delivery-worker")
+    try:
+        yield worker
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

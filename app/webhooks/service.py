@@ -1,0 +1,262 @@
+"""Outbound webhook subscriptions and their delivery log: HTTP-free functions taking a `session`.
+
+A subscription's secret (`whsec_...`) is generated here and returned once, by `create_subscription`
+and `rotate_secret`; later reads never show it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import sqlalchemy as sa
+from pydantic import BaseModel, Field, field_validator
+from sqlmodel import Session, col, select
+
+from app.core.clock import utc_now
+from app.core.errors import NotFoundError
+from app.core.ids import new_id
+from app.webhooks import signing
+from app.webhooks.models import (
+    DeliveryState,
+    EventType,
+    OutboxEvent,
+    WebhookDelivery,
+    WebhookDeliveryAttempt,
+    WebhookSubscription,
+)
+
+SUBSCRIPTION_ID_PREFIX = "whk"
+DELIVERY_ID_PREFIX = "dlv"
+
+
+def _checked_url(url: str) -> str:
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("url must be an absolute http:// or https:// URL")
+    return url.strip()
+
+
+class WebhookCreate(BaseModel):
+    url: str = Field(max_length=2048, description="where events are POSTed")
+    event_types: list[EventType] = Field(default_factory=list, description="empty: every event type")
+    description: str | None = Field(None, max_length=500)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _checked_url(value)
+
+
+class WebhookUpdate(BaseModel):
+    """Only the fields given change; `active: true` re-enables a subscription disabled by a 410."""
+
+    url: str | None = Field(None, max_length=2048)
+    event_types: list[EventType] | None = None
+    description: str | None = Field(None, max_length=500)
+    active: bool | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else _checked_url(value)
+
+
+class WebhookPublic(BaseModel):
+    id: str
+    url: str
+    event_types: list[EventType]
+    description: str | None
+    active: bool
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: WebhookSubscription) -> WebhookPublic:
+        return cls(
+            id=row.id,
+            url=row.url,
+            event_types=[EventType(t) for t in row.event_types or []],
+            description=row.description,
+            active=row.active,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+class WebhookCreated(WebhookPublic):
+    secret: str = Field(description="the Standard Webhooks signing secret (whsec_...): shown only here")
+
+
+class WebhookList(BaseModel):
+    data: list[WebhookPublic]
+    count: int
+
+
+class DeliveryAttemptPublic(BaseModel):
+    attempt: int
+    status_code: int | None
+    error: str | None
+    duration_ms: float
+    created_at: datetime
+
+
+class DeliveryPublic(BaseModel):
+    id: str
+    event_id: str = Field(description="the outbox event; also the `webhook-id` header of every attempt")
+    event_type: str
+    job_id: str | None
+    state: DeliveryState
+    attempt_count: int
+    next_attempt_at: datetime | None
+    last_status_code: int | None
+    last_error: str | None
+    delivered_at: datetime | None
+    created_at: datetime
+    attempts: list[DeliveryAttemptPublic]
+
+
+class DeliveryList(BaseModel):
+    data: list[DeliveryPublic]
+    count: int = Field(description="deliveries of this subscription, over all pages")
+
+
+class SubscriptionNotFound(NotFoundError):
+    code = "webhook-not-found"
+
+
+def create_subscription(session: Session, data: WebhookCreate) -> WebhookCreated:
+    now = utc_now()
+    secret = signing.generate_secret()
+    row = WebhookSubscription(
+        id=new_id(SUBSCRIPTION_ID_PREFIX),
+        url=data.url,
+        secret=secret,
+        event_types=[t.value for t in data.event_types],
+        description=data.description,
+        active=True,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(row)
+    session.commit()
+    return WebhookCreated(**WebhookPublic.from_row(row).model_dump(), secret=secret)
+
+
+def get_subscription(session: Session, subscription_id: str) -> WebhookSubscription:
+    row = session.get(WebhookSubscription, subscription_id)
+    if row is None:
+        raise SubscriptionNotFound(f"no webhook subscription {subscription_id}", webhook_id=subscription_id)
+    return row
+
+
+def list_subscriptions(session: Session) -> WebhookList:
+    rows = session.exec(select(WebhookSubscription).order_by(col(WebhookSubscription.created_at))).all()
+    return WebhookList(data=[WebhookPublic.from_row(r) for r in rows], count=len(rows))
+
+
+def update_subscription(session: Session, subscription_id: str, data: WebhookUpdate) -> WebhookPublic:
+    row = get_subscription(session, subscription_id)
+    given = data.model_dump(exclude_unset=True)
+    if given.get("url") is not None:
+        row.url = given["url"]
+    if given.get("event_types") is not None:
+        row.event_types = [EventType(t).value for t in given["event_types"]]
+    if "description" in given:
+        row.description = given["description"]
+    if given.get("active") is not None:
+        row.active = bool(given["active"])
+    row.updated_at = utc_now()
+    session.add(row)
+    session.commit()
+    return WebhookPublic.from_row(row)
+
+
+def rotate_secret(session: Session, subscription_id: str) -> WebhookCreated:
+    """A new secret, effective for the next attempt; shown once."""
+    row = get_subscription(session, subscription_id)
+    row.secret = signing.generate_secret()
+    row.updated_at = utc_now()
+    session.add(row)
+    session.commit()
+    return WebhookCreated(**WebhookPublic.from_row(row).model_dump(), secret=row.secret)
+
+
+def delete_subscription(session: Session, subscription_id: str) -> None:
+    row = get_subscription(session, subscription_id)
+    # Explicit, not only ON DELETE CASCADE: SQLite enforces it only with foreign_keys=ON.
+    delivery_ids = select(WebhookDelivery.id).where(WebhookDelivery.subscription_id == subscription_id)
+    session.execute(
+        sa.delete(WebhookDeliveryAttempt).where(col(WebhookDeliveryAttempt.delivery_id).in_(delivery_ids))
+    )
+    session.execute(sa.delete(WebhookDelivery).where(col(WebhookDelivery.subscription_id) == subscription_id))
+    session.delete(row)
+    session.commit()
+
+
+def list_deliveries(
+    session: Session,
+    subscription_id: str,
+    *,
+    state: DeliveryState | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> DeliveryList:
+    """Newest first, each with every attempt (oldest attempt first)."""
+    get_subscription(session, subscription_id)
+    conditions: list[Any] = [WebhookDelivery.subscription_id == subscription_id]
+    if state is not None:
+        conditions.append(WebhookDelivery.state == state.value)
+    total = session.execute(
+        sa.select(sa.func.count()).select_from(WebhookDelivery).where(*conditions)
+    ).scalar_one()
+    rows = session.exec(
+        select(WebhookDelivery, OutboxEvent)
+        .join(OutboxEvent, col(OutboxEvent.id) == col(WebhookDelivery.event_id))
+        .where(*conditions)
+        .order_by(col(WebhookDelivery.created_at).desc(), col(WebhookDelivery.id).desc())
+        .offset(offset)
+        .limit(limit)
+    ).all()
+    attempts_by_delivery: dict[str, list[DeliveryAttemptPublic]] = {}
+    if rows:
+        attempt_rows = session.exec(
+            select(WebhookDeliveryAttempt)
+            .where(col(WebhookDeliveryAttempt.delivery_id).in_([d.id for d, _ in rows]))
+            .order_by(col(WebhookDeliveryAttempt.attempt), col(WebhookDeliveryAttempt.id))
+        ).all()
+        for attempt in attempt_rows:
+            attempts_by_delivery.setdefault(attempt.delivery_id, []).append(
+                DeliveryAttemptPublic(
+                    attempt=attempt.attempt,
+                    status_code=attempt.status_code,
+                    error=attempt.error,
+                    duration_ms=attempt.duration_ms,
+                    created_at=attempt.created_at,
+                )
+            )
+    return DeliveryList(
+        data=[
+            DeliveryPublic(
+                id=delivery.id,
+                event_id=delivery.event_id,
+                event_type=event.type,
+                job_id=event.job_id,
+                state=DeliveryState(delivery.state),
+                attempt_count=delivery.attempt_count,
+                next_attempt_at=delivery.next_attempt_at,
+                last_status_code=delivery.last_status_code,
+                last_error=delivery.last_error,
+                delivered_at=delivery.delivered_at,
+                created_at=delivery.created_at,
+                attempts=attempts_by_delivery.get(delivery.id, []),
+            )
+            for delivery, event in rows
+        ],
+        count=int(total),
+    )
+
+
+def subscription_wants(subscription: WebhookSubscription, event_type: str) -> bool:
+    return not subscription.event_types or event_type in subscription.event_types

@@ -1,0 +1,76 @@
+"""`/v1/deployments`: admin-configured, validated, deletable only when idle."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from tests.support.fixtures import token_headers
+
+DEMO = {"name": "demo", "min_dp_size": 1, "max_dp_size": 4}
+
+
+def test_create_answers_201_with_location_and_defaults(client: TestClient) -> None:
+    response = client.post("/v1/deployments", json=DEMO)
+    assert response.status_code == 201
+    assert response.headers["location"] == "/v1/deployments/demo"
+    body = response.json()
+    assert (body["current_dp_size"], body["generation"], body["warmup_policy"]) == (0, 0, "auto")
+    assert body["strategy"] == "background" and body["launcher"] == "local"
+    assert body["engine"]["num_logical_experts"] == 16 and body["autoscale_cooldown_s"] == 60
+
+
+def test_a_taken_name_is_409(client: TestClient) -> None:
+    client.post("/v1/deployments", json=DEMO)
+    response = client.post("/v1/deployments", json=DEMO)
+    assert response.status_code == 409 and response.json()["code"] == "deployment-exists"
+
+
+def test_min_above_max_is_422_problem(client: TestClient) -> None:
+    response = client.post("/v1/deployments", json={"name": "x", "min_dp_size": 5, "max_dp_size": 2})
+    assert response.status_code == 422
+    assert response.headers["content-type"] == "application/problem+json"
+    assert client.get("/v1/deployments").json()["count"] == 0
+
+
+def test_names_must_be_slugs(client: TestClient) -> None:
+    assert client.post("/v1/deployments", json={"name": "Not A Slug"}).status_code == 422
+
+
+def test_update_changes_limits_and_warmup_policy(client: TestClient) -> None:
+    client.post("/v1/deployments", json=DEMO)
+    response = client.patch("/v1/deployments/demo", json={"max_dp_size": 6, "warmup_policy": "deferred"})
+    assert response.status_code == 200
+    assert (response.json()["max_dp_size"], response.json()["warmup_policy"]) == (6, "deferred")
+
+
+def test_update_refuses_min_above_the_existing_max(client: TestClient) -> None:
+    client.post("/v1/deployments", json=DEMO)
+    response = client.patch("/v1/deployments/demo", json={"min_dp_size": 5})
+    assert response.status_code == 422 and response.json()["code"] == "invalid-limits"
+
+
+def test_delete_works_when_idle(client: TestClient) -> None:
+    client.post("/v1/deployments", json=DEMO)
+    assert client.delete("/v1/deployments/demo").status_code == 204
+    assert client.get("/v1/deployments/demo").status_code == 404
+
+
+def test_delete_is_refused_while_a_job_is_active(client: TestClient) -> None:
+    client.post("/v1/deployments", json=DEMO)
+    job = client.post("/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 2}).json()
+    response = client.delete("/v1/deployments/demo")
+    assert response.status_code == 409 and response.json()["active_job_id"] == job["id"]
+
+
+def test_get_shows_the_active_job(client: TestClient) -> None:
+    client.post("/v1/deployments", json=DEMO)
+    job = client.post("/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 2}).json()
+    assert client.get("/v1/deployments/demo").json()["active_job_id"] == job["id"]
+
+
+def test_configuration_needs_admin(client: TestClient) -> None:
+    operator = token_headers(client, "operator")
+    assert client.post("/v1/deployments", json=DEMO, headers=operator).status_code == 403
+    client.post("/v1/deployments", json=DEMO)
+    assert client.patch("/v1/deployments/demo", json={"max_dp_size": 2}, headers=operator).status_code == 403
+    assert client.get("/v1/deployments", headers=operator).status_code == 200

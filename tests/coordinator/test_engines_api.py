@@ -1,0 +1,76 @@
+"""`/v1/engines`: agents register (idempotently), heartbeat, and deregister."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.support.fixtures import token_headers
+
+
+def _registration(engine_id: str = "e0", **overrides: Any) -> dict[str, Any]:
+    body = {"engine_id": engine_id, "deployment": "demo", "url": "http://127.0.0.1:9000",
+            "platform": "cpu", "device": "cpu", "engine": {}}
+    return {**body, **overrides}
+
+
+def _deployment(client: TestClient) -> None:
+    assert client.post("/v1/deployments", json={"name": "demo", "launcher": "static"}).status_code == 201
+
+
+def test_register_creates_the_engine(client: TestClient) -> None:
+    _deployment(client)
+    response = client.post("/v1/engines", json=_registration())
+    assert response.status_code == 201
+    body = response.json()
+    assert (body["id"], body["deployment"], body["state"], body["launched_by"]) == ("e0", "demo", "registered",
+                                                                                  "static")
+
+
+def test_registering_again_updates_the_same_engine(client: TestClient) -> None:
+    _deployment(client)
+    client.post("/v1/engines", json=_registration())
+    response = client.post("/v1/engines", json=_registration(url="http://127.0.0.1:9999"))
+    assert response.status_code == 200 and response.json()["url"] == "http://127.0.0.1:9999"
+    assert client.get("/v1/engines").json()["count"] == 1
+
+
+def test_registration_with_another_engine_config_is_409(client: TestClient) -> None:
+    _deployment(client)
+    response = client.post("/v1/engines", json=_registration(engine={"hidden_size": 8}))
+    assert response.status_code == 409 and response.json()["code"] == "engine-config-mismatch"
+
+
+def test_registration_for_an_unknown_deployment_is_404(client: TestClient) -> None:
+    response = client.post("/v1/engines", json=_registration(deployment="nope"))
+    assert response.status_code == 404 and response.json()["code"] == "deployment-not-found"
+
+
+def test_heartbeat_records_state_generation_and_rank(client: TestClient) -> None:
+    _deployment(client)
+    client.post("/v1/engines", json=_registration())
+    response = client.post("/v1/engines/e0/heartbeat",
+                           json={"state": "serving", "generation": 3, "rank": 1, "world_size": 2})
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["state"], body["generation"], body["dp_rank"], body["world_size"]) == ("serving", 3, 1, 2)
+
+
+def test_heartbeat_of_an_unknown_engine_is_404(client: TestClient) -> None:
+    response = client.post("/v1/engines/ghost/heartbeat", json={"state": "serving", "generation": 0})
+    assert response.status_code == 404 and response.json()["code"] == "engine-not-found"
+
+
+def test_deregister_marks_the_engine_left(client: TestClient) -> None:
+    _deployment(client)
+    client.post("/v1/engines", json=_registration())
+    assert client.delete("/v1/engines/e0").status_code == 204
+    assert client.get("/v1/engines/e0").json()["state"] == "left"
+    assert client.get("/v1/engines", params={"state": "left"}).json()["count"] == 1
+
+
+def test_agents_with_an_operator_token_may_register_but_viewers_not(client: TestClient) -> None:
+    _deployment(client)
+    assert client.post("/v1/engines", json=_registration(), headers=token_headers(client, "viewer")).status_code == 403
+    assert client.post("/v1/engines", json=_registration(), headers=token_headers(client, "operator")).status_code == 201

@@ -492,6 +492,8 @@ class ReconfigExecutor:
         )
         if stats.bytes_received > received_so_far:
             progress(stats.bytes_received - received_so_far)
+        # Nobody tears its end down while a peer may still be connecting to it or reading from it.
+        self._barrier(job, "xfer_done", job.participants, job.request.timeouts.transfer_s)
         job.channel.close()
         job.channel = None
         log.info(
@@ -504,6 +506,22 @@ class ReconfigExecutor:
             stats.backend,
             stats.seconds,
         )
+
+    def _barrier(self, job: _Job, name: str, engines: list[str], timeout_s: float) -> None:
+        store = job.store
+        assert store is not None
+        store.set(f"{name}/{self.engine_id}", "1")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            missing = [e for e in engines if not store.check([f"{name}/{e}"])]
+            if not missing:
+                return
+            if job.abort.is_set():
+                raise _Aborted()
+            if time.monotonic() > deadline:
+                waited = f"{name}: no word from {', '.join(missing)} within {timeout_s:g} s"
+                raise ReconfigError("rendezvous_timeout", waited, missing)
+            time.sleep(AGREE_POLL_S)
 
     def _check_old_placement(self, job: _Job) -> None:
         active = self.engine.active

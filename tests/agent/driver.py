@@ -116,7 +116,8 @@ def start_agents(
         log_path = workdir / f"{engine_id}.log"
         command = [
             sys.executable, "-m", "engine_agent.main", "--host", "127.0.0.1", "--port", "0",
-            "--engine-id", engine_id, "--platform", platform, "--ready-file", str(ready), "--log-level", "info",
+            "--engine-id", engine_id, "--platform", platform, "--ready-file", str(ready),
+            "--log-level", "info",
             *_engine_args(config), *extra_args,
         ]  # fmt: skip
         if device:
@@ -131,10 +132,12 @@ def start_agents(
         for engine_id, ready, log_path, process in launched:
             while not ready.exists():
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"agent {engine_id} did not start:\n{log_path.read_text(errors='replace')}")
+                    log = log_path.read_text(errors="replace")
+                    raise RuntimeError(f"agent {engine_id} did not start:\n{log}")
                 time.sleep(0.05)
             url = ready.read_text().strip()
-            agents.append(AgentProcess(engine_id, url, process, log_path, httpx.Client(base_url=url, timeout=30.0)))
+            client = httpx.Client(base_url=url, timeout=30.0)
+            agents.append(AgentProcess(engine_id, url, process, log_path, client))
     except BaseException:
         stop_agents(agents)
         for _, _, _, process in launched:
@@ -195,7 +198,10 @@ class Driver:
         for agent in self.members:
             load = [a + b for a, b in zip(load, agent.info().expert_load, strict=True)]
         return rebalance(
-            load, self.config.num_redundant_experts, len(new_members), num_logical=self.config.num_logical_experts
+            load,
+            self.config.num_redundant_experts,
+            len(new_members),
+            num_logical=self.config.num_logical_experts,
         )
 
     def prepare_request(
@@ -279,6 +285,18 @@ class Driver:
             if response.status_code != 202:
                 raise AssertionError(f"{agent.engine_id} {path}: {response.status_code} {response.text}")
 
+    @staticmethod
+    def wait_step(agent: AgentProcess, step: str, timeout_s: float = 30.0) -> ReconfigStatus:
+        """Poll until the agent's job is at `step` (e.g. held there by hang_prepare_at_step)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = agent.status() if agent.get("/v1/reconfig").status_code == 200 else None
+            if status is not None and status.step == step:
+                return status
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{agent.engine_id} never reached step {step}: {status}")
+            time.sleep(POLL_S)
+
     def wait_phase(
         self, agents: list[AgentProcess], phase: ReconfigPhase, timeout_s: float = 30.0
     ) -> dict[str, ReconfigStatus]:
@@ -294,7 +312,8 @@ class Driver:
                 return statuses
             if time.monotonic() > deadline:
                 raise JobFailed(
-                    f"not all {phase} within {timeout_s} s: " + str({e: s.phase for e, s in statuses.items()}),
+                    f"not all {phase} within {timeout_s} s: "
+                    + str({e: s.phase for e, s in statuses.items()}),
                     statuses,
                 )
             time.sleep(POLL_S)
@@ -312,7 +331,9 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm())
 
 
-def assert_serves_reference(agents: Iterable[AgentProcess], config: EngineConfig = SMALL, tokens: int = 5) -> None:
+def assert_serves_reference(
+    agents: Iterable[AgentProcess], config: EngineConfig = SMALL, tokens: int = 5
+) -> None:
     """Every agent answers an inference with the single-process reference output (fp32 rel < 1e-5)."""
     for agent in agents:
         batch = random_tokens(config, tokens)

@@ -1,0 +1,95 @@
+"""The cleanup worker: retired groups destroyed in the background; a failure is kept, announced once,
+and resolved only by retry or acknowledge."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from engine_agent.cleanup import CleanupWorker, RetiredGeneration
+from engine_agent.protocol import CleanupRecord, CleanupState
+
+
+class FakeGroup:
+    def __init__(self) -> None:
+        self.destroyed = 0
+
+
+@pytest.fixture
+def destroyed() -> list[object]:
+    return []
+
+
+@pytest.fixture
+def announced() -> list[CleanupRecord]:
+    return []
+
+
+@pytest.fixture
+def worker(destroyed: list[object], announced: list[CleanupRecord]) -> Iterator[CleanupWorker]:
+    w = CleanupWorker(destroy=destroyed.append, on_failure=announced.append)
+    yield w
+    w.stop()
+
+
+def retired(generation: int) -> RetiredGeneration:
+    return RetiredGeneration(job_id=f"job-{generation}", generation=generation, groups=[FakeGroup()])  # type: ignore[list-item]
+
+
+def test_a_retired_generation_is_destroyed_in_the_background(
+    worker: CleanupWorker, destroyed: list[object]
+) -> None:
+    item = retired(1)
+    worker.submit(item)
+    assert worker.wait_idle(5)
+    assert destroyed == item.groups
+    status = worker.status()
+    assert status.state == CleanupState.idle and status.failure is None
+    assert status.recent[0].ok and status.recent[0].generation == 1
+
+
+def test_a_failure_is_kept_and_announced_once(
+    worker: CleanupWorker, destroyed: list[object], announced: list[CleanupRecord]
+) -> None:
+    worker.fail_next()
+    worker.submit(retired(2))
+    assert worker.wait_idle(5)
+    for _ in range(3):
+        status = worker.status()
+        assert status.state == CleanupState.failed
+        assert (
+            status.failure is not None and status.failure.job_id == "job-2" and status.failure.generation == 2
+        )
+    assert worker.unresolved_failure() is not None
+    assert len(announced) == 1
+    assert destroyed == []
+
+
+def test_retry_destroys_the_failed_generation_and_clears_the_failure(
+    worker: CleanupWorker, destroyed: list[object], announced: list[CleanupRecord]
+) -> None:
+    worker.fail_next()
+    item = retired(3)
+    worker.submit(item)
+    assert worker.wait_idle(5)
+    assert worker.retry()
+    assert worker.wait_idle(5)
+    assert destroyed == item.groups
+    status = worker.status()
+    assert status.state == CleanupState.idle and status.failure is None
+    assert [r.ok for r in status.recent] == [True, False]
+    assert len(announced) == 1
+
+
+def test_acknowledge_clears_the_failure_without_destroying(
+    worker: CleanupWorker, destroyed: list[object]
+) -> None:
+    worker.fail_next()
+    worker.submit(retired(4))
+    assert worker.wait_idle(5)
+    record = worker.acknowledge()
+    assert record is not None and record.generation == 4
+    assert worker.status().state == CleanupState.idle
+    assert worker.acknowledge() is None and not worker.retry()
+    assert destroyed == []

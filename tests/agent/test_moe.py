@@ -1,0 +1,75 @@
+"""The reference MoE layer: deterministic weights, and the distributed step math summing to the
+single-process forward for any placement (replicas included)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_agent import moe
+from engine_agent.placement import rebalance, round_robin
+from engine_agent.protocol import EngineConfig
+
+CONFIG = EngineConfig(
+    num_logical_experts=8, num_redundant_experts=3, hidden_size=16, intermediate_size=24, top_k=3
+)
+
+
+def test_expert_weights_are_recomputed_identically_from_the_seed() -> None:
+    assert torch.equal(moe.expert_weights(CONFIG, 5), moe.expert_weights(CONFIG, 5))
+    assert not torch.equal(moe.expert_weights(CONFIG, 5), moe.expert_weights(CONFIG, 6))
+    other_seed = CONFIG.model_copy(update={"seed": 1})
+    assert not torch.equal(moe.expert_weights(CONFIG, 5), moe.expert_weights(other_seed, 5))
+
+
+def test_an_expert_is_one_contiguous_flat_buffer_of_gate_up_and_down() -> None:
+    packed = moe.expert_weights(CONFIG, 0)
+    assert packed.ndim == 1 and packed.is_contiguous()
+    assert packed.numel() == moe.expert_numel(CONFIG) == 3 * 16 * 24
+    assert moe.expert_nbytes(CONFIG) == packed.numel() * 4
+    gate, up, down = moe.unpack(CONFIG, packed)
+    assert gate.shape == (24, 16) and up.shape == (24, 16) and down.shape == (16, 24)
+
+
+def test_gate_weights_of_each_token_sum_to_one() -> None:
+    tokens = torch.randn(10, CONFIG.hidden_size)
+    experts, weights = moe.route(CONFIG, moe.router_weights(CONFIG), tokens)
+    assert experts.shape == (10, 3)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(10))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("layout", ["balanced", "round_robin"])
+def test_ranks_partial_outputs_sum_to_the_reference_forward(world_size: int, layout: str) -> None:
+    if layout == "balanced":
+        placement = rebalance([9, 1, 1, 1, 1, 1, 1, 5], CONFIG.num_redundant_experts, world_size)
+    else:
+        placement = round_robin(CONFIG.num_logical_experts, CONFIG.num_redundant_experts, world_size)
+    tokens = torch.randn(37, CONFIG.hidden_size)
+    table = moe.ReplicaTable.build(placement, CONFIG.num_logical_experts, "cpu")
+    router = moe.router_weights(CONFIG)
+    total = torch.zeros_like(tokens)
+    for rank, slots in enumerate(placement):
+        weights = {e: moe.expert_weights(CONFIG, e) for e in set(slots)}
+        partial, _ = moe.local_contribution(CONFIG, router, tokens, rank, placement, table, weights)
+        total += partial
+    reference = moe.reference_forward(CONFIG, tokens)
+    assert float((total - reference).norm() / reference.norm()) < 1e-5
+
+
+def test_each_token_expert_pair_is_computed_by_exactly_one_replica() -> None:
+    placement = [[0, 1, 2, 3], [0, 4, 5, 6], [0, 7, 1, 2]]  # expert 0 on every rank
+    tokens = torch.randn(30, CONFIG.hidden_size)
+    table = moe.ReplicaTable.build(placement, CONFIG.num_logical_experts, "cpu")
+    router = moe.router_weights(CONFIG)
+    only_zero = {
+        e: (moe.expert_weights(CONFIG, e) if e == 0 else torch.zeros(moe.expert_numel(CONFIG)))
+        for e in range(CONFIG.num_logical_experts)
+    }
+    rows_per_rank = []
+    for rank in range(3):
+        partial, _ = moe.local_contribution(CONFIG, router, tokens, rank, placement, table, only_zero)
+        rows_per_rank.append(set(partial.abs().sum(-1).nonzero().flatten().tolist()))
+    assert not (rows_per_rank[0] & rows_per_rank[1]) and not (rows_per_rank[1] & rows_per_rank[2])
+    assert not (rows_per_rank[0] & rows_per_rank[2])
+    assert sum(len(r) for r in rows_per_rank) > 0

@@ -17,6 +17,7 @@ from app.api import health
 from app.core.config import Settings, load_settings
 from app.core.db import make_engine, migrate_to_head
 from app.core.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
+from app.dashboard.router import router as dashboard_router
 from app.deployments.router import router as deployments_router
 from app.engines.router import router as engines_router
 from app.jobs.router import router as jobs_router
@@ -107,6 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(engines_router)
     app.include_router(jobs_router)
     app.include_router(tokens_router)
+    app.include_router(dashboard_router)  # /ui (static, not in the OpenAPI document)
     return app
 
 

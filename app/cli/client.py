@@ -45,7 +45,8 @@ DeploymentFilter = Annotated[
     str | None, typer.Option("--deployment", "-d", help="Only this deployment.")
 ]
 
-stdout = Console(highlight=False, soft_wrap=False)
+# Piped output (scripts, logs) gets wide lines instead of tables folded at 80 columns.
+stdout = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 250)
 stderr = Console(stderr=True, highlight=False)
 
 
@@ -200,11 +201,16 @@ def print_json(value: Any) -> None:
     sys.stdout.flush()
 
 
+# Columns that may wrap on a narrow terminal; ids, states and times stay on one line.
+_PROSE_COLUMNS = frozenset({"MESSAGE", "DESCRIPTION", "LAST ERROR", "URL", "PAUSED"})
+
+
 def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
     out = Table(title=title, title_justify="left", header_style="bold", box=None, pad_edge=False)
     for name in columns:
+        prose = name in _PROSE_COLUMNS
         out.add_column(name, justify="right" if name.endswith(("ms", "size", "#", "%")) else "left",
-                       overflow="fold")
+                       overflow="fold", no_wrap=not prose)
     for row in rows:
         out.add_row(*[_cell(value) for value in row])
     return out
@@ -255,6 +261,8 @@ def fmt_ms(ms: float | None) -> str:
         return "-"
     if ms < 10:
         return f"{ms:.2f} ms"
+    if ms < 100:
+        return f"{ms:.1f} ms"
     if ms < 1000:
         return f"{ms:.0f} ms"
     return f"{ms / 1000:.2f} s"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import typer
 
+from app.cli import deployments, engines, jobs, webhooks
+from app.cli.scale import scale
 from app.cli.serve import serve
 
 app = typer.Typer(
@@ -21,6 +23,12 @@ def _root() -> None:
 
 
 app.command("serve")(serve)
+app.add_typer(deployments.app, name="deployments")
+app.add_typer(engines.app, name="engines")
+app.command("scale")(scale)
+app.add_typer(jobs.app, name="jobs")
+app.add_typer(jobs.cleanup_app, name="cleanup")
+app.add_typer(webhooks.app, name="webhooks")
 
 
 def main() -> None:

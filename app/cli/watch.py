@@ -250,6 +250,8 @@ def engine_rows(job: dict[str, Any]) -> list[list[Any]]:
         if pause_ms is None:
             pause_ms = per_engine_ms.get(engine_id)
         ranks = result.get("ranks")
+        if "old_rank" in result or "new_rank" in result:
+            ranks = [result.get("old_rank"), result.get("new_rank")]
         if isinstance(ranks, list | tuple):
             ranks = " -> ".join("-" if r is None else str(r) for r in ranks)
         elif isinstance(ranks, dict):

@@ -385,7 +385,7 @@ function jobPage(jobId) {
     return `<div class="table-wrap"><table id="engines-table"><thead><tr><th>Engine</th><th>Role</th><th>Ranks</th><th>Generation</th>
       <th>Paused at</th><th>Resumed at</th><th class="num">Pause</th></tr></thead><tbody>
       ${engines.map((e) => `<tr data-engine="${esc(e.engineId)}"><td class="mono">${esc(e.engineId)}</td><td>${esc(e.role || "–")}</td>
-        <td class="mono">${esc(Array.isArray(e.ranks) ? e.ranks.join(" → ") : e.ranks ?? "–")}</td><td>${esc(e.generation ?? "–")}</td>
+        <td class="mono">${esc(Array.isArray(e.ranks) ? e.ranks.map((r) => r ?? "–").join(" → ") : e.ranks ?? "–")}</td><td>${esc(e.generation ?? "–")}</td>
         <td class="nowrap">${e.start === null ? "–" : esc(fmtTime(e.start, false))}</td>
         <td class="nowrap">${e.end === null ? (e.start === null ? "–" : "still paused") : esc(fmtTime(e.end, false))}</td>
         <td class="num">${e.ms === null || Number.isNaN(e.ms) ? "–" : esc(fmtMs(e.ms))}</td></tr>`).join("")}
@@ -398,9 +398,9 @@ function jobPage(jobId) {
     return `<div class="table-wrap"><table id="events-table"><thead><tr><th class="num">#</th><th>Time</th><th>Transition</th><th>Kind</th><th>Message</th></tr></thead><tbody>
       ${events.map((e) => {
         const data = e.data && Object.keys(e.data).length ? `<details><summary class="faint">data</summary><pre class="json">${esc(JSON.stringify(e.data, null, 2))}</pre></details>` : "";
-        const transition = e.from_state && e.to_state && e.from_state !== e.to_state
-          ? `${badge(e.from_state)} <span class="faint">→</span> ${badge(e.to_state)}`
-          : badge(e.to_state || e.from_state || "");
+        let transition = `<span class="faint">–</span>`;
+        if (e.from_state && e.to_state) transition = `${badge(e.from_state)} <span class="faint">→</span> ${badge(e.to_state)}`;
+        else if (e.to_state) transition = badge(e.to_state);
         return `<tr data-seq="${esc(e.seq)}"><td class="num mono">${esc(e.seq ?? "")}</td><td class="nowrap">${esc(fmtTime(toMs(e.created_at), false))}</td>
           <td class="nowrap">${transition}</td><td><span class="tag">${esc(e.kind || "")}</span></td><td>${esc(e.message || "")}${data}</td></tr>`;
       }).join("")}</tbody></table></div>`;

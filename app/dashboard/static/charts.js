@@ -20,9 +20,16 @@ function timeAxis(t0, t1, x, top, bottom, count) {
   for (let t = 0; t <= span + 1e-9; t += step) {
     const px = x(t0 + t);
     out += `<g class="grid"><line x1="${px}" x2="${px}" y1="${top}" y2="${bottom}"></line></g>`;
-    out += `<text x="${px}" y="${bottom + 14}" text-anchor="middle">+${esc(fmtMs(t).replace(/\.00 s$/, " s"))}</text>`;
+    out += `<text x="${px}" y="${bottom + 14}" text-anchor="middle">+${esc(axisLabel(t))}</text>`;
   }
   return out;
+}
+
+/** Short tick labels: 0, 250 ms, 1.5 s, 2 s. */
+function axisLabel(ms) {
+  if (Math.abs(ms) < 1e-9) return "0";
+  if (Math.abs(ms) < 1000) return `${+ms.toPrecision(3)} ms`;
+  return `${+(ms / 1000).toPrecision(3)} s`;
 }
 
 function bar(cls, x0, x1, y, title, minWidth = 2) {
@@ -116,11 +123,12 @@ export function commitWindowSvg(j, width) {
     y += ROW_H;
   }
   const axisLines = [];
+  // Ticks at round offsets from the first pause, so "0 ms" marks where the window opens.
   const step = niceStep(b - a, Math.max(3, Math.floor(plotW / 110)));
-  for (let t = 0; t <= b - a + 1e-9; t += step) {
-    const px = x(a + t);
+  for (let r = Math.ceil((a - t0) / step) * step; r <= b - t0 + 1e-9; r += step) {
+    const px = x(t0 + r);
     axisLines.push(`<g class="grid"><line x1="${px}" x2="${px}" y1="2" y2="${y}"></line></g>`);
-    axisLines.push(`<text x="${px}" y="${y + 14}" text-anchor="middle">${esc(fmtMs(t + (a - t0)))}</text>`);
+    axisLines.push(`<text x="${px}" y="${y + 14}" text-anchor="middle">${esc(axisLabel(r))}</text>`);
   }
   const height = y + 24;
   return `<svg class="chart commit-window" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" role="img"
@@ -145,7 +153,7 @@ export function downtimeChartSvg(jobs, width) {
   let out = "";
   for (let v = 0; v <= top + 1e-9; v += step) {
     out += `<g class="grid"><line x1="${left}" x2="${width - 8}" y1="${y(v)}" y2="${y(v)}"></line></g>`;
-    out += `<text x="${left - 6}" y="${y(v) + 4}" text-anchor="end">${esc(fmtMs(v))}</text>`;
+    out += `<text x="${left - 6}" y="${y(v) + 4}" text-anchor="end">${esc(axisLabel(v))}</text>`;
   }
   rows.forEach((j, i) => {
     const v = job.downtimeMs(j);

@@ -41,6 +41,7 @@ export function toMs(value) {
 
 export function fmtMs(ms) {
   if (ms === null || ms === undefined || Number.isNaN(ms)) return "–";
+  if (ms === 0) return "0 ms";
   if (ms < 1) return `${ms.toFixed(2)} ms`;
   if (ms < 10) return `${ms.toFixed(1)} ms`;
   if (ms < 1000) return `${Math.round(ms)} ms`;
@@ -145,7 +146,7 @@ export const job = {
         return {
           engineId: id,
           role: first(r, "role"),
-          ranks: first(r, "ranks", "rank"),
+          ranks: "old_rank" in r || "new_rank" in r ? [r.old_rank ?? null, r.new_rank ?? null] : first(r, "ranks", "rank"),
           generation: first(r, "generation"),
           phase: first(r, "phase", "state", "result"),
           error: first(r, "error"),

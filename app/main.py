@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from sqlmodel import Session
 
+from app import metrics
 from app.api import health
 from app.core.config import Settings, load_settings
 from app.core.db import make_engine, migrate_to_head
@@ -20,9 +21,13 @@ from app.core.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
 from app.dashboard.router import router as dashboard_router
 from app.deployments.router import router as deployments_router
 from app.engines.router import router as engines_router
+from app.hooks.router import router as hooks_router
+from app.jobs.events_router import router as events_router
 from app.jobs.router import router as jobs_router
 from app.tokens.router import router as tokens_router
 from app.tokens.service import ensure_first_admin
+from app.webhooks.delivery import delivery_worker
+from app.webhooks.router import router as webhooks_router
 
 API_VERSION = "0.1.0"
 TAGS = [
@@ -89,7 +94,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.settings = resolved
         app.state.db_engine = engine
         try:
-            yield
+            async with delivery_worker(engine, resolved):  # outbound webhook delivery
+                yield
         finally:
             engine.dispose()  # type: ignore[attr-defined]
 
@@ -108,6 +114,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(engines_router)
     app.include_router(jobs_router)
     app.include_router(tokens_router)
+    app.include_router(events_router)
+    app.include_router(webhooks_router)
+    app.include_router(hooks_router)
+    app.include_router(metrics.router)
     app.include_router(dashboard_router)  # /ui (static, not in the OpenAPI document)
     return app
 

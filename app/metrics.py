@@ -23,9 +23,12 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
 
+# `*_created` timestamp series double the output and no dashboard here reads them.
+disable_created_metrics()
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 # Seconds: commit windows are milliseconds on CPU, phases (prepare with weight transfer) can take minutes.
@@ -116,7 +119,27 @@ def render() -> bytes:
     return generate_latest(REGISTRY)
 
 
-def build_router(refresh: Callable[[Request], None] | None = None) -> APIRouter:
+def refresh_jobs_in_progress(request: Request) -> None:
+    """Count non-terminal jobs by state in the coordinator's database (the app's `db_engine`)."""
+    import sqlalchemy as sa
+    from sqlmodel import Session
+
+    from app.jobs.models import ReconfigurationJob
+    from app.jobs.states import ACTIVE_STATES
+
+    engine = getattr(request.app.state, "db_engine", None)
+    if engine is None:
+        return
+    active = sorted(state.value for state in ACTIVE_STATES)
+    state_column = ReconfigurationJob.__table__.c.state  # type: ignore[attr-defined]
+    with Session(engine) as session:
+        rows = session.execute(
+            sa.select(state_column, sa.func.count()).where(state_column.in_(active)).group_by(state_column)
+        ).all()
+    set_jobs_in_progress({str(state): int(count) for state, count in rows}, active)
+
+
+def build_router(refresh: Callable[[Request], None] | None = refresh_jobs_in_progress) -> APIRouter:
     """`GET /metrics`. `refresh(request)` runs before rendering (it reads in-progress jobs from the DB)."""
     router = APIRouter(tags=["metrics"])
 
@@ -128,8 +151,12 @@ def build_router(refresh: Callable[[Request], None] | None = None) -> APIRouter:
         responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
     )
     def scrape(request: Request) -> Response:
+        """The coordinator's metrics in Prometheus' text format (no job ids as labels)."""
         if refresh is not None:
             refresh(request)
         return Response(render(), media_type=CONTENT_TYPE_LATEST)
 
     return router
+
+
+router = build_router()

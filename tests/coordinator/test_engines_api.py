@@ -10,8 +10,14 @@ from tests.support.fixtures import token_headers
 
 
 def _registration(engine_id: str = "e0", **overrides: Any) -> dict[str, Any]:
-    body = {"engine_id": engine_id, "deployment": "demo", "url": "http://127.0.0.1:9000",
-            "platform": "cpu", "device": "cpu", "engine": {}}
+    body = {
+        "engine_id": engine_id,
+        "deployment": "demo",
+        "url": "http://127.0.0.1:9000",
+        "platform": "cpu",
+        "device": "cpu",
+        "engine": {},
+    }
     return {**body, **overrides}
 
 
@@ -24,8 +30,12 @@ def test_register_creates_the_engine(client: TestClient) -> None:
     response = client.post("/v1/engines", json=_registration())
     assert response.status_code == 201
     body = response.json()
-    assert (body["id"], body["deployment"], body["state"], body["launched_by"]) == ("e0", "demo", "registered",
-                                                                                  "static")
+    assert (body["id"], body["deployment"], body["state"], body["launched_by"]) == (
+        "e0",
+        "demo",
+        "registered",
+        "static",
+    )
 
 
 def test_registering_again_updates_the_same_engine(client: TestClient) -> None:
@@ -50,8 +60,9 @@ def test_registration_for_an_unknown_deployment_is_404(client: TestClient) -> No
 def test_heartbeat_records_state_generation_and_rank(client: TestClient) -> None:
     _deployment(client)
     client.post("/v1/engines", json=_registration())
-    response = client.post("/v1/engines/e0/heartbeat",
-                           json={"state": "serving", "generation": 3, "rank": 1, "world_size": 2})
+    response = client.post(
+        "/v1/engines/e0/heartbeat", json={"state": "serving", "generation": 3, "rank": 1, "world_size": 2}
+    )
     assert response.status_code == 200
     body = response.json()
     assert (body["state"], body["generation"], body["dp_rank"], body["world_size"]) == ("serving", 3, 1, 2)
@@ -72,5 +83,13 @@ def test_deregister_marks_the_engine_left(client: TestClient) -> None:
 
 def test_agents_with_an_operator_token_may_register_but_viewers_not(client: TestClient) -> None:
     _deployment(client)
-    assert client.post("/v1/engines", json=_registration(), headers=token_headers(client, "viewer")).status_code == 403
-    assert client.post("/v1/engines", json=_registration(), headers=token_headers(client, "operator")).status_code == 201
+    assert (
+        client.post("/v1/engines", json=_registration(), headers=token_headers(client, "viewer")).status_code
+        == 403
+    )
+    assert (
+        client.post(
+            "/v1/engines", json=_registration(), headers=token_headers(client, "operator")
+        ).status_code
+        == 201
+    )

@@ -36,9 +36,12 @@ def test_upgrade_head_on_an_empty_database_matches_the_models(empty_database_url
 def test_upgrade_creates_every_table_including_webhooks_and_hooks(empty_database_url: str) -> None:
     migrate_to_head(empty_database_url)
     assert set(metadata().tables) | {"alembic_version"} == _tables(empty_database_url)
-    assert {"webhook_subscriptions", "outbox_events", "webhook_delivery_attempts", "inbound_hook_requests"} <= (
-        _tables(empty_database_url)
-    )
+    assert {
+        "webhook_subscriptions",
+        "outbox_events",
+        "webhook_delivery_attempts",
+        "inbound_hook_requests",
+    } <= (_tables(empty_database_url))
 
 
 def test_downgrade_base_removes_every_table(empty_database_url: str) -> None:

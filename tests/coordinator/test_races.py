@@ -18,7 +18,9 @@ from app.jobs.states import JobState
 from tests.support.factories import make_deployment, make_job
 
 
-def _create_in_thread(db_engine: Engine, barrier: threading.Barrier, target: int) -> str | ActiveJobConflictError:
+def _create_in_thread(
+    db_engine: Engine, barrier: threading.Barrier, target: int
+) -> str | ActiveJobConflictError:
     with Session(db_engine, expire_on_commit=False) as session:
         request = ReconfigurationCreate(deployment="demo", target_dp_size=target)
         barrier.wait()
@@ -59,7 +61,7 @@ def test_the_database_itself_refuses_a_second_active_job(session: Session) -> No
     """Even a writer that skips the service (another coordinator, a bug) cannot add one."""
     deployment = make_deployment(session, "demo")
     first = make_job(session, deployment, 2)
-    row = {c: getattr(first, c) for c in ReconfigurationJob.__table__.columns.keys()}  # type: ignore[attr-defined]
+    row = {c: getattr(first, c) for c in ReconfigurationJob.__table__.columns}  # type: ignore[attr-defined]
     row.update(id="rcfg_clone", state=JobState.preparing.value)
     with pytest.raises(IntegrityError):
         session.execute(sa.insert(ReconfigurationJob).values(**row))

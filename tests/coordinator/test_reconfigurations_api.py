@@ -23,13 +23,21 @@ def _deployment(client: TestClient, name: str = "demo", **fields: Any) -> None:
 
 def _register(client: TestClient, count: int, deployment: str = "demo") -> None:
     for index in range(count):
-        body = {"engine_id": f"{deployment}-{index}", "deployment": deployment, "url": f"http://h:{index}",
-                "platform": "cpu", "device": "cpu", "engine": {}}
+        body = {
+            "engine_id": f"{deployment}-{index}",
+            "deployment": deployment,
+            "url": f"http://h:{index}",
+            "platform": "cpu",
+            "device": "cpu",
+            "engine": {},
+        }
         assert client.post("/v1/engines", json=body).status_code == 201
 
 
 def _scale(client: TestClient, target: int, deployment: str = "demo", **fields: Any) -> Any:
-    return client.post("/v1/reconfigurations", json={"deployment": deployment, "target_dp_size": target, **fields})
+    return client.post(
+        "/v1/reconfigurations", json={"deployment": deployment, "target_dp_size": target, **fields}
+    )
 
 
 def _job_count(client: TestClient) -> int:
@@ -52,7 +60,11 @@ def test_create_answers_202_with_location_and_a_pending_job(client: TestClient) 
     assert job["id"].startswith("rcfg_") and len(job["id"]) == 31
     assert (job["state"], job["from_dp_size"], job["to_dp_size"]) == ("pending", 0, 3)
     assert (job["from_generation"], job["to_generation"], job["requested_by"]) == (0, 1, "api")
-    assert (job["reason"], job["warmup_policy_requested"], job["warmup_policy"]) == ("more traffic", "auto", None)
+    assert (job["reason"], job["warmup_policy_requested"], job["warmup_policy"]) == (
+        "more traffic",
+        "auto",
+        None,
+    )
 
 
 def test_get_shows_the_job_with_its_transition_log(client: TestClient) -> None:
@@ -84,7 +96,9 @@ def test_a_finished_job_frees_the_deployment(client: TestClient, db_engine: Engi
 
 
 @pytest.mark.parametrize("target", [0, 5])
-def test_targets_outside_the_limits_are_refused_and_nothing_is_written(client: TestClient, target: int) -> None:
+def test_targets_outside_the_limits_are_refused_and_nothing_is_written(
+    client: TestClient, target: int
+) -> None:
     _deployment(client)
     response = _scale(client, target)
     assert response.status_code == 422 and response.headers["content-type"] == "application/problem+json"
@@ -134,19 +148,31 @@ def test_an_unresolved_cleanup_failure_blocks_the_next_job(client: TestClient, d
     _deployment(client)
     first = _scale(client, 2).json()
     with Session(db_engine) as session:
-        for before, after in [(S.pending, S.preparing), (S.preparing, S.syncing), (S.syncing, S.committing),
-                              (S.committing, S.cleaning_up)]:
+        for before, after in [
+            (S.pending, S.preparing),
+            (S.preparing, S.syncing),
+            (S.syncing, S.committing),
+            (S.committing, S.cleaning_up),
+        ]:
             transition(session, job_id=first["id"], from_state=before, to_state=after)
-        transition(session, job_id=first["id"], from_state=S.cleaning_up, to_state=S.succeeded,
-                   changes={"cleanup_state": "failed"})
+        transition(
+            session,
+            job_id=first["id"],
+            from_state=S.cleaning_up,
+            to_state=S.succeeded,
+            changes={"cleanup_state": "failed"},
+        )
     response = _scale(client, 3)
     assert response.status_code == 409 and response.json()["failed_job_id"] == first["id"]
 
 
 def test_autoscaler_tokens_are_recorded_as_the_autoscaler(client: TestClient) -> None:
     _deployment(client)
-    response = client.post("/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 2},
-                           headers=token_headers(client, "autoscaler", "hpa"))
+    response = client.post(
+        "/v1/reconfigurations",
+        json={"deployment": "demo", "target_dp_size": 2},
+        headers=token_headers(client, "autoscaler", "hpa"),
+    )
     assert response.status_code == 202
     assert (response.json()["requested_by"], response.json()["requester"]) == ("autoscaler", "hpa")
 
@@ -158,8 +184,11 @@ def test_the_cli_may_say_it_is_the_cli(client: TestClient) -> None:
 
 def test_viewers_cannot_scale(client: TestClient) -> None:
     _deployment(client)
-    response = client.post("/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 2},
-                           headers=token_headers(client, "viewer"))
+    response = client.post(
+        "/v1/reconfigurations",
+        json={"deployment": "demo", "target_dp_size": 2},
+        headers=token_headers(client, "viewer"),
+    )
     assert response.status_code == 403 and response.json()["code"] == "forbidden"
 
 
@@ -263,5 +292,7 @@ def test_cancelling_once_commit_started_is_409(client: TestClient, db_engine: En
 def test_viewers_cannot_cancel(client: TestClient) -> None:
     _deployment(client)
     job = _scale(client, 2).json()
-    response = client.post(f"/v1/reconfigurations/{job['id']}/cancel", headers=token_headers(client, "viewer"))
+    response = client.post(
+        f"/v1/reconfigurations/{job['id']}/cancel", headers=token_headers(client, "viewer")
+    )
     assert response.status_code == 403

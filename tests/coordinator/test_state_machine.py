@@ -42,7 +42,7 @@ def _job(session: Session) -> ReconfigurationJob:
 
 def test_terminal_states_have_no_way_out() -> None:
     assert all(ALLOWED_TRANSITIONS[state] == frozenset() for state in TERMINAL_STATES)
-    assert TERMINAL_STATES == {S.succeeded, S.rolled_back, S.failed, S.cancelled}
+    assert {S.succeeded, S.rolled_back, S.failed, S.cancelled} == TERMINAL_STATES
 
 
 def test_the_happy_path_records_every_phase_with_start_and_end(session: Session) -> None:
@@ -87,7 +87,9 @@ def test_transitions_write_the_webhook_outbox_in_the_same_transaction(session: S
     transition(session, job_id=job.id, from_state=S.preparing, to_state=S.syncing)
     transition(session, job_id=job.id, from_state=S.syncing, to_state=S.rolled_back)
     assert _outbox_types(session, job.id) == [
-        EventType.started, EventType.phase_changed, EventType.rolled_back
+        EventType.started,
+        EventType.phase_changed,
+        EventType.rolled_back,
     ]
     payload = session.exec(select(OutboxEvent).where(OutboxEvent.type == EventType.rolled_back)).one().payload
     assert payload["type"] == "reconfiguration.rolled_back"
@@ -97,8 +99,13 @@ def test_transitions_write_the_webhook_outbox_in_the_same_transaction(session: S
 def test_append_event_takes_the_next_seq_and_may_change_progress(session: Session) -> None:
     job = _job(session)
     transition(session, job_id=job.id, from_state=S.pending, to_state=S.preparing)
-    event = append_event(session, job_id=job.id, kind="progress", message="sending weights",
-                         changes={"progress_step": "weights", "progress_percent": 40.0})
+    event = append_event(
+        session,
+        job_id=job.id,
+        kind="progress",
+        message="sending weights",
+        changes={"progress_step": "weights", "progress_percent": 40.0},
+    )
     assert event.seq == 3
     session.expire_all()
     stored = session.get(ReconfigurationJob, job.id)
@@ -114,8 +121,9 @@ def test_append_event_may_write_an_outbox_row(session: Session) -> None:
 def test_transitions_refuse_to_change_protected_columns(session: Session) -> None:
     job = _job(session)
     with pytest.raises(Exception, match="cannot change to_dp_size"):
-        transition(session, job_id=job.id, from_state=S.pending, to_state=S.preparing,
-                   changes={"to_dp_size": 7})
+        transition(
+            session, job_id=job.id, from_state=S.pending, to_state=S.preparing, changes={"to_dp_size": 7}
+        )
     assert len(_events(session, job.id)) == 1
 
 

@@ -29,8 +29,10 @@ SCHEMA_PREFIX = "epctl_t_"
 
 
 def postgres_url_for_schema(schema: str, base_url: str = POSTGRES_URL) -> str:
-    return make_url(base_url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
-        hide_password=False
+    return (
+        make_url(base_url)
+        .update_query_dict({"options": f"-csearch_path={schema}"})
+        .render_as_string(hide_password=False)
     )
 
 
@@ -43,7 +45,9 @@ def postgres_unavailable_reason() -> str | None:
     if versions and shutil.which("pg_ctlcluster"):
         subprocess.run(
             ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "start"],
-            capture_output=True, timeout=30, check=False,
+            capture_output=True,
+            timeout=30,
+            check=False,
         )
         if _postgres_answers():
             return None

@@ -22,14 +22,21 @@ def make_deployment(session: Session, name: str = "demo", **fields: Any) -> Depl
 
 
 def register_engines(
-    session: Session, deployment: Deployment, count: int, *, platform: Platform = Platform.cpu,
+    session: Session,
+    deployment: Deployment,
+    count: int,
+    *,
+    platform: Platform = Platform.cpu,
     first_index: int = 0,
 ) -> list[Engine]:
     engines = []
     for index in range(first_index, first_index + count):
         registration = AgentRegistration(
-            engine_id=f"{deployment.name}-engine-{index}", deployment=deployment.name,
-            url=f"http://127.0.0.1:{9000 + index}", platform=platform, device=platform.value,
+            engine_id=f"{deployment.name}-engine-{index}",
+            deployment=deployment.name,
+            url=f"http://127.0.0.1:{9000 + index}",
+            platform=platform,
+            device=platform.value,
             engine=EngineConfig.model_validate(deployment.engine_config),
         )
         engines.append(register_engine(session, registration=registration)[0])
@@ -37,14 +44,21 @@ def register_engines(
 
 
 def make_job(
-    session: Session, deployment: Deployment, target_dp_size: int, *,
-    source: RequestSource = RequestSource.api, requester: str | None = "test", **fields: Any,
+    session: Session,
+    deployment: Deployment,
+    target_dp_size: int,
+    *,
+    source: RequestSource = RequestSource.api,
+    requester: str | None = "test",
+    **fields: Any,
 ) -> ReconfigurationJob:
     request = ReconfigurationCreate(deployment=deployment.name, target_dp_size=target_dp_size, **fields)
     return create_reconfiguration(session, request=request, requested_by=source, requester=requester).job
 
 
-def static_deployment(session: Session, name: str = "static-demo", engines: int = 2, **fields: Any) -> Deployment:
+def static_deployment(
+    session: Session, name: str = "static-demo", engines: int = 2, **fields: Any
+) -> Deployment:
     deployment = make_deployment(session, name, launcher=LauncherKind.static, **fields)
     register_engines(session, deployment, engines)
     return deployment

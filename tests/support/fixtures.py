@@ -4,8 +4,9 @@
 - `database_url`: a fresh, migrated database, parametrised over SQLite and Postgres ("sqlite"/"postgres"
   in the test id); `empty_database_url`: the same, unmigrated.
 - `db_engine`, `session`: on that database.
-- `settings`, `app`, `client`: the coordinator on that database; `client` is a TestClient whose requests
-  carry the admin token (`ADMIN_TOKEN`). `token_headers(client, role)` makes a token of another role.
+- `settings`, `app`, `client`: the coordinator's API on that database, background workers off; `client`
+  is a TestClient whose requests carry the admin token (`ADMIN_TOKEN`).
+  `token_headers(client, role)` makes a token of another role.
 """
 
 from __future__ import annotations
@@ -92,8 +93,11 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def app(settings: Settings) -> FastAPI:
-    return create_app(settings)
+def app(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> FastAPI:
+    """The coordinator's API alone: the job runner and the webhook delivery worker stay off, so jobs
+    stay where a test puts them. Build your own with `create_app(settings)` to run them."""
+    monkeypatch.setenv("EPCTL_RUNNER_ENABLED", "false")
+    return create_app(settings.model_copy(update={"webhook_worker_enabled": False}))
 
 
 @pytest.fixture

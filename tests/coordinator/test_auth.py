@@ -1,0 +1,93 @@
+"""Bearer tokens with roles; 401/403 as problem+json; secrets stored hashed and shown once."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from app.core.config import Settings
+from app.main import create_app
+from app.tokens.models import ApiToken
+from tests.support.fixtures import token_headers
+
+
+def test_requests_without_a_token_get_401_problem_with_a_challenge(client: TestClient) -> None:
+    response = client.get("/v1/deployments", headers={"Authorization": ""})
+    assert response.status_code == 401
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert response.json()["code"] == "missing-token"
+
+
+def test_unknown_tokens_get_401(client: TestClient) -> None:
+    response = client.get("/v1/deployments", headers={"Authorization": "Bearer epctl_nope"})
+    assert response.status_code == 401 and response.json()["code"] == "invalid-token"
+
+
+def test_a_created_token_works_and_its_secret_is_shown_only_once(client: TestClient) -> None:
+    created = client.post("/v1/tokens", json={"name": "ci", "role": "viewer"})
+    assert created.status_code == 201 and created.json()["token"].startswith("epctl_")
+    listed = client.get("/v1/tokens").json()["data"]
+    assert all("token" not in row for row in listed) and {"admin-env", "ci"} <= {r["name"] for r in listed}
+    headers = {"Authorization": f"Bearer {created.json()['token']}"}
+    assert client.get("/v1/deployments", headers=headers).status_code == 200
+
+
+def test_tokens_are_stored_as_sha256_hashes(client: TestClient, db_engine: Engine) -> None:
+    secret = client.post("/v1/tokens", json={"name": "ci", "role": "viewer"}).json()["token"]
+    with Session(db_engine) as session:
+        row = session.exec(select(ApiToken).where(ApiToken.name == "ci")).one()
+    assert (
+        row.token_hash == hashlib.sha256(secret.encode()).hexdigest() and secret not in row.model_dump_json()
+    )
+
+
+def test_a_revoked_token_is_refused(client: TestClient) -> None:
+    headers = token_headers(client, "viewer", "short-lived")
+    assert client.delete("/v1/tokens/short-lived").json()["revoked_at"] is not None
+    assert client.get("/v1/deployments", headers=headers).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("role", "read", "scale", "configure"),
+    [
+        ("viewer", 200, 403, 403),
+        ("autoscaler", 200, 404, 403),
+        ("operator", 200, 404, 403),
+        ("admin", 200, 404, 201),
+    ],
+)
+def test_roles_grant_reads_scale_requests_and_configuration(
+    client: TestClient, role: str, read: int, scale: int, configure: int
+) -> None:
+    headers = token_headers(client, role)
+    assert client.get("/v1/reconfigurations", headers=headers).status_code == read
+    # 404: allowed, and then the (missing) deployment is the problem
+    scale_request = {"deployment": "missing", "target_dp_size": 2}
+    assert client.post("/v1/reconfigurations", json=scale_request, headers=headers).status_code == scale
+    assert client.post("/v1/deployments", json={"name": "x"}, headers=headers).status_code == configure
+
+
+def test_forbidden_says_which_roles_would_do(client: TestClient) -> None:
+    problem = client.post(
+        "/v1/tokens", json={"name": "x", "role": "admin"}, headers=token_headers(client, "operator")
+    ).json()
+    assert problem["status"] == 403 and "admin" in problem["detail"]
+
+
+def test_first_start_without_env_token_generates_one_admin_token_printed_once(
+    database_url: str, tmp_path: object, capfd: pytest.CaptureFixture[str]
+) -> None:
+    settings = Settings(database_url=database_url, admin_token=None)
+    with TestClient(create_app(settings)):
+        pass
+    first = capfd.readouterr().err
+    assert "created an admin token" in first
+    secret = next(word for word in first.split() if word.startswith("epctl_"))
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {secret}"}) as client:
+        assert client.get("/v1/tokens").status_code == 200
+    assert "epctl_" not in capfd.readouterr().err

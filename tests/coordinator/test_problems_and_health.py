@@ -1,0 +1,51 @@
+"""Every error is application/problem+json; /healthz and /readyz."""
+
+from __future__ import annotations
+
+from alembic import command
+from fastapi.testclient import TestClient
+
+from app.core.db import alembic_config
+
+PROBLEM_MEMBERS = {"type", "title", "status", "detail", "instance"}
+
+
+def test_unknown_routes_are_404_problems(client: TestClient) -> None:
+    response = client.get("/v1/nothing-here")
+    assert response.status_code == 404 and response.headers["content-type"] == "application/problem+json"
+    assert set(response.json()) >= PROBLEM_MEMBERS and response.json()["instance"] == "/v1/nothing-here"
+
+
+def test_wrong_methods_are_405_problems_with_allow(client: TestClient) -> None:
+    response = client.delete("/healthz")
+    assert response.status_code == 405 and response.headers["content-type"] == "application/problem+json"
+    assert "GET" in response.headers["allow"]
+
+
+def test_validation_errors_are_422_problems_listing_each_error(client: TestClient) -> None:
+    response = client.post("/v1/deployments", json={"name": 7, "min_dp_size": -1})
+    problem = response.json()
+    assert response.status_code == 422 and response.headers["content-type"] == "application/problem+json"
+    assert {tuple(e["loc"]) for e in problem["errors"]} >= {("body", "name"), ("body", "min_dp_size")}
+    assert problem["type"].endswith("validation-error")
+
+
+def test_query_validation_errors_are_problems_too(client: TestClient) -> None:
+    response = client.get("/v1/reconfigurations", params={"state": "sleeping"})
+    assert response.status_code == 422 and response.headers["content-type"] == "application/problem+json"
+
+
+def test_healthz_answers_without_a_token(client: TestClient) -> None:
+    response = client.get("/healthz", headers={"Authorization": ""})
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+def test_readyz_is_ready_on_a_migrated_database(client: TestClient) -> None:
+    assert client.get("/readyz").json() == {"status": "ready"}
+
+
+def test_readyz_is_503_when_the_schema_is_not_at_head(client: TestClient, database_url: str) -> None:
+    command.downgrade(alembic_config(database_url), "base")
+    response = client.get("/readyz")
+    assert response.status_code == 503 and response.headers["content-type"] == "application/problem+json"
+    assert "migration" in response.json()["detail"]

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from app import metrics
@@ -44,7 +45,7 @@ def operation_id(route: APIRoute) -> str:
     return f"{route.tags[0]}-{route.name}" if route.tags else route.name
 
 
-def start_database(settings: Settings) -> tuple[object, str | None]:
+def start_database(settings: Settings) -> tuple[Engine, str | None]:
     """Migrate (when enabled), connect, and make sure an admin token exists.
     Returns (engine, generated admin secret or None)."""
     if settings.auto_migrate:
@@ -97,7 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             async with delivery_worker(engine, resolved):  # outbound webhook delivery
                 yield
         finally:
-            engine.dispose()  # type: ignore[attr-defined]
+            engine.dispose()
 
     app = FastAPI(
         title="epctl coordinator",

@@ -34,7 +34,7 @@ def serve(
     except SQLAlchemyError as exc:
         typer.echo(f"epctl serve: cannot use database {settings.database_url!r}: {exc}", err=True)
         raise typer.Exit(1) from None
-    engine.dispose()  # type: ignore[attr-defined]
+    engine.dispose()
     if generated is not None:
         announce_admin_token(generated)
     typer.echo(

@@ -506,7 +506,7 @@ def decide(
     return note(
         HookDecision.accepted,
         "scaling",
-        f"scaling {deployment.current_dp_size} -> {size.target}: {size.note}",
+        f"scaling {deployment.current_dp_size} -> {size.target}: {size.note} ({intent.reason})",
         requested=size.requested,
         target=size.target,
         job_id=outcome.job.id,

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import Annotated, Any
 
 import torch
@@ -15,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine_agent.agent import Agent
@@ -38,44 +40,84 @@ log = logging.getLogger(__name__)
 PROBLEM = "application/problem+json"
 
 
-class Problem(Exception):
-    def __init__(
-        self, status: int, title: str, detail: str, type_: str = "about:blank", **extra: Any
-    ) -> None:
+class ProblemError(Exception):
+    """Raised in a route: answered as problem+json with `type` urn:epctl:problem:<code>."""
+
+    def __init__(self, status: int, code: str, detail: str, **extra: Any) -> None:
         super().__init__(detail)
-        self.status, self.title, self.detail, self.type, self.extra = status, title, detail, type_, extra
+        self.status, self.code, self.detail, self.extra = status, code, detail, extra
 
 
-def problem_response(request: Request, problem: Problem) -> JSONResponse:
+TYPE_PREFIX = "urn:epctl:problem:"
+
+
+def problem_response(request: Request, problem: ProblemError) -> JSONResponse:
     body = {
-        "type": problem.type,
-        "title": problem.title,
+        "type": TYPE_PREFIX + problem.code,
+        "title": HTTPStatus(problem.status).phrase,
         "status": problem.status,
         "detail": problem.detail,
         "instance": request.url.path,
+        "code": problem.code,
         **problem.extra,
     }
     return JSONResponse(body, status_code=problem.status, media_type=PROBLEM)
 
 
-def _typed(code: str) -> str:
-    return f"urn:epctl:agent:{code}"
+class Problem(BaseModel):
+    """application/problem+json (RFC 9457). `code` repeats the type's last part; extra members vary."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(examples=["urn:epctl:problem:wrong_phase"])
+    title: str
+    status: int
+    detail: str | None = None
+    instance: str | None = None
+    code: str
 
 
-PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
-    409: {"description": "Wrong job or phase (problem+json; `code` says which)"},
-    422: {"description": "Invalid request body (problem+json)"},
-}
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries declaring problem+json for these statuses."""
+    return {
+        status: {
+            "model": Problem,
+            "description": HTTPStatus(status).phrase,
+            "content": {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+        for status in statuses
+    }
+
+
+PROBLEM_RESPONSES = problem_responses(409, 422)
 
 
 def get_agent(request: Request) -> Agent:
     agent = getattr(request.app.state, "agent", None)
     if not isinstance(agent, Agent):
-        raise Problem(503, "Starting", "the agent is still starting", _typed("starting"), code="starting")
+        raise ProblemError(503, "starting", "the agent is still starting")
     return agent
 
 
 AgentDep = Annotated[Agent, Depends(get_agent)]
+
+
+def _problems_only_as_problem_json(app: FastAPI) -> None:
+    """Error responses are documented as application/problem+json only (FastAPI adds application/json)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            for path in schema["paths"].values():
+                for operation in path.values():
+                    for response in operation.get("responses", {}).values():
+                        content = response.get("content", {})
+                        if PROBLEM in content:
+                            content.pop("application/json", None)
+        return app.openapi_schema or generate()
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _operation_id(route: APIRoute) -> str:
@@ -112,19 +154,19 @@ def create_app(
         generate_unique_id_function=_operation_id,
     )
 
-    @app.exception_handler(Problem)
-    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+    @app.exception_handler(ProblemError)
+    async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
         return problem_response(request, exc)
 
     @app.exception_handler(Conflict)
     async def _conflict(request: Request, exc: Conflict) -> JSONResponse:
-        return problem_response(request, Problem(409, "Conflict", str(exc), _typed(exc.type), code=exc.type))
+        return problem_response(request, ProblemError(409, exc.type, str(exc)))
 
     @app.exception_handler(InvalidRequest)
     async def _invalid(request: Request, exc: InvalidRequest) -> JSONResponse:
         return problem_response(
             request,
-            Problem(422, "Invalid request", str(exc), _typed("invalid_request"), code="invalid_request"),
+            ProblemError(422, "invalid_request", str(exc)),
         )
 
     @app.exception_handler(RequestValidationError)
@@ -133,19 +175,17 @@ def create_app(
         detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors)
         return problem_response(
             request,
-            Problem(
-                422,
-                "Invalid request",
-                detail,
-                _typed("invalid_request"),
-                code="invalid_request",
-                errors=errors,
-            ),
+            ProblemError(422, "invalid_request", detail, errors=errors),
         )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return problem_response(request, Problem(exc.status_code, str(exc.detail), str(exc.detail)))
+        return problem_response(
+            request,
+            ProblemError(
+                exc.status_code, HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_"), str(exc.detail)
+            ),
+        )
 
     @app.get("/healthz", tags=["health"])
     def healthz(agent: AgentDep) -> dict[str, str]:
@@ -163,24 +203,17 @@ def create_app(
     @app.post(
         "/v1/infer",
         tags=["serving"],
-        responses={
-            503: {"description": "This engine serves no generation (problem+json)"},
-            **PROBLEM_RESPONSES,
-        },
+        responses=problem_responses(422, 503),
     )
     async def infer(body: InferRequest, agent: AgentDep) -> InferResponse:
         hidden = agent.config.hidden_size
         if any(len(row) != hidden for row in body.tokens):
-            raise Problem(
-                422, "Invalid request", f"every token needs {hidden} values", _typed("invalid_request")
-            )
+            raise ProblemError(422, "invalid_request", f"every token needs {hidden} values")
         try:
             future = agent.engine.submit(torch.tensor(body.tokens, dtype=torch.float32))
             result = await asyncio.wrap_future(future)
         except EngineUnavailable as exc:
-            raise Problem(
-                503, "Engine unavailable", str(exc), _typed("unavailable"), code="unavailable"
-            ) from exc
+            raise ProblemError(503, "unavailable", str(exc)) from exc
         return InferResponse(
             outputs=result.outputs.tolist(), generation=result.generation, rank=result.rank, step=result.step
         )
@@ -217,14 +250,12 @@ def create_app(
     @app.get(
         "/v1/reconfig",
         tags=["reconfig"],
-        responses={404: {"description": "No reconfiguration yet (problem+json)"}},
+        responses=problem_responses(404),
     )
     def reconfig_status(agent: AgentDep) -> ReconfigStatus:
         status: ReconfigStatus | None = agent.executor.status()
         if status is None:
-            raise Problem(
-                404, "Not found", "no reconfiguration has run on this agent", _typed("no_job"), code="no_job"
-            )
+            raise ProblemError(404, "no_job", "no reconfiguration has run on this agent")
         return status
 
     @app.get("/v1/cleanup", tags=["cleanup"])
@@ -235,37 +266,28 @@ def create_app(
     @app.post("/v1/cleanup/retry", tags=["cleanup"], status_code=202, responses=PROBLEM_RESPONSES)
     def cleanup_retry(agent: AgentDep) -> JSONResponse:
         if not agent.cleanup.retry():
-            raise Problem(
-                409,
-                "Conflict",
-                "no failed cleanup to retry",
-                _typed("no_cleanup_failure"),
-                code="no_cleanup_failure",
-            )
+            raise ProblemError(409, "no_cleanup_failure", "no failed cleanup to retry")
         return JSONResponse(agent.cleanup.status().model_dump(mode="json"), status_code=202)
 
     @app.post("/v1/cleanup/acknowledge", tags=["cleanup"], responses=PROBLEM_RESPONSES)
     def cleanup_acknowledge(agent: AgentDep) -> CleanupStatus:
         if agent.cleanup.acknowledge() is None:
-            raise Problem(
-                409,
-                "Conflict",
-                "no failed cleanup to acknowledge",
-                _typed("no_cleanup_failure"),
-                code="no_cleanup_failure",
-            )
+            raise ProblemError(409, "no_cleanup_failure", "no failed cleanup to acknowledge")
         result: CleanupStatus = agent.cleanup.status()
         return result
 
     @app.post(
         "/v1/faults",
         tags=["testing"],
-        responses={404: {"description": "Fault injection is not enabled (problem+json)"}},
+        responses=problem_responses(404, 422),
     )
     def faults(body: FaultInjection, agent: AgentDep) -> FaultInjection:
         if not agent.settings.enable_fault_injection:
-            raise Problem(404, "Not found", "fault injection is not enabled on this agent")
+            raise ProblemError(
+                404, "fault_injection_disabled", "fault injection is not enabled on this agent"
+            )
         agent.executor.inject(body)
         return body
 
+    _problems_only_as_problem_json(app)
     return app

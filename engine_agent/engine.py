@@ -287,6 +287,8 @@ class ReferenceEngine:
     # ---- the serving loop ------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # the current device is per thread
         while True:
             with self._cond:
                 while not self._stopped and self._state != AgentState.serving:

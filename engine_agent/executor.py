@@ -169,11 +169,14 @@ class ReconfigExecutor:
         self._job: _Job | None = None
         self._peer_pause_lease: threading.Timer | None = None
         self._hang_released = threading.Event()
+        self._unknown_abort: ReconfigStatus | None = None  # abort of a job never prepared here
 
     # ---- queries ---------------------------------------------------------------------------------
 
     def status(self) -> ReconfigStatus | None:
         with self._lock:
+            if self._unknown_abort is not None:
+                return self._unknown_abort.model_copy(deep=True)
             return self._job.status.model_copy(deep=True) if self._job else None
 
     def inject(self, faults: FaultInjection) -> None:
@@ -189,6 +192,8 @@ class ReconfigExecutor:
     def prepare(self, request: PrepareRequest) -> ReconfigStatus:
         with self._lock:
             current = self._job
+            if self._unknown_abort is not None and self._unknown_abort.job_id == request.job_id:
+                raise Conflict("job_aborted", f"job {request.job_id} was aborted here before its prepare")
             if current is not None and current.request.job_id == request.job_id:
                 return current.status.model_copy(deep=True)  # a retried POST: same job
             if current is not None and current.status.phase not in TERMINAL_PHASES:
@@ -218,6 +223,7 @@ class ReconfigExecutor:
                 me=self.engine_id,
             )
             self._job = job
+            self._unknown_abort = None
             if role == Role.leaving and request.leave_policy == LeavePolicy.finish:
                 # Stop admitting now; the pause then waits for the queue to drain.
                 self.engine.set_admitting(False)
@@ -302,6 +308,8 @@ class ReconfigExecutor:
     def abort(self, job_id: str) -> ReconfigStatus:
         with self._lock:
             job = self._job
+            if self._unknown_abort is not None and self._unknown_abort.job_id == job_id:
+                return self._unknown_abort.model_copy(deep=True)
             if job is None or job.request.job_id != job_id:
                 if job is not None and job.status.phase not in TERMINAL_PHASES:
                     raise Conflict(
@@ -818,7 +826,8 @@ class ReconfigExecutor:
         return job
 
     def _record_unknown_abort(self, job_id: str) -> ReconfigStatus:
-        """Abort of a job this agent never prepared: nothing to undo; remember it as aborted."""
+        """Abort of a job this agent never prepared (its prepare was lost or never sent): nothing to
+        undo; `GET /v1/reconfig` reports it aborted so the coordinator's poll ends."""
         active = self.engine.active
         status = ReconfigStatus(
             job_id=job_id,
@@ -829,7 +838,8 @@ class ReconfigExecutor:
             strategy=Strategy.background,
             updated_at=time.time(),
         )
-        return status
+        self._unknown_abort = status
+        return status.model_copy(deep=True)
 
     def _validate(self, request: PrepareRequest) -> Role:
         me = self.engine_id

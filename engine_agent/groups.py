@@ -69,6 +69,8 @@ class CommGroup:
         opts = dist.AllreduceOptions()
         opts.reduceOp = op
         opts.timeout = timedelta(seconds=self.timeout_s)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # per thread: loop, prepare and pause threads all call this
         try:
             work = self.pg.allreduce([tensor], opts)
             work.wait(timedelta(seconds=self.timeout_s))

@@ -61,7 +61,8 @@ def test_the_database_itself_refuses_a_second_active_job(session: Session) -> No
     """Even a writer that skips the service (another coordinator, a bug) cannot add one."""
     deployment = make_deployment(session, "demo")
     first = make_job(session, deployment, 2)
-    row = {c: getattr(first, c) for c in ReconfigurationJob.__table__.columns}  # type: ignore[attr-defined]
+    columns = ReconfigurationJob.__table__.columns  # type: ignore[attr-defined]
+    row = {column.name: getattr(first, column.name) for column in columns}
     row.update(id="rcfg_clone", state=JobState.preparing.value)
     with pytest.raises(IntegrityError):
         session.execute(sa.insert(ReconfigurationJob).values(**row))

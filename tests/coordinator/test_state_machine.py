@@ -127,7 +127,9 @@ def test_transitions_refuse_to_change_protected_columns(session: Session) -> Non
     assert len(_events(session, job.id)) == 1
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(attempts=st.lists(st.tuples(st.sampled_from(list(JobState)), st.booleans()), max_size=12))
 def test_random_transition_sequences_keep_the_log_and_the_job_in_agreement(
     session: Session, attempts: list[tuple[JobState, bool]]

@@ -78,9 +78,28 @@ def _postgres_migration_sql() -> str:
     return "\n".join(lines)
 
 
+@cache
+def _drop_schemas_of_dead_runs() -> None:
+    """Schemas left by test processes that were killed before their teardown."""
+    admin = sa.create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            names = connection.execute(
+                sa.text("SELECT nspname FROM pg_namespace WHERE nspname LIKE :prefix"),
+                {"prefix": SCHEMA_PREFIX + "%"},
+            ).scalars()
+            for name in list(names):
+                pid = name[len(SCHEMA_PREFIX) :].split("_", 1)[0]
+                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                    connection.execute(sa.text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
+    finally:
+        admin.dispose()
+
+
 @contextlib.contextmanager
 def postgres_schema(*, migrated: bool) -> Iterator[str]:
     """A fresh schema in the `test` database; yields its URL; dropped afterwards."""
+    _drop_schemas_of_dead_runs()
     schema = f"{SCHEMA_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:10]}"
     admin = sa.create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
     try:

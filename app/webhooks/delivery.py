@@ -11,8 +11,9 @@ Two steps, each safe with several coordinators on one database:
    into the future (`... WHERE id = :id AND state = 'pending' AND next_attempt_at <= now`): the lease row
    without an extra column. A worker killed mid-attempt leaves the delivery due again when the lease
    ends, and it is attempted again with the same `webhook-id` (the outbox event id), so a receiver that
-   saw the first try dedupes the second. The attempt's result is written (attempt row + delivery update)
-   in one transaction.
+   saw the first try dedupes the second. The claim counts the attempt and writes its log row as
+   "in flight"; the result fills that row in (a row left in flight is marked abandoned at the next
+   claim), so the log keeps every attempt, even one its worker did not survive.
 
 Retries back off exponentially (`retry_base_s * 2^(n-1)`, capped at `retry_max_s`); a `Retry-After` on
 the response (seconds or an HTTP date) replaces the backoff. `410 Gone` disables the subscription and
@@ -59,6 +60,8 @@ USER_AGENT = "epctl-webhooks/1"
 # A receiver may ask for a long pause, but not for longer than a day.
 MAX_RETRY_AFTER_S = 86400.0
 _ERROR_LIMIT = 2000
+ATTEMPT_IN_FLIGHT = "in flight"
+ATTEMPT_ABANDONED = "no result: the coordinator stopped (or its claim lease ran out) during this attempt"
 TERMINAL_EVENT_TYPES = frozenset(
     {EventType.succeeded, EventType.failed, EventType.rolled_back, EventType.cancelled}
 )
@@ -101,6 +104,7 @@ class ClaimedDelivery:
     secret: str
     body: bytes
     attempt: int  # the number of the attempt about to be made (1-based)
+    attempt_row_id: int  # its row in the attempt log, written at claim time as "in flight"
 
 
 @dataclass(frozen=True)
@@ -253,11 +257,25 @@ class DeliveryWorker:
                         col(WebhookDelivery.state) == DeliveryState.pending.value,
                         due,
                     )
-                    .values(next_attempt_at=lease_until, updated_at=now)
+                    .values(
+                        next_attempt_at=lease_until,
+                        attempt_count=col(WebhookDelivery.attempt_count) + 1,
+                        updated_at=now,
+                    )
                 )
                 if result.rowcount != 1:  # type: ignore[attr-defined]
                     session.rollback()
                     continue
+                # An earlier attempt still "in flight" was cut short (its worker died, or its lease ran out).
+                session.execute(
+                    sa.update(WebhookDeliveryAttempt)
+                    .where(
+                        col(WebhookDeliveryAttempt.delivery_id) == delivery_id,
+                        col(WebhookDeliveryAttempt.status_code).is_(None),
+                        col(WebhookDeliveryAttempt.error) == ATTEMPT_IN_FLIGHT,
+                    )
+                    .values(error=ATTEMPT_ABANDONED)
+                )
                 row = session.exec(
                     select(WebhookDelivery, OutboxEvent, WebhookSubscription)
                     .join(OutboxEvent, col(OutboxEvent.id) == col(WebhookDelivery.event_id))
@@ -267,7 +285,17 @@ class DeliveryWorker:
                     )
                     .where(col(WebhookDelivery.id) == delivery_id)
                 ).one()
+                attempt_row = WebhookDeliveryAttempt(
+                    delivery_id=delivery_id,
+                    attempt=row[0].attempt_count,
+                    status_code=None,
+                    error=ATTEMPT_IN_FLIGHT,
+                    duration_ms=0.0,
+                    created_at=now,
+                )
+                session.add(attempt_row)
                 session.commit()
+                assert attempt_row.id is not None
             delivery, event, subscription = row
             claimed.append(
                 ClaimedDelivery(
@@ -278,7 +306,8 @@ class DeliveryWorker:
                     url=subscription.url,
                     secret=subscription.secret,
                     body=encode_payload(event.payload),
-                    attempt=delivery.attempt_count + 1,
+                    attempt=delivery.attempt_count,
+                    attempt_row_id=attempt_row.id,
                 )
             )
         return claimed
@@ -309,7 +338,6 @@ class DeliveryWorker:
     def record(self, claimed: ClaimedDelivery, result: AttemptResult) -> None:
         now = self.clock()
         values: dict[str, Any] = {
-            "attempt_count": claimed.attempt,
             "last_status_code": result.status_code,
             "last_error": result.error,
             "updated_at": now,
@@ -336,23 +364,18 @@ class DeliveryWorker:
                 delay = self.policy.backoff_s(claimed.attempt)
             values["next_attempt_at"] = now + timedelta(seconds=delay)
         with Session(self.engine, expire_on_commit=False) as session:
-            session.add(
-                WebhookDeliveryAttempt(
-                    delivery_id=claimed.delivery_id,
-                    attempt=claimed.attempt,
-                    status_code=result.status_code,
-                    error=result.error,
-                    duration_ms=result.duration_ms,
-                    created_at=now,
-                )
+            session.execute(
+                sa.update(WebhookDeliveryAttempt)
+                .where(col(WebhookDeliveryAttempt.id) == claimed.attempt_row_id)
+                .values(status_code=result.status_code, error=result.error, duration_ms=result.duration_ms)
             )
-            # Only the holder of this attempt number moves the delivery on: if our lease ran out and
-            # another worker already recorded it, our attempt stays in the log and changes nothing else.
+            # Only the holder of the latest attempt moves the delivery on: if our lease ran out and another
+            # worker claimed it again, our attempt stays in the log and changes nothing else.
             session.execute(
                 sa.update(WebhookDelivery)
                 .where(
                     col(WebhookDelivery.id) == claimed.delivery_id,
-                    col(WebhookDelivery.attempt_count) == claimed.attempt - 1,
+                    col(WebhookDelivery.attempt_count) == claimed.attempt,
                     col(WebhookDelivery.state) == DeliveryState.pending.value,
                 )
                 .values(**values)

@@ -41,6 +41,7 @@ class WebhookReceiver:
         self.script: list[ScriptedResponse] = []
         self.requests: list[ReceivedRequest] = []
         self.processed: dict[str, dict[str, Any]] = {}
+        self.arrivals: list[str] = []  # webhook-ids as requests arrive, before any scripted hold
         self.arrived = threading.Condition()
         self._server: ThreadingHTTPServer | None = None
 
@@ -64,6 +65,8 @@ class WebhookReceiver:
         headers = {k.lower(): v for k, v in handler.headers.items()}
         with self.arrived:
             scripted = self.script.pop(0) if self.script else ScriptedResponse()
+            self.arrivals.append(headers.get("webhook-id", ""))
+            self.arrived.notify_all()
         if scripted.hold is not None:
             scripted.hold.wait(timeout=30)
         valid = False

@@ -23,7 +23,9 @@ from app.dashboard.router import router as dashboard_router
 from app.deployments.router import router as deployments_router
 from app.engines.router import router as engines_router
 from app.hooks.router import router as hooks_router
+from app.jobs.cleanup_router import router as cleanup_router
 from app.jobs.events_router import router as events_router
+from app.jobs.lifespan import run_jobs
 from app.jobs.router import router as jobs_router
 from app.tokens.router import router as tokens_router
 from app.tokens.service import ensure_first_admin
@@ -95,7 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.settings = resolved
         app.state.db_engine = engine
         try:
-            async with delivery_worker(engine, resolved):  # outbound webhook delivery
+            async with run_jobs(app), delivery_worker(engine, resolved):  # job runner, webhook delivery
                 yield
         finally:
             engine.dispose()
@@ -114,6 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(deployments_router)
     app.include_router(engines_router)
     app.include_router(jobs_router)
+    app.include_router(cleanup_router)
     app.include_router(tokens_router)
     app.include_router(events_router)
     app.include_router(webhooks_router)

@@ -17,6 +17,7 @@ Long operations answer 202 at once with the agent's `ReconfigStatus`; `wait_for_
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
@@ -154,7 +155,11 @@ class AgentClient:
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            self._http = httpx.AsyncClient()
+            self._http = httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(
+                    socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+                )
+            )
         return self._http
 
     async def _request(

@@ -11,7 +11,7 @@ different processes can be unioned; each engine's own duration comes from its mo
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from engine_agent.protocol import PauseInterval
@@ -64,8 +64,16 @@ class Downtime:
         }
 
 
-def job_downtime(pauses: Mapping[str, PauseInterval | None], *, now: float | None = None) -> Downtime:
+def job_downtime(
+    pauses: Mapping[str, PauseInterval | None],
+    *,
+    now: float | None = None,
+    serving: Collection[str] | None = None,
+) -> Downtime:
     """The downtime of one job from each engine's reported pause.
+
+    With `serving`, only those engines' intervals make up the union (an engine that was not serving,
+    such as a joiner, stops no one); every engine's own interval is still listed.
 
     An engine without a pause (it never stopped) contributes nothing. A pause without a resume time
     (the engine is still down, or died paused) runs until `now` when given, else it is left out of
@@ -77,9 +85,8 @@ def job_downtime(pauses: Mapping[str, PauseInterval | None], *, now: float | Non
         if pause is None:
             continue
         end = pause.resumed_at if pause.resumed_at is not None else now
-        if end is not None:
-            interval = Interval(pause.paused_at, max(end, pause.paused_at))
-            intervals.append(interval)
+        if end is not None and (serving is None or engine_id in serving):
+            intervals.append(Interval(pause.paused_at, max(end, pause.paused_at)))
         own_ms = pause.pause_ms
         if own_ms is None and end is not None:
             own_ms = (max(end, pause.paused_at) - pause.paused_at) * 1000.0

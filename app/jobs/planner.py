@@ -68,6 +68,7 @@ class JobOptions:
     strategy: Strategy = Strategy.background
     leave_policy: LeavePolicy = LeavePolicy.finish
     leaver_choice: LeaverChoice = "highest_rank"
+    transfer_backend: TransferBackend | None = None  # None: NIXL when every participant offers it
 
 
 @dataclass(frozen=True)
@@ -269,7 +270,9 @@ def make_plan(
     policy, reason = resolve_warmup_policy(
         deployment.warmup_policy, options.warmup_policy, [i.platform for i in participants]
     )
-    backend = choose_transfer_backend({i.engine_id: i.transfer_backends for i in participants})
+    backend = options.transfer_backend or choose_transfer_backend(
+        {i.engine_id: i.transfer_backends for i in participants}
+    )
 
     return Plan(
         deployment=deployment.name,

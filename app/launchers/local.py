@@ -40,10 +40,12 @@ def agent_executable() -> list[str]:
     return [sys.executable, "-c", "from engine_agent.main import main; main()"]
 
 
-def agent_command(spec: LaunchSpec, engine_id: str, ready_file: Path) -> list[str]:
+def agent_command(
+    spec: LaunchSpec, engine_id: str, ready_file: Path, executable: Sequence[str] | None = None
+) -> list[str]:
     engine = spec.engine
     args = [
-        *agent_executable(),
+        *(executable or agent_executable()),
         "--host",
         "127.0.0.1",
         "--port",
@@ -147,8 +149,11 @@ def stop_pid(pid: int, grace_s: float = STOP_GRACE_S) -> None:
 class LocalLauncher(Launcher):
     name = "local"
 
-    def __init__(self, state_dir: Path, *, ready_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, state_dir: Path, *, ready_timeout_s: float = 30.0, executable: Sequence[str] | None = None
+    ) -> None:
         self.state_dir = Path(state_dir)
+        self.executable = list(executable) if executable else None  # default: epctl-agent
         self.ready_timeout_s = ready_timeout_s
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = asyncio.Lock()
@@ -232,7 +237,7 @@ class LocalLauncher(Launcher):
         ready_file = run_dir / f"{engine_id}.ready"
         ready_file.unlink(missing_ok=True)
         log_path = run_dir / f"{engine_id}.log"
-        command = agent_command(spec, engine_id, ready_file)
+        command = agent_command(spec, engine_id, ready_file, self.executable)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 command,

@@ -1,0 +1,342 @@
+"""Real processes for end-to-end tests: a uvicorn coordinator, the agents it launches, a steady client.
+
+- `Coordinator`: `uvicorn app.main:app` on a free port with its own data directory and database; can be
+  SIGKILLed and restarted on the same database and data directory. `stop_local_agents` stops every agent
+  its local launcher recorded (agents run in their own session and outlive a coordinator crash).
+- `SteadyClient`: a thread sending one `/v1/infer` request after another to a set of engines,
+  recording every success time and every failure, checking outputs against the single-process
+  reference (`engine_agent.moe.reference_forward`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.launchers.local import PIDS_FILE, is_agent_process, stop_pid
+from engine_agent.protocol import EngineConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN_TOKEN = "e2e-admin-token-0123456789abcdef"
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+TERMINAL = {"succeeded", "rolled_back", "failed", "cancelled"}
+
+# The small model of every e2e test: cheap on 2 cores, still a real MoE layer with real collectives.
+ENGINE = EngineConfig(
+    num_logical_experts=8, num_redundant_experts=0, hidden_size=32, intermediate_size=64, top_k=2
+)
+
+# Short deadlines: a failure shows in seconds, not minutes.
+RUNNER_ENV = {
+    "EPCTL_RUNNER_ENABLED": "true",
+    "EPCTL_RUNNER_POLL_INTERVAL_S": "0.1",
+    "EPCTL_RUNNER_CLEANUP_POLL_INTERVAL_S": "0.2",
+    "EPCTL_RUNNER_LAUNCH_DEADLINE_S": "40",
+    "EPCTL_RUNNER_PREPARE_DEADLINE_S": "30",
+    "EPCTL_RUNNER_SYNC_DEADLINE_S": "10",
+    "EPCTL_RUNNER_PAUSE_DEADLINE_S": "5",
+    "EPCTL_RUNNER_SWITCH_DEADLINE_S": "10",
+    "EPCTL_RUNNER_ABORT_DEADLINE_S": "10",
+    "EPCTL_RUNNER_PAUSE_LEASE_S": "3",
+    "EPCTL_RUNNER_RENDEZVOUS_S": "10",
+    "EPCTL_RUNNER_COLLECTIVE_S": "10",
+    "EPCTL_RUNNER_TRANSFER_S": "20",
+    "EPCTL_RUNNER_LOCAL_AGENT_ARGS": "--enable-fault-injection --heartbeat-s 1",
+    "EPCTL_JOB_LEASE_S": "3",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Coordinator:
+    def __init__(self, database_url: str, data_dir: Path, *, extra_env: dict[str, str] | None = None) -> None:
+        self.database_url = database_url
+        self.data_dir = data_dir
+        self.extra_env = dict(extra_env or {})
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir / "coordinator.log"
+        self.api = httpx.Client(base_url=self.url, headers=ADMIN_HEADERS, timeout=10.0)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(RUNNER_ENV)
+        env.update(
+            {
+                "DATABASE_URL": self.database_url,
+                "EPCTL_DATA_DIR": str(self.data_dir),
+                "EPCTL_ADMIN_TOKEN": ADMIN_TOKEN,
+                "EPCTL_PORT": str(self.port),
+                "EPCTL_RUNNER_COORDINATOR_ID": f"e2e-{self.port}",
+                "EPCTL_RUNNER_TEST_MARKER_FILE": str(self.marker_file),
+            }
+        )
+        env.update(self.extra_env)
+        return env
+
+    @property
+    def marker_file(self) -> Path:
+        return self.data_dir / "hang-marker"
+
+    def start(self, **env: str) -> Coordinator:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.marker_file.unlink(missing_ok=True)
+        full_env = self.env()
+        full_env.update(env)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "app.main:app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "warning",
+                ],
+                cwd=ROOT,
+                env=full_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        give_up = time.monotonic() + 30
+        while time.monotonic() < give_up:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"coordinator exited ({self.process.returncode}): {self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if self.api.get("/healthz").status_code == 200:
+                    return self
+            time.sleep(0.05)
+        raise RuntimeError(f"coordinator did not start: {self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook runs, leases stay held, agents keep running."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+    def stop_local_agents(self) -> None:
+        try:
+            records = json.loads((self.data_dir / PIDS_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return
+        for engine_id, entry in records.items():
+            pid = entry.get("pid")
+            if isinstance(pid, int) and is_agent_process(pid, engine_id):
+                stop_pid(pid, grace_s=2.0)
+
+    def close(self) -> None:
+        self.stop()
+        self.stop_local_agents()
+        self.api.close()
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text()[-n:]
+        except FileNotFoundError:
+            return ""
+
+    # --- API helpers ------------------------------------------------------------------------------
+
+    def create_deployment(self, name: str = "demo", **fields: Any) -> dict[str, Any]:
+        body = {
+            "name": name,
+            "engine": ENGINE.model_dump(),
+            "min_dp_size": 1,
+            "max_dp_size": 4,
+            "launcher": "local",
+            **fields,
+        }
+        response = self.api.post("/v1/deployments", json=body)
+        assert response.status_code == 201, response.text
+        return dict(response.json())
+
+    def request_scale(self, target: int, deployment: str = "demo", **fields: Any) -> httpx.Response:
+        return self.api.post(
+            "/v1/reconfigurations", json={"deployment": deployment, "target_dp_size": target, **fields}
+        )
+
+    def scale(self, target: int, deployment: str = "demo", **fields: Any) -> str:
+        response = self.request_scale(target, deployment, **fields)
+        assert response.status_code == 202, response.text
+        return str(response.json()["id"])
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        response = self.api.get(f"/v1/reconfigurations/{job_id}")
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    def wait_job(
+        self, job_id: str, *, timeout_s: float = 90.0, until: set[str] | None = None
+    ) -> dict[str, Any]:
+        wanted = until or TERMINAL
+        give_up = time.monotonic() + timeout_s
+        job: dict[str, Any] = {}
+        while time.monotonic() < give_up:
+            with contextlib.suppress(httpx.HTTPError):
+                job = self.job(job_id)
+                if job["state"] in wanted:
+                    return job
+            time.sleep(0.05)
+        raise AssertionError(
+            f"job {job_id} still {job.get('state')} after {timeout_s}s: {job}\n{self.log_tail()}"
+        )
+
+    def wait_marker(self, timeout_s: float = 60.0) -> str:
+        give_up = time.monotonic() + timeout_s
+        while time.monotonic() < give_up:
+            if self.marker_file.exists():
+                return self.marker_file.read_text()
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"coordinator died: {self.log_tail()}")
+            time.sleep(0.02)
+        raise AssertionError(f"the coordinator never reached its test hang point\n{self.log_tail()}")
+
+    def deployment(self, name: str = "demo") -> dict[str, Any]:
+        response = self.api.get(f"/v1/deployments/{name}")
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    def engines(self, name: str = "demo") -> list[dict[str, Any]]:
+        response = self.api.get("/v1/engines", params={"deployment": name})
+        assert response.status_code == 200, response.text
+        return list(response.json()["data"])
+
+    def members(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """The new generation's members of a finished job, in rank order."""
+        results = [r for r in job["engine_results"] if r.get("new_rank") is not None]
+        return sorted(results, key=lambda r: r["new_rank"])
+
+
+def agent_info(url: str) -> dict[str, Any]:
+    return dict(httpx.get(f"{url}/v1/info", timeout=5).json())
+
+
+def infer(url: str, tokens: list[list[float]], timeout_s: float = 10.0) -> httpx.Response:
+    return httpx.post(f"{url}/v1/infer", json={"tokens": tokens}, timeout=timeout_s)
+
+
+# --- the steady client --------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    sent_at: float  # epoch seconds
+    done_at: float
+    url: str
+    ok: bool
+    error: str | None = None
+    generation: int | None = None
+    max_abs_error: float | None = None
+
+
+@dataclass
+class SteadyClient:
+    """`streams` threads, each sending one request after another (at most `period_s` apart) to `urls`
+    in turn, the whole time. Several streams keep successes dense, so the longest gap in successful
+    responses measures the stop and not one request's latency."""
+
+    urls: list[str]
+    tokens: list[list[float]]
+    expected: list[list[float]]
+    streams: int = 4
+    period_s: float = 0.004
+    samples: list[Sample] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> SteadyClient:
+        for stream in range(self.streams):
+            thread = threading.Thread(target=self._run, args=(stream,), name=f"steady-{stream}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> list[Sample]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        return self.samples
+
+    def _run(self, stream: int) -> None:
+        transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        with httpx.Client(timeout=30.0, transport=transport) as http:
+            i = stream
+            while not self._stop.is_set():
+                url = self.urls[i % len(self.urls)]
+                i += 1
+                sent = time.time()
+                try:
+                    response = http.post(f"{url}/v1/infer", json={"tokens": self.tokens})
+                    done = time.time()
+                    if response.status_code == 200:
+                        body = response.json()
+                        err = max(
+                            abs(a - b)
+                            for row, ref in zip(body["outputs"], self.expected, strict=True)
+                            for a, b in zip(row, ref, strict=True)
+                        )
+                        self.samples.append(Sample(sent, done, url, True, None, body["generation"], err))
+                    else:
+                        error = f"{response.status_code} {response.text[:200]}"
+                        self.samples.append(Sample(sent, done, url, False, error))
+                except httpx.HTTPError as exc:
+                    self.samples.append(Sample(sent, time.time(), url, False, f"{type(exc).__name__}: {exc}"))
+                spent = time.time() - sent
+                if spent < self.period_s:
+                    time.sleep(self.period_s - spent)
+
+    def failures(self) -> list[Sample]:
+        return [s for s in self.samples if not s.ok]
+
+    def successes_between(self, start: float, end: float) -> int:
+        return sum(1 for s in self.samples if s.ok and start <= s.done_at <= end)
+
+    def gaps(self) -> list[tuple[float, float]]:
+        """(start, end) between consecutive successful responses."""
+        return list(itertools.pairwise(sorted(s.done_at for s in self.samples if s.ok)))
+
+    def gap_covering(self, start: float, end: float) -> float:
+        """The longest gap (ms) between successful responses that overlaps [start, end]."""
+        return max(((b - a) * 1000.0 for a, b in self.gaps() if a <= end and b >= start), default=0.0)
+
+    def longest_gap_outside(self, windows: list[tuple[float, float]], margin_s: float = 0.0) -> float:
+        """The longest gap (ms) that overlaps none of `windows` (widened by `margin_s`)."""
+        return max(
+            (
+                (b - a) * 1000.0
+                for a, b in self.gaps()
+                if not any(a <= e + margin_s and b >= s - margin_s for s, e in windows)
+            ),
+            default=0.0,
+        )

@@ -94,3 +94,7 @@ def current_revisions(engine: Engine) -> set[str]:
 
 def schema_is_current(engine: Engine) -> bool:
     return current_revisions(engine) == head_revisions()
+
+
+# Nullable JSON columns store SQL NULL for None (not the JSON literal null), so `IS NULL` means absent.
+NullableJSON = sa.JSON(none_as_null=True)

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
 
 from app.core.clock import utc_now
-from app.core.db import UTCDateTime
+from app.core.db import NullableJSON, UTCDateTime
 
 
 class HookSource(StrEnum):
@@ -40,5 +40,5 @@ class InboundHookRequest(SQLModel, table=True):
     reason: str = Field(max_length=1000)
     job_id: str | None = Field(default=None, max_length=40)
     requester: str | None = Field(default=None, max_length=128)
-    payload: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    payload: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)

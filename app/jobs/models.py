@@ -12,7 +12,7 @@ from pydantic import Field as ApiField
 from sqlmodel import Field, SQLModel
 
 from app.core.clock import utc_now
-from app.core.db import UTCDateTime
+from app.core.db import NullableJSON, UTCDateTime
 from app.deployments.models import WarmupPolicyChoice
 from app.jobs.states import TERMINAL_STATES, JobState
 from engine_agent.protocol import Strategy, WarmupPolicy
@@ -75,10 +75,10 @@ class ReconfigurationJob(SQLModel, table=True):
     phases: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
     engine_results: list[Any] = Field(default_factory=list, sa_type=sa.JSON)
     downtime_ms: float | None = None
-    downtime: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
-    error: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    downtime: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
+    error: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     cleanup_state: str = Field(default=CleanupState.none.value, sa_type=sa.String(16))
-    cleanup: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    cleanup: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     cancel_requested: bool = False
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -103,7 +103,7 @@ class JobEvent(SQLModel, table=True):
     from_state: str | None = Field(default=None, sa_type=sa.String(16))
     to_state: str | None = Field(default=None, sa_type=sa.String(16))
     message: str | None = Field(default=None, max_length=2000)
-    data: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    data: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
 
 

@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -327,6 +327,17 @@ def _new_nixl_agent(name: str) -> Any:
     return agent
 
 
+@contextlib.contextmanager
+def _nixl_errors(what: str) -> Iterator[None]:
+    """NIXL raises its own exception types; callers of the channel see TransferError."""
+    try:
+        yield
+    except TransferError:
+        raise
+    except Exception as error:
+        raise TransferError(f"{what}: {type(error).__name__}: {error}") from error
+
+
 def _encode(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload).encode()
 
@@ -358,10 +369,17 @@ class NixlChannel(WeightChannel):
         self._timeout_s = timeout_s
         self._round = 0
         deadline = _Deadline(timeout_s)
+        if device.type == "cuda":
+            # UCX picks its GPU transports when the agent's worker is created: without a CUDA context
+            # by then, device memory registered later cannot be served.
+            torch.cuda.set_device(device)
+            torch.empty(1, device=device)
         # A fresh name per channel: an engine opens one channel per generation.
-        self._agent: Any = _new_nixl_agent(f"{engine_id}/{uuid.uuid4().hex[:12]}")
+        with _nixl_errors(f"{engine_id} starting its NIXL agent"):
+            self._agent: Any = _new_nixl_agent(f"{engine_id}/{uuid.uuid4().hex[:12]}")
+            metadata = self._agent.get_agent_metadata()
         self._peer_agent: dict[str, str] = {}
-        _put(store, f"nixl/md/{engine_id}", self._agent.get_agent_metadata())
+        _put(store, f"nixl/md/{engine_id}", metadata)
         peers = [engine for engine in self._participants if engine != engine_id]
         _wait_for_keys(
             store,
@@ -370,9 +388,10 @@ class NixlChannel(WeightChannel):
             "exchanging NIXL agent metadata",
         )
         for engine in peers:
-            name = self._agent.add_remote_agent(store.get(f"nixl/md/{engine}"))
-            self._peer_agent[engine] = name.decode() if isinstance(name, bytes) else str(name)
-            self._agent.make_connection(self._peer_agent[engine])
+            with _nixl_errors(f"{engine_id} loading {engine}'s NIXL metadata"):
+                name = self._agent.add_remote_agent(store.get(f"nixl/md/{engine}"))
+                self._peer_agent[engine] = name.decode() if isinstance(name, bytes) else str(name)
+                self._agent.make_connection(self._peer_agent[engine])
 
     def transfer(
         self,
@@ -417,29 +436,53 @@ class NixlChannel(WeightChannel):
         return TransferStats(self.backend, received, sent, time.monotonic() - started)
 
     def _publish(self, prefix: str, roles: _Roles, sources: Mapping[int, torch.Tensor]) -> Any:
-        """Register the experts this engine serves and publish where they are."""
+        """Register the experts this engine serves and publish where they are. On failure the readers
+        are told at once (instead of timing out) and the error is raised here."""
         experts = sorted({item.logical_expert for _, item in roles.serve})
         if not experts:
             return None
-        tensors = [_as_bytes(sources[expert]) for expert in experts]
-        registered = self._agent.register_memory(tensors)
-        descriptors = {
-            str(expert): [tensor.data_ptr(), _nbytes(tensor), max(tensor.get_device(), 0)]
-            for expert, tensor in zip(experts, tensors, strict=True)
-        }
-        metadata = self._agent.get_partial_agent_metadata(registered, False)
-        _put(
-            self._store,
-            f"{prefix}/serve/{self._me}",
-            _encode(
-                {
-                    "metadata": base64.b64encode(metadata).decode(),
-                    "mem_type": "VRAM" if tensors[0].is_cuda else "DRAM",
-                    "descriptors": descriptors,
+        key = f"{prefix}/serve/{self._me}"
+        registered = None
+        try:
+            with _nixl_errors(f"{self._me} registering the experts it serves"):
+                tensors = [_as_bytes(sources[expert]) for expert in experts]
+                registered = self._agent.register_memory(tensors)
+                descriptors = {
+                    str(expert): [tensor.data_ptr(), _nbytes(tensor), max(tensor.get_device(), 0)]
+                    for expert, tensor in zip(experts, tensors, strict=True)
                 }
-            ),
-        )
+                partial = self._agent.get_partial_agent_metadata(registered, False)
+                full = self._agent.get_agent_metadata()
+        except TransferError as error:
+            if registered is not None:
+                self._agent.deregister_memory(registered)
+            _put(self._store, key, _encode({"error": str(error)}))
+            raise
+        offer = {
+            "metadata": base64.b64encode(partial).decode(),
+            "full_metadata": base64.b64encode(full).decode(),
+            "mem_type": "VRAM" if tensors[0].is_cuda else "DRAM",
+            "descriptors": descriptors,
+        }
+        _put(self._store, key, _encode(offer))
         return registered
+
+    def _load_offer(self, holder: str, offer: dict[str, Any]) -> None:
+        """Learn where a holder's registered experts are. The partial metadata (memory only) is the
+        usual path; if NIXL refuses it (it does when the holder's connection info changed since open,
+        as happens when UCX adds GPU transports), drop the holder and load its full metadata."""
+        if "error" in offer:
+            raise TransferError(f"{holder} could not serve its experts: {offer['error']}")
+        try:
+            self._agent.add_remote_agent(base64.b64decode(offer["metadata"]))
+            return
+        except Exception as error:
+            logger.info("NIXL refused %s's partial metadata (%s); loading its full metadata", holder, error)
+        with _nixl_errors(f"loading {holder}'s NIXL metadata"):
+            with contextlib.suppress(Exception):
+                self._agent.remove_remote_agent(self._peer_agent[holder])
+            name = self._agent.add_remote_agent(base64.b64decode(offer["full_metadata"]))
+            self._peer_agent[holder] = name.decode() if isinstance(name, bytes) else str(name)
 
     def _fetch(
         self,
@@ -451,7 +494,8 @@ class NixlChannel(WeightChannel):
     ) -> int:
         holders = sorted({item.src for _, item in roles.fetch if item.src is not None})
         landing = [_as_bytes(destinations[item.logical_expert]) for _, item in roles.fetch]
-        registered = self._agent.register_memory(landing)
+        with _nixl_errors(f"{self._me} registering its landing buffers"):
+            registered = self._agent.register_memory(landing)
         handles: list[tuple[Any, TransferItem, int]] = []
         outcome = b"error"
         try:
@@ -462,8 +506,8 @@ class NixlChannel(WeightChannel):
                 f"{self._me} waiting for expert holders to publish",
             )
             offers = {holder: _decode(self._store.get(f"{prefix}/serve/{holder}")) for holder in holders}
-            for offer in offers.values():
-                self._agent.add_remote_agent(base64.b64decode(offer["metadata"]))
+            for holder, offer in offers.items():
+                self._load_offer(holder, offer)
             for (_, item), target in zip(roles.fetch, landing, strict=True):
                 assert item.src is not None
                 offer = offers[item.src]
@@ -473,13 +517,15 @@ class NixlChannel(WeightChannel):
                         f"expert {item.logical_expert}: {item.src} holds {nbytes} bytes, "
                         f"{self._me} expects {target.numel()}"
                     )
-                remote = self._agent.get_xfer_descs([(address, nbytes, device_id)], offer["mem_type"])
-                local = self._agent.get_xfer_descs(target)
-                handle = self._agent.initialize_xfer("READ", local, remote, self._peer_agent[item.src])
-                if self._agent.transfer(handle) == "ERR":
-                    raise TransferError(f"NIXL could not start reading expert {item.logical_expert}")
-                handles.append((handle, item, nbytes))
-            received = self._poll(handles, deadline, on_progress)
+                with _nixl_errors(f"starting the read of expert {item.logical_expert} from {item.src}"):
+                    remote = self._agent.get_xfer_descs([(address, nbytes, device_id)], offer["mem_type"])
+                    local = self._agent.get_xfer_descs(target)
+                    handle = self._agent.initialize_xfer("READ", local, remote, self._peer_agent[item.src])
+                    handles.append((handle, item, nbytes))
+                    if self._agent.transfer(handle) == "ERR":
+                        raise TransferError("NIXL reported an error when posting the read")
+            with _nixl_errors(f"{self._me} reading experts"):
+                received = self._poll(handles, deadline, on_progress)
             outcome = b"ok"
             return received
         finally:

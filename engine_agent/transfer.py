@@ -372,7 +372,8 @@ class NixlChannel(WeightChannel):
         if device.type == "cuda":
             # UCX picks its GPU transports when the agent's worker is created: without a CUDA context
             # by then, device memory registered later cannot be served.
-            torch.cuda.set_device(device)
+            if device.index is not None:
+                torch.cuda.set_device(device)
             torch.empty(1, device=device)
         # A fresh name per channel: an engine opens one channel per generation.
         with _nixl_errors(f"{engine_id} starting its NIXL agent"):

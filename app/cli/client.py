@@ -47,7 +47,7 @@ DeploymentFilter = Annotated[
 
 # Piped output (scripts, logs) gets wide lines instead of tables folded at 80 columns.
 stdout = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 250)
-stderr = Console(stderr=True, highlight=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # messages are never cut mid-line
 
 
 class CoordinatorError(Exception):

@@ -35,6 +35,7 @@ from app.cli.client import (
 TERMINAL_STATES = frozenset({"succeeded", "rolled_back", "failed", "cancelled"})
 PHASE_ORDER = ("preparing", "syncing", "committing", "cleaning_up")
 POLL_INTERVAL_S = 0.5
+END_EVENT = "end"  # the server's last event once the job is terminal (no id)
 # The stream may be quiet for long stretches (a slow prepare); reconnecting is cheap and resumes exactly.
 STREAM_READ_TIMEOUT_S = 15.0
 
@@ -114,7 +115,10 @@ def _follow_stream(
         headers = {"Accept": "text/event-stream"}
         if last_event_id is not None:
             headers["Last-Event-ID"] = last_event_id
-        timeout = httpx.Timeout(api.timeout_s, read=STREAM_READ_TIMEOUT_S)
+        read_timeout = STREAM_READ_TIMEOUT_S
+        if deadline is not None:
+            read_timeout = max(0.05, min(read_timeout, deadline - time.monotonic()))
+        timeout = httpx.Timeout(api.timeout_s, read=read_timeout)
         try:
             with api.http.stream("GET", f"{job_path(job_id)}/events", headers=headers,
                                  timeout=timeout) as response:
@@ -127,9 +131,11 @@ def _follow_stream(
                     response.read()
                     Coordinator.decode(response)
                 failures = 0
-                for event in iter_sse(response.iter_lines()):
+                for event in iter_sse(_lines_until(response.iter_lines(), deadline, job_id)):
                     if event.id:
                         last_event_id = event.id
+                    if event.event == END_EVENT:
+                        break
                     job = api.get(job_path(job_id))
                     view.update(job)
                     if is_terminal(job):
@@ -147,6 +153,13 @@ def _follow_stream(
         view.update(job)
         if is_terminal(job):
             return job
+
+
+def _lines_until(lines: Iterator[str], deadline: float | None, job_id: str) -> Iterator[str]:
+    """The stream's lines, checking the deadline at each one (keep-alive comments included)."""
+    for line in lines:
+        _check_deadline(deadline, job_id)
+        yield line
 
 
 def _follow_polling(

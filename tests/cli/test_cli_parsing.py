@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 import typer
 
+from app.cli import watch
+from app.cli.client import Coordinator
 from app.cli.jobs import parse_when
 from app.cli.watch import iter_sse
 
@@ -39,3 +42,24 @@ def test_iso_time_without_zone_is_taken_as_local_time() -> None:
 def test_unreadable_time_is_a_usage_error() -> None:
     with pytest.raises(typer.BadParameter):
         parse_when("yesterday-ish")
+
+
+def test_watch_falls_back_to_polling_when_the_coordinator_has_no_event_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    states = iter(["pending", "preparing", "syncing", "succeeded"])
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/events"):
+            return httpx.Response(404, json={"title": "Not Found", "status": 404})
+        state = next(states, "succeeded")
+        seen.append(state)
+        return httpx.Response(200, json={"id": "rcfg_1", "state": state, "progress": {"percent": 0}})
+
+    api = Coordinator(url="http://coordinator.test", token=None)
+    api.http = httpx.Client(base_url="http://coordinator.test", transport=httpx.MockTransport(handler))
+    monkeypatch.setattr(watch, "POLL_INTERVAL_S", 0.0)
+    job = watch.follow(api, "rcfg_1", live=False)
+    assert job["state"] == "succeeded"
+    assert seen[-1] == "succeeded" and "syncing" in seen

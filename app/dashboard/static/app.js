@@ -406,6 +406,12 @@ function jobPage(jobId) {
       }).join("")}</tbody></table></div>`;
   }
 
+  function queuedNote(j) {
+    const created = job.createdMs(j);
+    const started = job.startedMs(j);
+    return created !== null && started !== null && started - created >= 1 ? `queued ${esc(fmtMs(started - created))} · ` : "";
+  }
+
   function draw() {
     const j = current;
     const state = job.state(j);
@@ -432,7 +438,7 @@ function jobPage(jobId) {
         <div class="card"><div class="k">Requested by</div><div class="v" style="font-size:15px;padding-top:4px">${esc(job.source(j) || "–")}</div></div>
       </div>
       ${failureHtml(j)}
-      <section class="panel"><div class="panel-head"><h2>Timeline</h2><span class="muted">phases and each engine's pause</span></div>
+      <section class="panel"><div class="panel-head"><h2>Timeline</h2><span class="muted">${queuedNote(j)}phases and each engine's pause</span></div>
         <div id="timeline"></div>
         <div class="legend"><span><i style="background:var(--accent)"></i>phase</span><span><i style="background:var(--pause)"></i>engine paused</span><span><i style="background:var(--bad)"></i>deployment down (union)</span></div>
       </section>

@@ -45,7 +45,8 @@ export function timelineSvg(j, width, nowMs = Date.now()) {
   const phases = job.phases(j).filter((p) => p.start !== null);
   const engines = job.engines(j);
   const pausing = engines.filter((e) => e.start !== null);
-  const times = [job.createdMs(j), ...phases.flatMap((p) => [p.start, p.end]), ...pausing.flatMap((e) => [e.start, e.end])]
+  // The axis starts when the work starts: time spent queued (pending) would squash the phases.
+  const times = [...phases.flatMap((p) => [p.start, p.end]), ...pausing.flatMap((e) => [e.start, e.end])]
     .filter((v) => v !== null);
   if (!times.length) return `<div class="empty">No phase has started yet.</div>`;
   const running = !isTerminal(job.state(j));

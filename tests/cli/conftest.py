@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cli.support import CoordinatorProcess, run_coordinator
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+    """One real coordinator per test module, job runner off: the tests move jobs themselves."""
+    tmp_dir: Path = tmp_path_factory.mktemp("coordinator")
+    with run_coordinator(tmp_dir, EPCTL_RUNNER_ENABLED="false") as process:
+        yield process
+
+
+@pytest.fixture
+def api(coordinator: CoordinatorProcess) -> Iterator[httpx.Client]:
+    with coordinator.client() as client:
+        yield client
+
+
+@pytest.fixture
+def deployment_name() -> str:
+    """A fresh name per test: each test owns its deployment (one active job per deployment)."""
+    return f"dep-{next(_names)}"

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
@@ -29,8 +31,10 @@ D1_SECRET = signing.generate_secret()
 PROBLEM = "application/problem+json"
 
 
-@pytest.fixture
-def settings(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+@pytest.fixture(name="settings")
+def settings_with_inbound_secrets(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Settings:
     monkeypatch.setenv("EPCTL_RUNNER_ENABLED", "false")
     monkeypatch.setenv("EPCTL_WEBHOOK_WORKER_ENABLED", "false")
     return Settings(
@@ -446,3 +450,43 @@ def test_every_request_is_listed_with_its_decision_and_filterable(
     rejected = client.get("/v1/hooks/requests", params={"decision": "rejected"}).json()
     assert rejected["count"] == 1 and rejected["data"][0]["details"]["code"] == "bad-signature"
     assert client.get("/v1/hooks/requests", params={"source": "alertmanager"}).json()["count"] == 1
+
+
+# --- never 5xx --------------------------------------------------------------------------------------
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+ALERT_FIELDS = ["status", "labels", "annotations", "startsAt", "endsAt", "generatorURL", "fingerprint"]
+PAYLOAD_FIELDS = ["version", "groupKey", "status", "receiver", "groupLabels", "commonLabels", "alerts"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.sampled_from(["payload", "alert", "label"]), field=st.integers(0, 6), value=JSON)
+def test_alertmanager_answers_4xx_or_2xx_to_any_mutated_payload(
+    anonymous: TestClient, alertmanager_headers: dict[str, str], d1: str, where: str, field: int, value: Any
+) -> None:
+    body = firing_payload("d1", scale="up")
+    if where == "payload":
+        body[PAYLOAD_FIELDS[field]] = value
+    elif where == "alert":
+        body["alerts"][0][ALERT_FIELDS[field]] = value
+    else:
+        body["alerts"][0]["labels"][["deployment", "scale", "step", "target_dp_size"][field % 4]] = value
+    response = post_alerts(anonymous, alertmanager_headers, body)
+    assert response.status_code < 500, response.text
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=JSON)
+def test_signed_scale_answers_4xx_or_2xx_to_any_json(anonymous: TestClient, d1: str, body: Any) -> None:
+    response = signed(anonymous, body)
+    assert response.status_code < 500, response.text

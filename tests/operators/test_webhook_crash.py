@@ -4,6 +4,7 @@ restart, under the same webhook-id, so a receiver that dedupes by id processes e
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
@@ -13,6 +14,7 @@ from app.jobs.states import JobState, transition
 from app.webhooks import service
 from app.webhooks.delivery import ATTEMPT_ABANDONED
 from app.webhooks.models import OutboxEvent
+from app.webhooks.service import DeliveryList
 from tests.operators.coordinator import coordinator
 from tests.operators.receiver import ScriptedResponse, WebhookReceiver
 from tests.support.factories import make_job, static_deployment
@@ -23,6 +25,17 @@ FAST_WORKER = {
     "EPCTL_WEBHOOK_CLAIM_LEASE_S": "1",  # effective lease: timeout + 1 s
     "EPCTL_WEBHOOK_RETRY_BASE_S": "0.05",
 }
+
+
+def wait_until_settled(session: Session, subscription_id: str, timeout_s: float = 20.0) -> DeliveryList:
+    """The delivery log once no delivery is pending (the coordinator records a result after the answer)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        session.rollback()  # a fresh snapshot each time
+        log = service.list_deliveries(session, subscription_id)
+        if all(d.state.value != "pending" for d in log.data) or time.monotonic() > deadline:
+            return log
+        time.sleep(0.05)
 
 
 def move(db_engine: Engine, job_id: str, before: JobState, after: JobState) -> None:
@@ -57,7 +70,7 @@ def test_coordinator_killed_mid_delivery_delivers_every_event_after_restart(
                 lambda r: set(r.processed) == event_ids and len(r.requests) >= 3, timeout=20
             )
             assert delivered, second.log()
-            log = service.list_deliveries(session, subscription.id)
+            log = wait_until_settled(session, subscription.id)
         assert all(r.signature_valid for r in receiver.requests)
     first_event = receiver.arrivals[0]
     assert receiver.arrivals.count(first_event) == 2, "A was sent again, with the same webhook-id"

@@ -1,0 +1,359 @@
+"""Shared helpers for the benchmarks: processes, ports, statistics, tables, JSON and PNG output.
+
+Every benchmark is one script (`.venv/bin/python benchmarks/NAME.py`); it prints a table, writes
+`benchmarks/results/NAME.json` and draws `benchmarks/results/NAME.png`. Results are quoted as ratios
+measured within one run, because the development machine is small (2 cores) and shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+TMP_DIR = RESULTS_DIR / "tmp"  # git-ignored scratch space (SQLite files, logs, ready files)
+PYTHON = sys.executable
+
+NOISE_NOTE = (
+    "Measured on a small shared machine (2 CPU cores, other test suites running at the same time): "
+    "absolute times are noisy; quote the ratios, which are taken within one run."
+)
+
+
+# ---------------------------------------------------------------------------------------------------
+# ports and processes
+
+
+def free_port() -> int:
+    """A port the kernel considers free right now (used only where a child cannot report its own)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ManagedProcess:
+    """A child process in its own process group, killed (group-wide) when the benchmark ends."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=timeout_s)
+
+
+class ProcessGroup:
+    """Starts children and guarantees they are all stopped, whatever happens to the benchmark."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.processes: list[ManagedProcess] = []
+
+    def start(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path = ROOT
+    ) -> ManagedProcess:
+        log_path = self.log_dir / f"{name}.log"
+        log = log_path.open("wb")
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        popen = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: stop() kills it and its children
+        )
+        log.close()
+        proc = ManagedProcess(name, popen, log_path)
+        self.processes.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+        self.processes.clear()
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+
+def wait_for_http(url: str, proc: ManagedProcess | None = None, timeout_s: float = 60.0) -> None:
+    """Poll `url` until it answers 2xx; fail early (with the child's log) if the child dies."""
+    deadline = time.monotonic() + timeout_s
+    last_error = ""
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive():
+            raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{proc.log_tail()}")
+        try:
+            response = httpx.get(url, timeout=2.0)
+            if response.status_code < 300:
+                return
+            last_error = f"HTTP {response.status_code}: {response.text[:200]}"
+        except httpx.HTTPError as exc:
+            last_error = repr(exc)
+        time.sleep(0.05)
+    tail = proc.log_tail() if proc is not None else ""
+    raise TimeoutError(f"{url} did not answer within {timeout_s}s ({last_error})\n{tail}")
+
+
+def wait_for_file(path: Path, proc: ManagedProcess | None = None, timeout_s: float = 60.0) -> str:
+    """Wait until a child writes its ready file (non-empty) and return its contents."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive():
+            raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{proc.log_tail()}")
+        with contextlib.suppress(OSError):
+            text = path.read_text()
+            if text.strip():
+                return text
+        time.sleep(0.05)
+    tail = proc.log_tail() if proc is not None else ""
+    raise TimeoutError(f"{path} not written within {timeout_s}s\n{tail}")
+
+
+def rss_mib(pid: int, include_children: bool = True) -> float:
+    """Resident memory of a process (and its children, e.g. uvicorn's reloader-free worker)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    total = proc.memory_info().rss
+    if include_children:
+        for child in proc.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                total += child.memory_info().rss
+    return total / (1024 * 1024)
+
+
+# ---------------------------------------------------------------------------------------------------
+# statistics
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100]."""
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q / 100.0
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def summarize(samples: Sequence[float]) -> dict[str, float]:
+    """p50 / p99 / max / mean / n of a list of milliseconds (or any unit)."""
+    if not samples:
+        return {"n": 0}
+    return {
+        "n": len(samples),
+        "p50": round(percentile(samples, 50), 3),
+        "p99": round(percentile(samples, 99), 3),
+        "max": round(max(samples), 3),
+        "min": round(min(samples), 3),
+        "mean": round(statistics.fmean(samples), 3),
+    }
+
+
+@contextlib.contextmanager
+def stopwatch_ms(sink: list[float]) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        sink.append((time.perf_counter() - start) * 1000.0)
+
+
+def timed_ms(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    value = fn()
+    return (time.perf_counter() - start) * 1000.0, value
+
+
+# ---------------------------------------------------------------------------------------------------
+# output
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value != value:  # nan
+            return "-"
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}"
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table (reads well in a terminal and pastes into the README)."""
+    cells = [[fmt(c) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = [
+        "| " + " | ".join(h.ljust(widths[i]) for i, h in enumerate(headers)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    for row in cells:
+        lines.append("| " + " | ".join(c.ljust(widths[i]) for i, c in enumerate(row)) + " |")
+    return "\n".join(lines)
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+    with contextlib.suppress(OSError):
+        info["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    with contextlib.suppress(Exception):
+        info["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    return info
+
+
+@dataclass
+class Report:
+    """What one benchmark run writes: its parameters, its measurements, and its verdicts."""
+
+    name: str
+    command: str = field(default_factory=lambda: " ".join([".venv/bin/python", *sys.argv]))
+    started_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    machine: dict[str, Any] = field(default_factory=machine_info)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    results: dict[str, Any] = field(default_factory=dict)
+    targets: list[dict[str, Any]] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=lambda: [NOISE_NOTE])
+
+    def target(self, name: str, measured: float, limit: float, unit: str = "", why: str = "") -> bool:
+        """Record a target and whether it was met (measured <= limit)."""
+        met = measured <= limit
+        self.targets.append(
+            {
+                "target": name,
+                "measured": round(measured, 4),
+                "limit": limit,
+                "unit": unit,
+                "met": met,
+                **({"note": why} if why else {}),
+            }
+        )
+        return met
+
+    def add_table(self, title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+        text = f"### {title}\n\n{table(headers, rows)}\n"
+        self.tables.append(text)
+        print(text, flush=True)
+        return text
+
+    def targets_table(self) -> str:
+        rows = [
+            [
+                t["target"],
+                f"{fmt(t['measured'])} {t['unit']}".strip(),
+                f"<= {fmt(t['limit'])}",
+                "met" if t["met"] else "MISSED",
+            ]
+            for t in self.targets
+        ]
+        return self.add_table("Targets", ["target", "measured", "limit", "verdict"], rows)
+
+    def write(self) -> Path:
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        path = RESULTS_DIR / f"{self.name}.json"
+        payload = {
+            "benchmark": self.name,
+            "command": self.command,
+            "started_at": self.started_at,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": self.machine,
+            "parameters": self.parameters,
+            "results": self.results,
+            "targets": self.targets,
+            "notes": self.notes,
+        }
+        path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        md = RESULTS_DIR / f"{self.name}.md"
+        header = f"<!-- generated by: {self.command} at {self.started_at} -->\n\n"
+        md.write_text(header + "\n".join(self.tables) + "\n" + "\n".join(f"- {n}" for n in self.notes) + "\n")
+        print(f"wrote {path.relative_to(ROOT)} and {md.relative_to(ROOT)}", flush=True)
+        return path
+
+
+def new_figure(ncols: int = 1, width: float = 6.5, height: float = 4.2) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    return fig, axes[0]
+
+
+def save_figure(fig: Any, name: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path.relative_to(ROOT)}", flush=True)
+    return path
+
+
+def scratch_dir(name: str) -> Path:
+    path = TMP_DIR / f"{name}-{os.getpid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

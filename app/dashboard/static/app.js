@@ -126,6 +126,7 @@ function historyPage() {
     created_before: params.get("created_before") || "",
   };
   const cursor = params.get("cursor") || "";
+  const pageSize = Math.max(1, Math.min(200, Number(params.get("limit")) || PAGE_SIZE));
   // Cursors of the pages before this one, so "Newer" can step back without server support.
   const previous = (params.get("prev") || "").split(",").filter(Boolean);
   let timer = null;
@@ -182,6 +183,7 @@ function historyPage() {
     const data = new FormData(form);
     const next = new URLSearchParams();
     for (const key of ["deployment", "state", "source"]) if (data.get(key)) next.set(key, data.get(key));
+    if (pageSize !== PAGE_SIZE) next.set("limit", pageSize);
     const after = localInputToIso(data.get("created_after"));
     const before = localInputToIso(data.get("created_before"));
     if (after) next.set("created_after", after);
@@ -196,6 +198,7 @@ function historyPage() {
   function pageUrl(nextCursor, prevList) {
     const next = new URLSearchParams();
     for (const [k, v] of Object.entries(filters)) if (v) next.set(k, v);
+    if (pageSize !== PAGE_SIZE) next.set("limit", pageSize);
     if (nextCursor) next.set("cursor", nextCursor);
     if (prevList.length) next.set("prev", prevList.join(","));
     return `/ui/${next.toString() ? `?${next}` : ""}`;
@@ -224,7 +227,7 @@ function historyPage() {
 
   async function load() {
     try {
-      const query = { ...filters, limit: PAGE_SIZE };
+      const query = { ...filters, limit: pageSize };
       if (cursor) query.cursor = cursor;
       const result = await api("/v1/reconfigurations", { params: query });
       if (!alive) return;

@@ -33,7 +33,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "tests/ui/" in str(item.fspath):
             item.add_marker(pytest.mark.browser)
             if not CHROMIUM.exists():
-                item.add_marker(pytest.mark.skip(reason=f"{CHROMIUM} is absent (apt-get install -y chromium)"))
+                reason = f"{CHROMIUM} is absent (apt-get install -y chromium)"
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @dataclass
@@ -103,7 +104,8 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS,
+                                              headless=True)
         try:
             yield chromium
         finally:

@@ -1,13 +1,18 @@
 """Alertmanager webhook bodies in the exact shape Alertmanager v0.27 sends (notify/webhook, version 4).
 
 Reusable by the end-to-end tests: `firing_payload(deployment="d1", target_dp_size=4)` is what an
-Alertmanager `webhook_config` POSTs to `/v1/hooks/alertmanager` when a scale alert fires.
+Alertmanager `webhook_config` POSTs to `/v1/hooks/alertmanager` when a scale alert fires, and
+`scale_through_alertmanager(url, token, "d1", 4)` sends it to a running coordinator as Alertmanager
+would (bearer token from `http_config.authorization`) and returns the job it created.
 """
 
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime
 from typing import Any
+
+import httpx
 
 
 def alert(
@@ -80,3 +85,30 @@ def resolved_payload(deployment: str, *, target_dp_size: int = 4) -> dict[str, A
     return payload(
         [alert(deployment=deployment, status="resolved", labels={"target_dp_size": str(target_dp_size)})]
     )
+
+
+def send_to_coordinator(
+    base_url: str, token: str, body: dict[str, Any], *, timeout_s: float = 10.0
+) -> httpx.Response:
+    """POST a notification the way Alertmanager's webhook_config does (JSON, bearer credentials)."""
+    return httpx.post(
+        f"{base_url.rstrip('/')}/v1/hooks/alertmanager",
+        json=body,
+        headers={"Authorization": f"Bearer {token}", "User-Agent": "Alertmanager/0.27.0"},
+        timeout=timeout_s,
+    )
+
+
+def scale_through_alertmanager(
+    base_url: str, token: str, deployment: str, target_dp_size: int, *, starts_at: str | None = None
+) -> str:
+    """Fire a scale alert at a running coordinator; return the id of the job it created (or fail,
+    showing the recorded reason). Each call is a new firing episode unless `starts_at` is given."""
+    started = starts_at or datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    response = send_to_coordinator(
+        base_url, token, firing_payload(deployment, target_dp_size=target_dp_size, starts_at=started)
+    )
+    assert response.status_code == 200, response.text
+    [result] = response.json()["results"]
+    assert result["decision"] == "accepted", result
+    return str(result["job_id"])

@@ -17,6 +17,7 @@ JSON (`payload.webhook_id`, `payload.dedupe_key`); lookups are bounded by time, 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,6 +38,8 @@ from app.hooks.models import HookDecision, HookSource, InboundHookRequest
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import active_job, create_reconfiguration
 from app.webhooks import signing
+
+log = logging.getLogger(__name__)
 
 HOOK_REQUEST_ID_PREFIX = "hook"
 _REASON_LIMIT = 1000
@@ -276,6 +279,9 @@ def verify_signature(
                 matched_scope = scope
                 break
             except signing.BadSignature:
+                continue
+            except signing.InvalidSecret:
+                log.error("the %s inbound hook secret is not a whsec_ (base64) secret", scope)
                 continue
         if matched_scope is None:
             raise signing.BadSignature("no signature matches a configured secret")

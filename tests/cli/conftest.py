@@ -30,3 +30,7 @@ def api(coordinator: CoordinatorProcess) -> Iterator[httpx.Client]:
 def deployment_name() -> str:
     """A fresh name per test: each test owns its deployment (one active job per deployment)."""
     return f"dep-{next(_names)}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "agents: starts real local agent processes (select with -m agents)")

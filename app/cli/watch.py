@@ -332,11 +332,26 @@ def print_failure(job: dict[str, Any]) -> None:
     cleanup_state = job.get("cleanup_state")
     if cleanup_state and cleanup_state not in ("none", "succeeded"):
         style = "red" if cleanup_state == "failed" else "yellow"
-        stdout.print(f"[bold {style}]cleanup {cleanup_state}[/]" +
-                     (f": {job.get('cleanup')}" if job.get("cleanup") else ""))
+        stdout.print(f"[bold {style}]cleanup {cleanup_state}[/]: {describe_cleanup(job)}")
         if cleanup_state == "failed":
             stdout.print(f"  the next job of {job.get('deployment')} is refused until "
                          f"`epctl cleanup retry {job.get('id')}` or `epctl cleanup ack {job.get('id')}`")
+
+
+def describe_cleanup(job: dict[str, Any]) -> str:
+    """One line about the background destruction of the retired generation."""
+    cleanup = job.get("cleanup") or {}
+    if not isinstance(cleanup, dict):
+        return str(cleanup)
+    generation = cleanup.get("failed_generation") or cleanup.get("retired_generation")
+    what = f"generation {generation}" if generation is not None else "retired groups"
+    if job.get("cleanup_state") == "failed":
+        return f"destroying {what} failed on {cleanup.get('failed_engine_id')}: {cleanup.get('error')}"
+    engines = cleanup.get("engines") or []
+    on = f" on {len(engines)} engines" if engines else ""
+    if job.get("cleanup_state") in ("pending", "running"):
+        return f"destroying {what}{on} in the background"
+    return f"{what}{on}"
 
 
 def describe_failure(job: dict[str, Any]) -> str:

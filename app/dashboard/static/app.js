@@ -1,9 +1,9 @@
 // The dashboard's pages: reconfiguration history and one job, live.
 import { api, ApiError, followJob, getToken, on, setToken } from "./api.js";
-import { chartLegend, commitWindowSvg, downtimeChartSvg, timelineSvg } from "./charts.js";
+import { chartLegend, commitLegend, commitWindowSvg, downtimeChartSvg, timelineSvg } from "./charts.js";
 import {
   ALL_STATES, CANCELLABLE_STATES, PHASE_ORDER, SOURCES, badge, esc, fmtAgo, fmtMs, fmtTime, isTerminal,
-  job, jobDurationMs, shortId, sizeChange, toMs,
+  job, jobDurationMs, sizeChange, toMs,
 } from "./model.js";
 
 const view = document.getElementById("view");
@@ -445,7 +445,7 @@ function jobPage(jobId) {
         <div id="timeline"></div>
         <div class="legend"><span><i style="background:var(--accent)"></i>phase</span><span><i style="background:var(--pause)"></i>engine paused</span><span><i style="background:var(--bad)"></i>deployment down (union)</span></div>
       </section>
-      <section class="panel" id="commit-panel"><div class="panel-head"><h2>Commit window</h2><span class="muted">pauses on their own scale</span></div><div id="commit-window"></div></section>
+      <section class="panel" id="commit-panel"><div class="panel-head"><h2>Commit window</h2><span class="muted">each engine's pause on its own scale, and where it went</span></div><div id="commit-window"></div>${commitLegend()}</section>
       <div class="grid-2">
         <section class="panel"><h2>Engines</h2>${enginesHtml(j)}</section>
         <section class="panel"><h2>Details</h2><dl class="kv">

@@ -119,7 +119,8 @@ export function commitWindowSvg(j, width) {
   let body = "";
   for (const e of engines) {
     body += `<text x="0" y="${y + 11}" class="label-strong">${esc(shortLabel(e.engineId))}</text>`;
-    body += bar("bar-pause", x(e.start), x(e.end), y, `${e.engineId}: paused ${fmtMs(e.ms ?? e.end - e.start)}`, 3);
+    body += bar("bar-pause", x(e.start), x(e.end), y, `${e.engineId}: paused ${fmtMs(e.ms ?? e.end - e.start)}${breakdownText(e)}`, 3);
+    body += breakdownSegments(e, x, y);
     body += `<text x="${x(e.end) + 6}" y="${y + 11}">${esc(fmtMs(e.ms ?? e.end - e.start))}</text>`;
     y += ROW_H;
   }
@@ -134,6 +135,47 @@ export function commitWindowSvg(j, width) {
   const height = y + 24;
   return `<svg class="chart commit-window" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" role="img"
     aria-label="commit window">${axisLines.join("")}${body}</svg>`;
+}
+
+// Where a pause went: the agent's own timings, drawn inside its bar. Work right after the pause
+// (reaching the step boundary, blocking prepare, deferred warm-up) from the left; the switch and the
+// resume at the right; the gap between is the wait for the coordinator's switch command.
+const LEADING = [["boundary_wait", "step boundary"], ["blocking_prepare", "blocking prepare"], ["warmup", "deferred warm-up"]];
+const TRAILING = [["switch", "switch"], ["resume", "resume"]];
+
+function breakdownText(e) {
+  const parts = [...LEADING, ...TRAILING].filter(([k]) => e.breakdown && e.breakdown[k] > 0)
+    .map(([k, label]) => `${label} ${fmtMs(e.breakdown[k])}`);
+  return parts.length ? `\n${parts.join("\n")}` : "";
+}
+
+function breakdownSegments(e, x, y) {
+  if (!e.breakdown) return "";
+  let out = "";
+  const segment = (key, label, from, to) => {
+    const x0 = x(from);
+    const w = x(to) - x0;
+    if (w < 0.5) return;
+    out += `<rect class="seg seg-${key}" x="${x0.toFixed(1)}" y="${y + 3}" width="${w.toFixed(1)}" height="${BAR_H - 6}"><title>${esc(`${e.engineId}: ${label} ${fmtMs(to - from)}`)}</title></rect>`;
+  };
+  let t = e.start;
+  for (const [key, label] of LEADING) {
+    const ms = e.breakdown[key];
+    if (ms > 0) segment(key, label, t, Math.min(e.end, t + ms));
+    t += ms;
+  }
+  t = e.end;
+  for (const [key, label] of TRAILING.slice().reverse()) {
+    const ms = e.breakdown[key];
+    if (ms > 0) segment(key, label, Math.max(e.start, t - ms), t);
+    t -= ms;
+  }
+  return out;
+}
+
+export function commitLegend() {
+  const item = (cls, label) => `<span><i class="${cls}"></i>${label}</span>`;
+  return `<div class="legend">${item("lg-pause", "paused")}${item("seg-boundary_wait", "reach step boundary")}${item("seg-blocking_prepare", "blocking prepare")}${item("seg-warmup", "deferred warm-up")}${item("seg-switch", "switch")}${item("seg-resume", "resume")}</div>`;
 }
 
 /** Downtime of each job (oldest left), coloured by outcome; a click opens the job. */

@@ -143,7 +143,12 @@ export const job = {
         const end = toMs(first(pause, "resumed_at", "end"));
         let ms = first(pause, "pause_ms", "ms", "downtime_ms");
         if (ms === null && start !== null && end !== null) ms = end - start;
+        const part = (k) => Number(first(pause, k) ?? 0);
         return {
+          breakdown: {
+            boundary_wait: part("boundary_wait_ms"), blocking_prepare: part("blocking_prepare_ms"),
+            warmup: part("warmup_ms"), switch: part("switch_ms"), resume: part("resume_ms"),
+          },
           engineId: id,
           role: first(r, "role"),
           ranks: "old_rank" in r || "new_rank" in r ? [r.old_rank ?? null, r.new_rank ?? null] : first(r, "ranks", "rank"),

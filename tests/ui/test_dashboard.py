@@ -171,3 +171,19 @@ def test_running_job_progress_advances_live(page: Any, history: SeededHistory,
     expect(page.locator("#live-mode")).to_have_text("final")
     expect(page.locator("#card-downtime")).to_have_text("8.0 ms")
     screenshot(page, "job-running-finished")
+
+
+def test_cancel_button_cancels_a_pending_job(page: Any, history: SeededHistory,
+                                             coordinator: CoordinatorProcess) -> None:
+    with coordinator.client() as api:
+        response = api.post("/v1/reconfigurations", json={"deployment": "beta", "target_dp_size": 1})
+        response.raise_for_status()
+        job_id = response.json()["id"]
+    page.goto(f"/ui/jobs/{job_id}")
+    expect(page.locator("#job-state .badge")).to_have_text("pending")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#cancel-job")
+    expect(page.locator("#job-state .badge")).to_have_text("cancelled")
+    expect(page.locator("#cancel-job")).to_have_count(0)
+    with coordinator.client() as api:
+        assert api.get(f"/v1/reconfigurations/{job_id}").json()["state"] == "cancelled"

@@ -378,8 +378,15 @@ class NixlChannel(WeightChannel):
         # A fresh name per channel: an engine opens one channel per generation.
         with _nixl_errors(f"{engine_id} starting its NIXL agent"):
             self._agent: Any = _new_nixl_agent(f"{engine_id}/{uuid.uuid4().hex[:12]}")
+            # Register a scrap of this device's memory before taking the metadata: UCX sets up the
+            # transports for a memory type on its first registration, which changes the connection
+            # info, and a peer that loaded the old one then refuses the new (NIXL_ERR_NOT_ALLOWED).
+            self._scrap = torch.empty(4096, dtype=torch.uint8, device=device)
+            self._scrap_registration = self._agent.register_memory([self._scrap])
             metadata = self._agent.get_agent_metadata()
         self._peer_agent: dict[str, str] = {}
+        self._registrations: list[Any] = []
+        self._registered_regions: set[tuple[str, int, int, int]] = set()
         _put(store, f"nixl/md/{engine_id}", metadata)
         peers = [engine for engine in self._participants if engine != engine_id]
         _wait_for_keys(
@@ -411,79 +418,84 @@ class NixlChannel(WeightChannel):
 
         serving = self._publish(prefix, roles, sources)
         received = 0
-        try:
-            if roles.fetch:
-                received = self._fetch(prefix, roles, destinations, deadline, on_progress)
-            sent = 0
-            if serving is not None:
-                readers = sorted({item.dst for _, item in roles.serve})
-                _wait_for_keys(
-                    self._store,
-                    {f"{prefix}/done/{self._me}/{reader}": reader for reader in readers},
-                    deadline,
-                    f"{self._me} waiting for its readers to finish",
-                )
-                failed = [
-                    reader
-                    for reader in readers
-                    if self._store.get(f"{prefix}/done/{self._me}/{reader}") != b"ok"
-                ]
-                if failed:
-                    raise TransferError(f"readers {failed} failed to read from {self._me}")
-                sent = sum(_nbytes(sources[item.logical_expert]) for _, item in roles.serve)
-        finally:
-            if serving is not None:
-                self._agent.deregister_memory(serving)
+        if roles.fetch:
+            received = self._fetch(prefix, roles, destinations, deadline, on_progress)
+        sent = 0
+        if serving:
+            # Holders only keep their memory registered while readers read: wait for every one.
+            readers = sorted({item.dst for _, item in roles.serve})
+            _wait_for_keys(
+                self._store,
+                {f"{prefix}/done/{self._me}/{reader}": reader for reader in readers},
+                deadline,
+                f"{self._me} waiting for its readers to finish",
+            )
+            failed = [
+                reader for reader in readers if self._store.get(f"{prefix}/done/{self._me}/{reader}") != b"ok"
+            ]
+            if failed:
+                raise TransferError(f"readers {failed} failed to read from {self._me}")
+            sent = sum(_nbytes(sources[item.logical_expert]) for _, item in roles.serve)
         return TransferStats(self.backend, received, sent, time.monotonic() - started)
 
-    def _publish(self, prefix: str, roles: _Roles, sources: Mapping[int, torch.Tensor]) -> Any:
+    def _register(self, tensors: Sequence[torch.Tensor]) -> Any:
+        """Register the regions not registered yet; return their registration (None if none is new).
+
+        Registrations live until close(): a channel serves one reconfiguration, and registering a
+        region again in a later round makes NIXL refuse the holder's metadata on device memory."""
+        fresh, keys = [], []
+        for tensor in tensors:
+            key = (tensor.device.type, tensor.get_device(), tensor.data_ptr(), _nbytes(tensor))
+            if key not in self._registered_regions and key not in keys:
+                fresh.append(tensor)
+                keys.append(key)
+        if not fresh:
+            return None
+        registration = self._agent.register_memory(fresh)
+        self._registrations.append(registration)
+        self._registered_regions.update(keys)
+        return registration
+
+    def _publish(self, prefix: str, roles: _Roles, sources: Mapping[int, torch.Tensor]) -> bool:
         """Register the experts this engine serves and publish where they are. On failure the readers
-        are told at once (instead of timing out) and the error is raised here."""
+        are told at once (instead of timing out) and the error is raised here. Returns whether this
+        engine serves anything this round."""
         experts = sorted({item.logical_expert for _, item in roles.serve})
         if not experts:
-            return None
+            return False
         key = f"{prefix}/serve/{self._me}"
-        registered = None
         try:
             with _nixl_errors(f"{self._me} registering the experts it serves"):
                 tensors = [_as_bytes(sources[expert]) for expert in experts]
-                registered = self._agent.register_memory(tensors)
+                registration = self._register(tensors)
                 descriptors = {
                     str(expert): [tensor.data_ptr(), _nbytes(tensor), max(tensor.get_device(), 0)]
                     for expert, tensor in zip(experts, tensors, strict=True)
                 }
-                partial = self._agent.get_partial_agent_metadata(registered, False)
-                full = self._agent.get_agent_metadata()
+                partial = (
+                    None
+                    if registration is None
+                    else self._agent.get_partial_agent_metadata(registration, False)
+                )
         except TransferError as error:
-            if registered is not None:
-                self._agent.deregister_memory(registered)
             _put(self._store, key, _encode({"error": str(error)}))
             raise
         offer = {
-            "metadata": base64.b64encode(partial).decode(),
-            "full_metadata": base64.b64encode(full).decode(),
+            "metadata": None if partial is None else base64.b64encode(partial).decode(),
             "mem_type": "VRAM" if tensors[0].is_cuda else "DRAM",
             "descriptors": descriptors,
         }
         _put(self._store, key, _encode(offer))
-        return registered
+        return True
 
     def _load_offer(self, holder: str, offer: dict[str, Any]) -> None:
-        """Learn where a holder's registered experts are. The partial metadata (memory only) is the
-        usual path; if NIXL refuses it (it does when the holder's connection info changed since open,
-        as happens when UCX adds GPU transports), drop the holder and load its full metadata."""
+        """Learn where a holder's registered experts are (its partial metadata: memory only)."""
         if "error" in offer:
             raise TransferError(f"{holder} could not serve its experts: {offer['error']}")
-        try:
+        if offer["metadata"] is None:
+            return  # nothing new: its regions were loaded in an earlier round
+        with _nixl_errors(f"loading the NIXL memory metadata of {holder}"):
             self._agent.add_remote_agent(base64.b64decode(offer["metadata"]))
-            return
-        except Exception as error:
-            logger.info("NIXL refused %s's partial metadata (%s); loading its full metadata", holder, error)
-        with _nixl_errors(f"loading {holder}'s NIXL metadata"):
-            with contextlib.suppress(Exception):
-                self._agent.remove_remote_agent(self._peer_agent[holder])
-            name = self._agent.add_remote_agent(base64.b64decode(offer["full_metadata"]))
-            self._peer_agent[holder] = name.decode() if isinstance(name, bytes) else str(name)
 
     def _fetch(
         self,
@@ -496,7 +508,7 @@ class NixlChannel(WeightChannel):
         holders = sorted({item.src for _, item in roles.fetch if item.src is not None})
         landing = [_as_bytes(destinations[item.logical_expert]) for _, item in roles.fetch]
         with _nixl_errors(f"{self._me} registering its landing buffers"):
-            registered = self._agent.register_memory(landing)
+            self._register(landing)
         handles: list[tuple[Any, TransferItem, int]] = []
         outcome = b"error"
         try:
@@ -534,7 +546,6 @@ class NixlChannel(WeightChannel):
                 handle.release()
             for holder in holders:
                 _put(self._store, f"{prefix}/done/{holder}/{self._me}", outcome)
-            self._agent.deregister_memory(registered)
 
     def _poll(
         self,
@@ -575,6 +586,11 @@ class NixlChannel(WeightChannel):
                 agent.remove_remote_agent(name)
             except Exception:  # the peer may already be gone; nothing to disconnect then
                 logger.debug("removing NIXL peer %s failed", name, exc_info=True)
+        for registration in [self._scrap_registration, *self._registrations]:
+            with contextlib.suppress(Exception):
+                agent.deregister_memory(registration)
+        self._registrations.clear()
+        self._registered_regions.clear()
         del agent
 
 

@@ -419,7 +419,7 @@ function jobPage(jobId) {
     const j = current;
     const state = job.state(j);
     const openDetails = new Set([...root.querySelectorAll("details[open]")].map((d) => d.closest("tr")?.dataset.seq));
-    const canCancel = CANCELLABLE_STATES.includes(state);
+    const canCancel = CANCELLABLE_STATES.includes(state) && !j.cancel_requested;
     const duration = jobDurationMs(j);
     const downtime = job.downtimeMs(j);
     const gens = `${job.fromGeneration(j) ?? "?"} → ${job.toGeneration(j) ?? "?"}`;
@@ -428,6 +428,7 @@ function jobPage(jobId) {
         <h1>${esc(job.deployment(j))} <span class="muted">${esc(sizeChange(j))}</span></h1>
         <span id="job-state">${badge(state, true)}</span>
         ${liveLabel()}
+        ${j.cancel_requested && !isTerminal(state) ? `<span class="tag" id="cancel-requested">cancel requested</span>` : ""}
         <span class="spacer"></span>
         ${canCancel ? `<button class="btn btn-danger" id="cancel-job" type="button">Cancel job</button>` : ""}
       </div>
@@ -451,6 +452,7 @@ function jobPage(jobId) {
         <section class="panel"><h2>Details</h2><dl class="kv">
           <dt>Job</dt><dd class="mono">${esc(job.id(j))}</dd>
           <dt>Deployment</dt><dd><a href="/ui/?deployment=${encodeURIComponent(job.deployment(j) || "")}" data-link>${esc(job.deployment(j))}</a></dd>
+          <dt>Requested by</dt><dd>${esc(job.source(j) || "–")}${j.requester ? ` <span class="faint">(${esc(j.requester)})</span>` : ""}</dd>
           <dt>Reason</dt><dd>${esc(job.reason(j) || "–")}</dd>
           <dt>Created</dt><dd>${esc(fmtTime(job.createdMs(j)))}</dd>
           <dt>Finished</dt><dd>${esc(fmtTime(job.finishedMs(j)))}</dd>

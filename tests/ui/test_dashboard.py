@@ -72,7 +72,10 @@ def test_filters_narrow_the_history_and_live_in_the_url(page: Any, history: Seed
     page.goto("/ui/?deployment=beta")
     expect(job_rows(page)).to_have_count(1)
     expect(page.locator("#f-deployment")).to_have_value("beta")
-    page.goto("/ui/?created_after=2000-01-01T00:00:00Z&created_before=2000-01-02T00:00:00Z")
+    page.fill("#f-after", "2000-01-01T00:00")
+    page.fill("#f-before", "2000-01-02T00:00")
+    page.click("#f-apply")
+    expect(page).to_have_url(re.compile(r"created_after=2000-01-0"))
     expect(page.locator("#jobs-body")).to_contain_text("No reconfigurations match")
     page.goto("/ui/?state=succeeded&deployment=alpha")
     expect(job_rows(page)).to_have_count(3)
@@ -187,3 +190,8 @@ def test_cancel_button_cancels_a_pending_job(page: Any, history: SeededHistory,
     expect(page.locator("#cancel-job")).to_have_count(0)
     with coordinator.client() as api:
         assert api.get(f"/v1/reconfigurations/{job_id}").json()["state"] == "cancelled"
+
+
+def test_unknown_job_shows_the_coordinators_problem(page: Any, history: SeededHistory) -> None:
+    page.goto("/ui/jobs/rcfg_does_not_exist")
+    expect(page.locator(".error-banner")).to_contain_text("rcfg_does_not_exist")

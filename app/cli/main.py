@@ -8,6 +8,7 @@ import typer
 from app.cli import deployments, engines, jobs, webhooks
 from app.cli.scale import scale
 from app.cli.serve import serve
+from app.cli.up import up
 
 app = typer.Typer(
     name="epctl",
@@ -23,6 +24,7 @@ def _root() -> None:
 
 
 app.command("serve")(serve)
+app.command("up")(up)
 app.add_typer(deployments.app, name="deployments")
 app.add_typer(engines.app, name="engines")
 app.command("scale")(scale)

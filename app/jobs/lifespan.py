@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session
 
 from app.core.config import Settings
-from app.jobs.runner import JobRunner, RunnerSettings
+from app.jobs.runner import JobRunner, RunnerSettings, load_runner_settings
 from app.launchers.local import LocalLauncher
 from app.launchers.static import StaticLauncher
 from app.tokens.models import TokenRole
@@ -49,7 +49,7 @@ def ensure_agent_token(db: DbEngine, state_dir: Path) -> str:
 def build_runner(
     settings: Settings, db: DbEngine, runner_settings: RunnerSettings | None = None
 ) -> JobRunner:
-    runner_settings = runner_settings or RunnerSettings()
+    runner_settings = runner_settings or load_runner_settings()
     state_dir = runner_settings.state_dir or settings.data_dir
     updates: dict[str, object] = {"state_dir": state_dir}
     if not runner_settings.public_url:
@@ -73,7 +73,7 @@ def build_runner(
 async def run_jobs(app: FastAPI) -> AsyncIterator[JobRunner | None]:
     """Run jobs while the app serves. Locally launched agents outlive a coordinator restart on
     purpose: the next coordinator reconciles with them (`epctl up` stops them when it exits)."""
-    runner_settings = RunnerSettings()
+    runner_settings = load_runner_settings()
     if not runner_settings.enabled:
         yield None
         return

@@ -81,7 +81,7 @@ TERMINAL_VALUES = sorted(s.value for s in TERMINAL_STATES)
 class RunnerSettings(BaseSettings):
     """The runner's knobs (`EPCTL_RUNNER_*`); the lease length is the coordinator's `EPCTL_JOB_LEASE_S`."""
 
-    model_config = SettingsConfigDict(env_prefix="EPCTL_RUNNER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="EPCTL_RUNNER_", extra="ignore", env_ignore_empty=True)
 
     enabled: bool = True
     coordinator_id: str = Field("", description="lease owner name; default host:pid")
@@ -112,6 +112,22 @@ class RunnerSettings(BaseSettings):
     # the coordinator there. Points: prepared, synced, paused, switched, cleaning_up.
     test_hang_at: str | None = None
     test_marker_file: Path | None = None
+
+
+def load_runner_settings() -> RunnerSettings:
+    """The runner's settings, or `ConfigError` naming every bad `EPCTL_RUNNER_*` value."""
+    from pydantic import ValidationError
+
+    from app.core.config import ConfigError
+
+    try:
+        return RunnerSettings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"EPCTL_RUNNER_{'.'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from None
 
 
 # --- errors -------------------------------------------------------------------------------------------

@@ -50,6 +50,9 @@ export function timelineSvg(j, width, nowMs = Date.now()) {
     .filter((v) => v !== null);
   if (!times.length) return `<div class="empty">No phase has started yet.</div>`;
   const running = !isTerminal(job.state(j));
+  // Open bars (a phase never closed, an engine never resumed) run to now while the job runs, and to
+  // the job's end once it is over, so a finished job's axis does not keep growing.
+  if (!running) nowMs = Math.max(...times, job.finishedMs(j) ?? 0);
   const t0 = Math.min(...times);
   let t1 = Math.max(...times, running ? nowMs : 0);
   if (t1 - t0 < 1) t1 = t0 + 1;

@@ -1,0 +1,102 @@
+"""Two coordinators on one database never run the same job: claims are leases taken by one UPDATE."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from app.core.clock import utc_now
+from app.jobs.cleanup import CleanupFailedError, check_no_unresolved_cleanup
+from app.jobs.models import CleanupState, ReconfigurationJob
+from app.jobs.runner import JobRunner, RunnerSettings
+from app.launchers.static import StaticLauncher
+from tests.support.factories import make_deployment, make_job
+
+
+def runner(db: Engine, name: str) -> JobRunner:
+    return JobRunner(
+        db,
+        launchers={"static": StaticLauncher()},
+        lease_s=30.0,
+        settings=RunnerSettings(coordinator_id=name, enabled=False),
+    )
+
+
+def claim(runner_: JobRunner) -> str | None:
+    with Session(runner_.db, expire_on_commit=False) as session:
+        return runner_._claim_pending(session)
+
+
+def test_a_pending_job_is_claimed_by_exactly_one_coordinator(db_engine: Engine, session: Session) -> None:
+    job = make_job(session, make_deployment(session), 2)
+    first, second = runner(db_engine, "coordinator-a"), runner(db_engine, "coordinator-b")
+    assert claim(first) == job.id
+    assert claim(second) is None
+    row = session.get(ReconfigurationJob, job.id, populate_existing=True)
+    assert row is not None and row.lease_owner == "coordinator-a"
+
+
+def test_an_expired_lease_can_be_taken_over(db_engine: Engine, session: Session) -> None:
+    job = make_job(session, make_deployment(session), 2)
+    first, second = runner(db_engine, "coordinator-a"), runner(db_engine, "coordinator-b")
+    assert claim(first) == job.id
+    row = session.get(ReconfigurationJob, job.id, populate_existing=True)
+    assert row is not None
+    row.lease_expires_at = utc_now() - timedelta(seconds=1)
+    session.add(row)
+    session.commit()
+    assert claim(second) == job.id
+
+
+def test_a_job_started_by_a_dead_coordinator_is_reconciled_once_its_lease_expires(
+    db_engine: Engine, session: Session
+) -> None:
+    job = make_job(session, make_deployment(session), 2)
+    row = session.get(ReconfigurationJob, job.id)
+    assert row is not None
+    row.state, row.lease_owner = "preparing", "dead-coordinator"
+    row.lease_expires_at = utc_now() + timedelta(seconds=30)
+    session.add(row)
+    session.commit()
+    survivor = runner(db_engine, "coordinator-b")
+    with Session(db_engine) as s:
+        assert survivor._claim_stranded(s) == []
+    row.lease_expires_at = utc_now() - timedelta(seconds=1)
+    session.add(row)
+    session.commit()
+    with Session(db_engine) as s:
+        assert survivor._claim_stranded(s) == [job.id]
+    with Session(db_engine) as s:
+        assert runner(db_engine, "coordinator-c")._claim_stranded(s) == []
+
+
+def test_lease_renewal_fails_once_another_coordinator_holds_the_job(
+    db_engine: Engine, session: Session
+) -> None:
+    job = make_job(session, make_deployment(session), 2)
+    first, second = runner(db_engine, "coordinator-a"), runner(db_engine, "coordinator-b")
+    assert claim(first) == job.id
+    with Session(db_engine) as s:
+        assert first._extend_lease(s, job.id)
+        assert not second._extend_lease(s, job.id)
+
+
+def test_an_unresolved_cleanup_failure_names_its_job_and_engine(db_engine: Engine, session: Session) -> None:
+    deployment = make_deployment(session)
+    job = make_job(session, deployment, 2)
+    row = session.get(ReconfigurationJob, job.id)
+    assert row is not None
+    row.state = "succeeded"
+    row.cleanup_state = CleanupState.failed.value
+    row.cleanup = {"failed_engine_id": "demo-1", "error": "boom", "retired_generation": 1}
+    session.add(row)
+    session.commit()
+    try:
+        check_no_unresolved_cleanup(session, deployment.id, deployment.name)
+    except CleanupFailedError as exc:
+        assert job.id in exc.detail and "demo-1" in exc.detail
+        assert exc.extra["engine_id"] == "demo-1"
+    else:
+        raise AssertionError("an unresolved cleanup failure must refuse the next job")

@@ -34,7 +34,11 @@ from engine_agent.protocol import AgentState, EngineConfig
 
 log = logging.getLogger(__name__)
 
-IDLE_SLEEP_S = 0.005
+# Between dummy steps: short at first (a burst of requests keeps latency low), longer once the whole
+# generation has been idle a while (many agents on few cores stay cheap). A submit or pause wakes at once.
+IDLE_SLEEP_S = 0.002
+IDLE_SLEEP_LONG_S = 0.02
+IDLE_STREAK_BEFORE_LONG = 100
 MAX_TOKENS_PER_STEP = 256
 
 
@@ -289,6 +293,7 @@ class ReferenceEngine:
     def _loop(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the current device is per thread
+        idle_streak = 0
         while True:
             with self._cond:
                 while not self._stopped and self._state != AgentState.serving:
@@ -306,11 +311,13 @@ class ReferenceEngine:
             except Exception as exc:  # a broken group: nothing more this generation can serve
                 self._fail_generation(active, batch, exc)
                 continue
+            idle_streak = 0 if served else idle_streak + 1
             if not served:
                 with self._cond:
                     self._queue.extendleft(reversed(batch))  # paused before the step: keep order
                     if self._state == AgentState.serving and not self._queue and not self._pause_requested:
-                        self._cond.wait(IDLE_SLEEP_S)
+                        long_idle = idle_streak > IDLE_STREAK_BEFORE_LONG
+                        self._cond.wait(IDLE_SLEEP_LONG_S if long_idle else IDLE_SLEEP_S)
 
     def _take_batch(self) -> list[_Request]:
         batch: list[_Request] = []

@@ -806,7 +806,10 @@ class JobRunner:
                 clients,
                 {ReconfigPhase.paused},
                 job_phase=job_phase,
-                deadline_s=self.settings.pause_deadline_s,
+                # Blocking: all of prepare's work happens inside this pause.
+                deadline_s=self.settings.prepare_deadline_s
+                if run.strategy == Strategy.blocking
+                else self.settings.pause_deadline_s,
                 poll_interval_s=self.settings.commit_poll_interval_s,
             )
             run.commit_marks["all_paused"] = time.monotonic()

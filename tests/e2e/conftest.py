@@ -28,12 +28,7 @@ class Stack:
     tokens: list[list[float]]
     expected: list[list[float]]
     jobs: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def base_urls(self) -> list[str]:
-        """Ranks 0 and 1 of the first generation: they never leave (leavers are the highest ranks)."""
-        return self.base
-
+    # Ranks 0 and 1 of the first generation: they never leave (leavers are the highest ranks).
     base: list[str] = field(default_factory=list)
 
     def size(self) -> int:
@@ -55,6 +50,16 @@ class Stack:
         job = self.coordinator.wait_job(self.coordinator.scale(target, **fields))
         self.jobs.append(job)
         return job
+
+
+@pytest.fixture(autouse=True)
+def _postgres_subset(request: pytest.FixtureRequest) -> None:
+    """On Postgres only the tests marked `also_postgres` run: the whole suite on both databases
+    would double a run that is already minutes of real processes on 2 cores."""
+    callspec = getattr(request.node, "callspec", None)
+    backend = callspec.params.get("stack") if callspec is not None else None
+    if backend == "postgres" and request.node.get_closest_marker("also_postgres") is None:
+        pytest.skip("SQLite only (the Postgres subset: tests marked also_postgres)")
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -102,3 +107,9 @@ class _database:
     def __exit__(self, *exc: object) -> None:
         if self._schema is not None:
             self._schema.__exit__(None, None, None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "also_postgres: an e2e test that runs on Postgres too (the rest: SQLite)"
+    )

@@ -63,4 +63,3 @@ def test_epctl_up_serves_two_engines_prints_a_token_and_ctrl_c_stops_every_agent
         for pid in pids:
             if Path(f"/proc/{pid}").exists():
                 os.kill(pid, signal.SIGKILL)
-

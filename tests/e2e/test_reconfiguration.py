@@ -275,3 +275,25 @@ def test_a_coordinator_killed_mid_job_is_reconciled_after_restart(
     stack.assert_outputs_correct([i["url"] for i in serving])
     if deployment["current_dp_size"] != 2:
         assert stack.scale_to(2)["state"] == "succeeded"
+
+
+# --- a switch failing part-way (last: it leaves the deployment degraded) ------------------------------
+
+
+def test_a_switch_failing_part_way_fails_the_job_and_degrades_the_deployment(stack: Stack) -> None:
+    coordinator = stack.coordinator
+    failing = stack.base[1]
+    failing_id = agent_info(failing)["engine_id"]
+    response = httpx.post(f"{failing}/v1/faults", json={"fail_next_switch": True}, timeout=5)
+    assert response.status_code == 200
+    before = coordinator.deployment()
+    job = stack.scale_to(3)
+    assert job["state"] == "failed", job
+    assert job["error"]["phase"] == "committing"
+    assert job["error"]["engine_id"] == failing_id
+    assert coordinator.deployment()["status"] == "degraded"
+    by_engine = {r["engine_id"]: r for r in job["engine_results"]}
+    # The job shows which engine is on which generation.
+    assert by_engine[failing_id]["agent"]["generation"] == before["generation"]
+    switched = [r for r in job["engine_results"] if r["agent"]["generation"] == before["generation"] + 1]
+    assert switched, job["engine_results"]

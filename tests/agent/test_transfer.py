@@ -133,8 +133,8 @@ def test_stats_count_the_bytes_each_way(moved: tuple[str, dict[str, dict[str, An
 def test_progress_reports_grow_to_the_bytes_received(moved: tuple[str, dict[str, dict[str, Any]]]) -> None:
     _, reports = moved
     progress = reports["c"]["progress"]
-    assert len(progress) == 3
-    assert progress == sorted(progress)
+    assert progress
+    assert progress == sorted(set(progress))
     assert progress[-1] == reports["c"]["stats"][1]
 
 

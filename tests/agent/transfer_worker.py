@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from datetime import timedelta
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from engine_agent import transfer
 from engine_agent.placement import TransferItem
 from engine_agent.protocol import TransferBackend
 from engine_agent.transfer import open_channel
@@ -36,6 +38,11 @@ def run_participant(
     """Open the channel, run the plan once, and put a report on `results`. With
     `absent_from_transfer` the engine opens the channel but never joins the transfer (a stalled peer)."""
     report: dict[str, Any] = {"engine": engine_id}
+    if backend == "nixl":
+        # Small chunks over three reader threads: the tests' experts (up to 1 MiB) are cut in pieces
+        # that land from different UCX workers, as big experts do in production.
+        transfer.NixlChannel.CHUNK_BYTES = 100_000
+        os.environ["EPCTL_NIXL_READ_THREADS"] = "3"
     started = time.monotonic()
     try:
         store = dist.TCPStore(

@@ -276,14 +276,17 @@ class Report:
     tables: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=lambda: [NOISE_NOTE])
 
-    def target(self, name: str, measured: float, limit: float, unit: str = "", why: str = "") -> bool:
-        """Record a target and whether it was met (measured <= limit)."""
-        met = measured <= limit
+    def target(
+        self, name: str, measured: float, limit: float, unit: str = "", why: str = "", at_least: bool = False
+    ) -> bool:
+        """Record a target and whether it was met (measured <= limit, or >= with `at_least`)."""
+        met = measured >= limit if at_least else measured <= limit
         self.targets.append(
             {
                 "target": name,
                 "measured": round(measured, 4),
                 "limit": limit,
+                "direction": ">=" if at_least else "<=",
                 "unit": unit,
                 "met": met,
                 **({"note": why} if why else {}),
@@ -302,7 +305,7 @@ class Report:
             [
                 t["target"],
                 f"{fmt(t['measured'])} {t['unit']}".strip(),
-                f"<= {fmt(t['limit'])}",
+                f"{t.get('direction', '<=')} {fmt(t['limit'])}",
                 "met" if t["met"] else "MISSED",
             ]
             for t in self.targets

@@ -136,6 +136,7 @@ class Agent:
             transfer_backends=self.transfer_backends,
             serving_steps=counters.steps,
             requests_served=counters.requests_served,
+            queued_requests=self.engine.queued_requests(),
             expert_load=self.engine.expert_load(),
             free_kv_bytes=self.engine.free_kv_bytes(),
             reconfig=reconfig,

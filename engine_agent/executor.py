@@ -586,12 +586,13 @@ class ReconfigExecutor:
             self._cancel_peer_lease()
             interval = PauseInterval(paused_at=paused.wall, boundary_wait_ms=paused.boundary_wait_ms)
             job.paused_monotonic = paused.monotonic
-        else:  # a joiner serves nothing yet: its window is informational
+        else:  # a joiner served nothing: it is never down, so it reports no pause interval
             interval = PauseInterval(paused_at=time.time())
             job.paused_monotonic = time.monotonic()
         job.paused = True
         self.hooks.on_pause(0.0)
-        self._set(job, pause=interval)
+        reported = interval if job.in_old else None
+        self._set(job, pause=reported)
         if request.strategy == Strategy.blocking:
             job.steps = self._prepare_steps(request.strategy, job.role, job.policy, blocking_window=True)
             self._set(job, steps_total=len(job.steps), steps_done=0)
@@ -604,7 +605,7 @@ class ReconfigExecutor:
         with self._lock:
             if job.abort.is_set():
                 raise _Aborted()
-            self._set(job, phase=ReconfigPhase.paused, step=None, pause=interval)
+            self._set(job, phase=ReconfigPhase.paused, step=None, pause=reported)
             self._start_lease(job, lease_s)
 
     def _run_switch(self, job: _Job) -> None:

@@ -224,6 +224,7 @@ class AgentInfo(BaseModel):
     transfer_backends: list[TransferBackend]
     serving_steps: int
     requests_served: int
+    queued_requests: int = Field(0, description="requests waiting for a step (they stall while paused)")
     expert_load: list[int] = Field(default_factory=list, description="tokens routed per logical expert")
     free_kv_bytes: int
     reconfig: ReconfigStatus | None = None

@@ -187,3 +187,27 @@ def test_acknowledging_a_cleanup_failure_unblocks_prepare(spawn_agents: Spawn) -
     assert acknowledged.status_code == 200 and acknowledged.json()["failure"] is None
     driver.reconfigure(agents[:1])
     assert_serves_reference(agents[:1])
+
+
+def test_a_leaver_with_leave_policy_abort_fails_its_queued_requests_at_switch(spawn_agents: Spawn) -> None:
+    agents = spawn_agents(2)
+    driver = Driver()
+    driver.reconfigure(agents)
+    job_id, everyone = start_job(driver, agents[:1], leave_policy="abort")
+    driver.wait_phase(everyone, ReconfigPhase.prepared)
+    driver.post_all(agents[:1], "/v1/reconfig/sync", {"job_id": job_id})
+    driver.wait_phase(agents[:1], ReconfigPhase.synced)
+    driver.post_all(everyone, "/v1/reconfig/pause", {"job_id": job_id})
+    driver.wait_phase(everyone, ReconfigPhase.paused)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        queued = pool.submit(agents[1].infer, random_tokens(SMALL, 2))  # stalls: the leaver is paused
+        deadline = time.monotonic() + 10
+        while agents[1].info().queued_requests < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert agents[1].info().queued_requests == 1
+        driver.post_all(everyone, "/v1/reconfig/switch", {"job_id": job_id})
+        driver.wait_phase(everyone, ReconfigPhase.committed)
+        failed = queued.result(timeout=10)
+    assert failed.status_code == 503 and failed.headers["content-type"] == "application/problem+json"
+    assert agents[1].info().state == AgentState.idle
+    assert_serves_reference(agents[:1])

@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from engine_agent import moe
-from engine_agent.protocol import AgentState, LeavePolicy, ReconfigPhase, Strategy, TransferBackend
+from engine_agent.protocol import (
+    AgentState,
+    LeavePolicy,
+    ReconfigPhase,
+    Strategy,
+    TransferBackend,
+    WarmupPolicy,
+)
 from tests.agent.driver import (
     REL_TOL,
     SMALL,
@@ -155,10 +162,11 @@ def test_blocking_strategy_does_prepare_inside_the_pause(spawn_agents: Spawn) ->
     driver = Driver()
     driver.reconfigure(agents[:1])
     outcome = driver.reconfigure(agents, strategy=Strategy.blocking)
-    for engine, status in outcome.statuses.items():
-        assert status.strategy == "blocking"
-        assert status.pause is not None and status.pause.blocking_prepare_ms > 0, engine
-        assert status.pause.pause_ms is not None and status.pause.pause_ms >= status.pause.blocking_prepare_ms
+    assert {s.strategy for s in outcome.statuses.values()} == {Strategy.blocking}
+    pause = outcome.statuses["e0"].pause
+    assert pause is not None and pause.blocking_prepare_ms > 0
+    assert pause.pause_ms is not None and pause.pause_ms >= pause.blocking_prepare_ms
+    assert outcome.statuses["e1"].pause is None  # a joiner is never down
     assert outcome.statuses["e1"].bytes_moved == outcome.statuses["e1"].bytes_total > 0
     assert_serves_reference(agents)
 
@@ -168,9 +176,9 @@ def test_deferred_policy_warms_up_inside_the_window(spawn_agents: Spawn) -> None
     driver = Driver()
     driver.reconfigure(agents[:1], policy="deferred")
     outcome = driver.reconfigure(agents, policy="deferred")
-    for status in outcome.statuses.values():
-        assert status.warmup_policy == "deferred"
-        assert status.pause is not None and status.pause.warmup_ms > 0
+    assert {s.warmup_policy for s in outcome.statuses.values()} == {WarmupPolicy.deferred}
+    pause = outcome.statuses["e0"].pause
+    assert pause is not None and pause.warmup_ms > 0
     assert_serves_reference(agents)
 
 

@@ -8,7 +8,7 @@ starting each transfer together, and then the receiver times an in-process `torc
 bytes: the machine's memory-bandwidth limit. The ratios are medians of the per-round ratios, so a
 busy neighbour slows all three alike. The last round of each backend is checked byte for byte.
 
-    .venv/bin/python benchmarks/weight_transfer.py                        # 64 and 256 MiB
+    .venv/bin/python benchmarks/weight_transfer.py                        # 64, 256 and 1024 MiB
     .venv/bin/python benchmarks/weight_transfer.py --mib 64 256 --repeats 5 \
         --out benchmarks/results/weight_transfer.json          # .md and .png are written beside it
 
@@ -219,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--mib", type=int, nargs="+", default=[64, 256], help="bytes moved per size, MiB")
+    parser.add_argument("--mib", type=int, nargs="+", default=[64, 256, 1024], help="sizes to move, MiB")
     parser.add_argument("--experts", type=int, default=8, help="experts the bytes are split into")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per size (after 1 warm-up)")
     parser.add_argument("--device", default="cpu", help="cpu (host memory) or cuda (device memory)")

@@ -679,7 +679,10 @@ class ReconfigExecutor:
         if job.in_old:
             self.engine.set_drain_before_pause(False)
             self.engine.set_admitting(True)
-            if job.paused and self.engine.state == AgentState.paused:
+            # Paused by this job or by a peer's pause for it: either way the old generation serves
+            # again, or the members that resumed would wait on this one in their next step.
+            self._cancel_peer_lease()
+            if self.engine.state == AgentState.paused:
                 self.engine.resume()
         job.paused = False
 
@@ -740,8 +743,7 @@ class ReconfigExecutor:
                 return
         log.warning("stopped by a peer's pause and heard nothing within the lease: resuming")
         if job is not None and job.status.phase not in TERMINAL_PHASES:
-            job.abort.set()
-            self._back_to_old_generation(job)
+            job.lease_expired = True
             self._set(
                 job,
                 phase=ReconfigPhase.failed,
@@ -749,6 +751,8 @@ class ReconfigExecutor:
                     type="pause_lease_expired", message="stopped by a peer's pause; lease ran out"
                 ),
             )
+            job.abort.set()  # after the outcome is written: a step still running must not overwrite it
+            self._back_to_old_generation(job)
         self.engine.resume()
 
     def _start(self, job: _Job, body: Callable[[_Job], None], name: str) -> None:
@@ -812,6 +816,13 @@ class ReconfigExecutor:
 
     def _set(self, job: _Job, **fields: object) -> None:
         with self._lock:
+            phase = fields.get("phase")
+            if job.abort.is_set() and phase is not None and phase not in (
+                ReconfigPhase.aborting,
+                ReconfigPhase.aborted,
+            ):
+                # A step that finished after the abort came: the abort owns the outcome.
+                fields = {k: v for k, v in fields.items() if k not in ("phase", "error")}
             for key, value in fields.items():
                 setattr(job.status, key, value)
             if fields.get("phase") in (ReconfigPhase.prepared, ReconfigPhase.synced, ReconfigPhase.committed):

@@ -211,3 +211,23 @@ def test_a_leaver_with_leave_policy_abort_fails_its_queued_requests_at_switch(sp
     assert failed.status_code == 503 and failed.headers["content-type"] == "application/problem+json"
     assert agents[1].info().state == AgentState.idle
     assert_serves_reference(agents[:1])
+
+
+def test_one_members_pause_stops_every_member_and_abort_restarts_them(spawn_agents: Spawn) -> None:
+    agents = spawn_agents(2)
+    driver = Driver()
+    driver.reconfigure(agents)
+    job_id, everyone = start_job(driver, agents)  # rebuild the same two engines as generation 2
+    driver.wait_phase(everyone, ReconfigPhase.prepared)
+    driver.post_all(everyone, "/v1/reconfig/sync", {"job_id": job_id})
+    driver.wait_phase(everyone, ReconfigPhase.synced)
+    driver.post_all(agents[:1], "/v1/reconfig/pause", {"job_id": job_id})  # e0 only
+    driver.wait_phase(agents[:1], ReconfigPhase.paused)
+    deadline = time.monotonic() + 10
+    while agents[1].info().state != AgentState.paused and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert agents[1].info().state == AgentState.paused  # stopped at the same step boundary
+    assert agents[1].status().phase == ReconfigPhase.synced  # without a pause request of its own
+    driver.abort(everyone, job_id)
+    assert [a.info().state for a in agents] == [AgentState.serving, AgentState.serving]
+    assert_serves_reference(agents)

@@ -226,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--out", type=Path, default=RESULTS_DIR / "weight_transfer.json", help="JSON; .md and .png beside it"
     )
+    parser.add_argument("--redraw", action="store_true", help="only redraw the PNG from the --out JSON")
     parser.add_argument("--worker", choices=ROLES, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--backends", nargs="+", help=argparse.SUPPRESS)
@@ -233,12 +234,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.worker:
         run_worker(args)
         return
+    if args.redraw:
+        saved = json.loads(args.out.read_text())
+        sizes = {int(mib): entry for mib, entry in saved["results"]["sizes"].items()}
+        parameters = saved["parameters"]
+        draw(sizes, parameters["backends"], parameters["device"], args.out.with_suffix(".png"))
+        return
 
     have = available_backends()
     if TransferBackend.nixl not in have:
         print(f"NIXL is unavailable ({nixl_unavailable_reason()}): measuring gloo and the copy only")
     backends = [b.value for b in (TransferBackend.nixl, TransferBackend.gloo) if b in have]
     report = Report("weight_transfer")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    report.notes = [
+        f"Measured on a host with {os.cpu_count()} CPU cores, load average {load:.1f} at the start: other"
+        " work on the host slows every backend; quote the ratios, taken round by round within one run."
+    ]
     report.parameters = {
         "mib": args.mib,
         "experts": args.experts,
@@ -371,9 +383,16 @@ def draw(sizes: dict[int, Any], backends: Sequence[str], device: str, path: Path
         bars = ax.bar(xs, [sizes[mib][key]["gib_s"] for mib in mibs], width, label=label)
         ax.bar_label(bars, fmt="%.2f", fontsize=8)
     ax.set_xticks(range(len(mibs)), [f"{mib} MiB" for mib in mibs])
-    ax.set_ylabel("GiB/s")
+    values = [sizes[mib][key]["gib_s"] for mib in mibs for _, key in series]
+    if max(values) > 100 * min(values):  # device memory: the copy is 1000x the rest
+        ax.set_yscale("log")
+        ax.set_ylim(top=max(values) * 20)
+        ax.set_ylabel("GiB/s (log scale)")
+    else:
+        ax.set_ylim(top=max(values) * 1.35)
+        ax.set_ylabel("GiB/s")
     ax.set_title(f"Expert weight transfer, two processes, one host ({device})")
-    ax.legend()
+    ax.legend(loc="upper left", ncols=len(series), fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -52,7 +52,13 @@ from engine_agent.protocol import (
     Strategy,
     WarmupPolicy,
 )
-from engine_agent.transfer import WeightChannel, available_backends, open_channel
+from engine_agent.transfer import (
+    TransferError,
+    TransferTimeout,
+    WeightChannel,
+    available_backends,
+    open_channel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +373,11 @@ class ReconfigExecutor:
         """Everything that builds the new generation (in prepare, or inside the window if blocking)."""
         request = job.request
         self._step(job, "connect_store")
-        job.store_client = groups.connect_store(request.store, request.timeouts.rendezvous_s)
+        try:
+            job.store_client = groups.connect_store(request.store, request.timeouts.rendezvous_s)
+        except (RuntimeError, OSError) as exc:  # DistStoreError is a RuntimeError
+            where = f"{request.store.host}:{request.store.port}"
+            raise ReconfigError("store_unreachable", f"rendezvous store {where}: {exc}") from exc
         job.store = groups.prefixed(
             job.store_client, groups.generation_prefix(request.generation, request.job_id)
         )
@@ -773,10 +783,14 @@ class ReconfigExecutor:
             return  # aborting: the abort thread owns the outcome
         if isinstance(exc, ReconfigError):
             error = AgentError(type=exc.type, message=str(exc), step=job.status.step, engines=exc.engines)
+        elif isinstance(exc, groups.GroupRendezvousTimeout):
+            error = AgentError(type="rendezvous_timeout", message=str(exc), step=job.status.step)
         elif isinstance(exc, groups.CollectiveTimeout):
             error = AgentError(type="collective_timeout", message=str(exc), step=job.status.step)
-        elif isinstance(exc, TimeoutError):
+        elif isinstance(exc, TransferTimeout):
             error = AgentError(type="transfer_timeout", message=str(exc), step=job.status.step)
+        elif isinstance(exc, TransferError):
+            error = AgentError(type="transfer_failed", message=str(exc), step=job.status.step)
         else:
             error = AgentError(type=type(exc).__name__, message=str(exc), step=job.status.step)
         log.warning("job %s failed at %s: %s", job.request.job_id, job.status.step, error.message)
@@ -817,9 +831,14 @@ class ReconfigExecutor:
     def _set(self, job: _Job, **fields: object) -> None:
         with self._lock:
             phase = fields.get("phase")
-            if job.abort.is_set() and phase is not None and phase not in (
-                ReconfigPhase.aborting,
-                ReconfigPhase.aborted,
+            if (
+                job.abort.is_set()
+                and phase is not None
+                and phase
+                not in (
+                    ReconfigPhase.aborting,
+                    ReconfigPhase.aborted,
+                )
             ):
                 # A step that finished after the abort came: the abort owns the outcome.
                 fields = {k: v for k, v in fields.items() if k not in ("phase", "error")}

@@ -21,7 +21,11 @@ from engine_agent.protocol import Platform, StoreAddress
 
 
 class CollectiveTimeout(RuntimeError):
-    """A rendezvous or collective ran past its deadline (or its group broke)."""
+    """A collective ran past its deadline (or its group broke)."""
+
+
+class GroupRendezvousTimeout(CollectiveTimeout):
+    """Building a group failed: a member did not arrive within the store's deadline."""
 
 
 def start_store_server(host: str, timeout_s: float) -> dist.TCPStore:
@@ -107,7 +111,7 @@ def create_group(
             torch.cuda.set_device(device)
             pg = dist.ProcessGroupNCCL(store, rank, size, nccl_opts)
     except RuntimeError as exc:  # gloo's rendezvous failure surfaces as a store timeout
-        raise CollectiveTimeout(
+        raise GroupRendezvousTimeout(
             f"creating {name} (generation {generation}, rank {rank}/{size}): {exc}"
         ) from exc
     return CommGroup(name, generation, pg, rank, size, device, timeout_s, store)

@@ -231,3 +231,20 @@ def test_one_members_pause_stops_every_member_and_abort_restarts_them(spawn_agen
     driver.abort(everyone, job_id)
     assert [a.info().state for a in agents] == [AgentState.serving, AgentState.serving]
     assert_serves_reference(agents)
+
+
+def test_an_absent_member_fails_prepare_at_the_rendezvous_deadline_naming_it(spawn_agents: Spawn) -> None:
+    (agent,) = spawn_agents(1)
+    driver = Driver()
+    driver.reconfigure([agent])
+    request = driver.prepare_request([agent], timeouts=SHORT.model_copy(update={"rendezvous_s": 1.0}))
+    ghost = request.members[0].model_copy(update={"engine_id": "ghost", "url": "http://127.0.0.1:9"})
+    request = request.model_copy(
+        update={"members": [*request.members, ghost], "placement": driver.plan([agent, agent])}
+    )
+    driver.post_all([agent], "/v1/reconfig/prepare", request.model_dump(mode="json"))
+    status = driver.wait_phase([agent], ReconfigPhase.failed, timeout_s=20)["e0"]
+    assert status.error is not None and status.error.type == "rendezvous_timeout"
+    assert status.error.engines == ["ghost"] and status.error.step == "agree"
+    driver.abort([agent], request.job_id)
+    assert_serves_reference([agent])

@@ -207,6 +207,24 @@ def test_a_cleanup_failure_shows_on_its_job_blocks_the_next_and_retry_clears_it(
     assert stack.scale_to(2)["state"] == "succeeded"
 
 
+def test_an_acknowledged_cleanup_failure_unblocks_the_deployment(stack: Stack) -> None:
+    coordinator = stack.coordinator
+    response = httpx.post(f"{stack.base[0]}/v1/faults", json={"fail_next_cleanup": True}, timeout=5)
+    assert response.status_code == 200
+    job = stack.scale_to(3)
+    assert job["state"] == "succeeded"
+    give_up = time.monotonic() + 20
+    while job["cleanup_state"] != "failed" and time.monotonic() < give_up:
+        time.sleep(0.1)
+        job = coordinator.job(job["id"])
+    assert job["cleanup_state"] == "failed", job
+    acknowledged = coordinator.api.post(f"/v1/reconfigurations/{job['id']}/cleanup/acknowledge")
+    assert acknowledged.status_code == 200, acknowledged.text
+    assert acknowledged.json()["cleanup_state"] == "acknowledged"
+    assert agent_info(stack.base[0])["cleanup"]["state"] != "failed"
+    assert stack.scale_to(2)["state"] == "succeeded"
+
+
 # --- concurrency --------------------------------------------------------------------------------------
 
 

@@ -100,6 +100,9 @@ class ExecutorHooks:
 
 @dataclass
 class _Job:
+    """One reconfiguration as this agent sees it: the request, its status and what prepare built."""
+
+    me: str  # this agent's engine id
     request: PrepareRequest
     role: Role
     policy: WarmupPolicy  # effective (fault injection may override it)
@@ -112,7 +115,6 @@ class _Job:
     staged: dict[int, torch.Tensor] = field(default_factory=dict)
     channel: WeightChannel | None = None
     warmed: bool = False
-    prepared_work_done: bool = False
     paused: bool = False  # this job stopped the engine (or it is a joiner inside the window)
     paused_monotonic: float = 0.0
     lease: threading.Timer | None = None
@@ -121,10 +123,8 @@ class _Job:
 
     @property
     def me_new_rank(self) -> int | None:
-        ids = [m.engine_id for m in self.request.members]
+        ids = self.new_ids
         return ids.index(self.me) if self.me in ids else None
-
-    me: str = ""
 
     @property
     def new_ids(self) -> list[str]:
@@ -211,6 +211,7 @@ class ReconfigExecutor:
             policy = self.faults.warmup_policy_override or request.warmup_policy
             steps = self._prepare_steps(request.strategy, role, policy, blocking_window=False)
             job = _Job(
+                me=self.engine_id,
                 request=request,
                 role=role,
                 policy=policy,
@@ -226,7 +227,6 @@ class ReconfigExecutor:
                     updated_at=time.time(),
                 ),
                 steps=steps,
-                me=self.engine_id,
             )
             self._job = job
             self._unknown_abort = None
@@ -425,7 +425,6 @@ class ReconfigExecutor:
         if job.in_new and job.policy == WarmupPolicy.eager and request.strategy == Strategy.background:
             self._step(job, "warm_up")
             self._warm_up(job)
-        job.prepared_work_done = True
 
     def _agree(self, job: _Job) -> None:
         """Before the first collective on a new group: every participant publishes its warm-up policy
@@ -600,7 +599,6 @@ class ReconfigExecutor:
             interval = PauseInterval(paused_at=time.time())
             job.paused_monotonic = time.monotonic()
         job.paused = True
-        self.hooks.on_pause(0.0)
         reported = interval if job.in_old else None
         self._set(job, pause=reported)
         if request.strategy == Strategy.blocking:
@@ -920,12 +918,13 @@ class ReconfigExecutor:
     ) -> list[str]:
         if strategy == Strategy.blocking and not blocking_window:
             return ["wait_cleanup"]
-        steps = ["wait_cleanup", "connect_store", "agree"]
+        steps = [] if blocking_window else ["wait_cleanup"]  # the window's steps: cleanup was awaited
+        steps += ["connect_store", "agree"]
         if role != Role.leaving:
             steps += ["create_groups", "stage_placement"]
         steps += ["open_channel", "transfer"]
-        if role != Role.leaving and policy == WarmupPolicy.eager:
-            steps.append("warm_up")
+        if role != Role.leaving and (policy == WarmupPolicy.eager or blocking_window):
+            steps.append("warm_up")  # blocking: inside the window whatever the policy
         return steps
 
     @staticmethod

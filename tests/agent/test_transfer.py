@@ -51,6 +51,7 @@ def run_participants(
     plan: list[TransferItem],
     timeout_s: float,
     absent_from_transfer: frozenset[str] = frozenset(),
+    broken_sources: frozenset[str] = frozenset(),
 ) -> dict[str, dict[str, Any]]:
     """Start one spawned process per engine, return each one's report; always reap them."""
     store = dist.TCPStore(
@@ -62,7 +63,7 @@ def run_participants(
         context.Process(
             target=run_participant,
             args=(backend, e, participants, store.port, plan, HELD[e], NUMEL, timeout_s, results),
-            kwargs={"absent_from_transfer": e in absent_from_transfer},
+            kwargs={"absent_from_transfer": e in absent_from_transfer, "broken_sources": e in broken_sources},
             daemon=True,
         )
         for e in engines
@@ -156,6 +157,18 @@ def test_a_holder_that_never_serves_times_out_its_reader(backend: str) -> None:
     )
     assert reports["c"]["error_type"] == "TransferTimeout", reports["c"].get("traceback")
     assert "b" in reports["c"]["error"]
+
+
+@pytest.mark.skipif(TransferBackend.nixl not in available_backends(), reason="NIXL is unavailable here")
+def test_a_holder_that_cannot_serve_fails_its_reader_at_once_naming_it() -> None:
+    plan = [TransferItem(2, "b", "c")]
+    reports = run_participants(
+        "nixl", ["b", "c"], ["b", "c"], plan, timeout_s=30, broken_sources=frozenset({"b"})
+    )
+    assert reports["b"]["error_type"] == "TransferError"
+    assert reports["c"]["error_type"] == "TransferError", reports["c"].get("traceback")
+    assert "b could not serve its experts" in reports["c"]["error"]
+    assert not reports["c"]["is_timeout"]
 
 
 def test_choose_backend_takes_nixl_only_when_every_participant_has_it() -> None:

@@ -34,9 +34,11 @@ def run_participant(
     timeout_s: float,
     results: Any,
     absent_from_transfer: bool = False,
+    broken_sources: bool = False,
 ) -> None:
     """Open the channel, run the plan once, and put a report on `results`. With
-    `absent_from_transfer` the engine opens the channel but never joins the transfer (a stalled peer)."""
+    `absent_from_transfer` the engine opens the channel but never joins the transfer (a stalled peer);
+    with `broken_sources` it offers non-contiguous tensors, which it cannot serve."""
     report: dict[str, Any] = {"engine": engine_id}
     if backend == "nixl":
         # Small chunks over three reader threads: the tests' experts (up to 1 MiB) are cut in pieces
@@ -64,6 +66,8 @@ def run_participant(
                 return
             # One buffer per engine with every expert as a view of it, as an engine's weight slab.
             sources = {e: expert_weights(e, numel[e]) for e in held}
+            if broken_sources:
+                sources = {e: torch.stack([t, t], dim=1)[:, 0] for e, t in sources.items()}
             wanted = [i.logical_expert for i in plan if i.dst == engine_id and i.src is not None]
             slab = torch.zeros(sum(numel[e] for e in wanted), dtype=torch.float32)
             destinations, offset = {}, 0

@@ -246,6 +246,8 @@ class JobRunner:
         self.lease_s = lease_s
         self.owner = self.settings.coordinator_id or f"{socket.gethostname()}:{os.getpid()}"
         self._running: dict[str, asyncio.Task[None]] = {}
+        # A snapshot of `_running`'s keys for the claim queries, which run in worker threads.
+        self._running_ids: frozenset[str] = frozenset()
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._last_cleanup_poll = 0.0
@@ -301,8 +303,10 @@ class JobRunner:
             finally:
                 renew.cancel()
                 self._running.pop(job_id, None)
+                self._running_ids = frozenset(self._running)
 
         self._running[job_id] = asyncio.create_task(guarded(), name=f"job-{job_id}")
+        self._running_ids = frozenset(self._running)
 
     async def _renew_lease(self, job_id: str, worker: asyncio.Task[Any] | None) -> None:
         while True:
@@ -332,7 +336,7 @@ class JobRunner:
             table.c.lease_owner.is_(None),
             table.c.lease_expires_at.is_(None),
             table.c.lease_expires_at < now,
-            sa.and_(table.c.lease_owner == self.owner, table.c.id.not_in(list(self._running) or [""])),
+            sa.and_(table.c.lease_owner == self.owner, table.c.id.not_in(sorted(self._running_ids) or [""])),
         )
 
     def _try_claim(self, session: Session, job_id: str, extra: Any = None) -> bool:
@@ -359,7 +363,7 @@ class JobRunner:
             .limit(5)
         ).all()
         for (job_id,) in candidates:
-            if job_id in self._running:
+            if job_id in self._running_ids:
                 continue
             if self._try_claim(session, job_id, table.c.state == S.pending.value):
                 return str(job_id)
@@ -376,7 +380,7 @@ class JobRunner:
         ).all()
         claimed = []
         for (job_id,) in candidates:
-            if job_id not in self._running and self._try_claim(session, job_id):
+            if job_id not in self._running_ids and self._try_claim(session, job_id):
                 claimed.append(str(job_id))
         return claimed
 

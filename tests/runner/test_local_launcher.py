@@ -1,0 +1,61 @@
+"""The local launcher starts agent processes, records their pids, and stops them again."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from app.launchers.base import LaunchError, LaunchSpec
+from app.launchers.local import LocalLauncher
+from engine_agent.protocol import EngineConfig
+
+SPEC = LaunchSpec(deployment="demo", engine=EngineConfig(num_logical_experts=8, hidden_size=32))
+
+# A stand-in agent: writes its URL to --ready-file like epctl-agent does, then waits to be stopped.
+FAKE_AGENT = textwrap.dedent(
+    """
+    import sys, time
+    ready = sys.argv[sys.argv.index("--ready-file") + 1]
+    with open(ready, "w") as f:
+        f.write("http://127.0.0.1:1\\n")
+    time.sleep(60)
+    """
+)
+
+
+def test_started_agents_are_recorded_and_released_agents_stopped(tmp_path: Path) -> None:
+    script = tmp_path / "fake_agent.py"
+    script.write_text(FAKE_AGENT)
+    launcher = LocalLauncher(tmp_path, executable=[sys.executable, str(script)])
+
+    async def go() -> None:
+        engines = await launcher.ensure_engines(SPEC, 2, [], deadline_s=20)
+        assert len(engines) == 2 and all(e.url == "http://127.0.0.1:1" for e in engines)
+        assert set(launcher.records()) == {e.engine_id for e in engines}
+        processes = [launcher._processes[e.engine_id] for e in engines]
+        gone = await launcher.release(SPEC, engines)
+        assert sorted(gone) == sorted(e.engine_id for e in engines)
+        assert all(p.poll() is not None for p in processes)
+        assert launcher.records() == {}
+
+    asyncio.run(go())
+
+
+def test_idle_engines_are_used_before_starting_new_ones(tmp_path: Path) -> None:
+    from app.launchers.base import EngineHandle
+
+    launcher = LocalLauncher(tmp_path, executable=[sys.executable, "-c", "raise SystemExit(1)"])
+    idle = [EngineHandle(engine_id="demo-idle", url="http://127.0.0.1:2")]
+    assert asyncio.run(launcher.ensure_engines(SPEC, 1, idle, deadline_s=5)) == idle
+
+
+def test_an_agent_that_exits_before_it_is_ready_is_a_launch_error(tmp_path: Path) -> None:
+    launcher = LocalLauncher(tmp_path, executable=[sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(LaunchError) as caught:
+        asyncio.run(launcher.ensure_engines(SPEC, 1, [], deadline_s=20))
+    assert caught.value.engine_id is not None and "exited with code 3" in caught.value.message
+    assert launcher.records() == {}

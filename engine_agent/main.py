@@ -91,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     url = settings.url or f"http://{settings.advertised_host()}:{port}"
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(settings, url=url), log_level=args.log_level, access_log=False, lifespan="on"
+            create_app(settings, url=url),
+            log_level=args.log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=3,  # requests stalled by a pause must not hold a shutdown
         )
     )
 

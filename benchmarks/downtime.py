@@ -449,7 +449,8 @@ def analyse(
     # Item 2: commit window vs weight bytes.
     scale_rows = []
     for info in sorted(infos, key=lambda i: i["scale"]):
-        rs = pick(records, scale=info["scale"])
+        # The same cycle at every size (the main size also ran others).
+        rs = pick(records, scale=info["scale"], cycle="2->4->2") or pick(records, scale=info["scale"])
         bg, bl = pick(rs, strategy="background"), pick(rs, strategy="blocking")
         ratio = p50(bg, "downtime_ms") / p50(bl, "downtime_ms") if bg and bl else float("nan")
         scale_rows.append(
@@ -470,6 +471,13 @@ def analyse(
         report.results["item2"] |= {"background_growth": growth_bg, "blocking_growth": growth_bl}
         report.target(
             f"item 2: background commit window growth {scale_rows[-1][0]} / x1", growth_bg, 1.2, "x"
+        )
+        report.target(
+            f"item 2: blocking commit window grows with bytes, {scale_rows[-1][0]} / x1",
+            growth_bl,
+            1.0,
+            "x",
+            at_least=True,
         )
 
     # Items 3 and 4: at the smallest (default) size, background strategy.
@@ -562,13 +570,20 @@ def draw(records: list[dict[str, Any]], infos: list[dict[str, Any]], name: str, 
     sizes = sorted(infos, key=lambda i: i["scale"])
     mib = [i["expert_weight_bytes_total"] / 2**20 for i in sizes]
     for strategy, marker in (("background", "o"), ("blocking", "s")):
-        ys = [p50(pick(records, scale=i["scale"], strategy=strategy), "downtime_ms") for i in sizes]
+        ys = [
+            p50(
+                pick(records, scale=i["scale"], strategy=strategy, cycle="2->4->2")
+                or pick(records, scale=i["scale"], strategy=strategy),
+                "downtime_ms",
+            )
+            for i in sizes
+        ]
         ax2.plot(mib, ys, marker=marker, label=f"{strategy} p50")
     ax2.set_xscale("log")
     ax2.set_yscale("log")
     ax2.set_xlabel("expert weights, all experts (MiB)")
     ax2.set_ylabel("commit window ms (log)")
-    ax2.set_title("Commit window vs expert weight bytes")
+    ax2.set_title("Commit window vs expert weight bytes (2->4->2)")
     ax2.legend(fontsize=8)
     save_figure(fig, name)
 

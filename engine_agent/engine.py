@@ -197,6 +197,8 @@ class ReferenceEngine:
             self._cond.notify_all()
             deadline = time.monotonic() + timeout_s
             while self._state == AgentState.serving:
+                if not self._pause_requested:
+                    raise EngineUnavailable("the pause was cancelled (resume or abort) before a boundary")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._pause_requested = False

@@ -661,6 +661,8 @@ class ReconfigExecutor:
     def _run_abort(
         self, job: _Job, worker: threading.Thread | None, previous_error: AgentError | None
     ) -> None:
+        if job.in_old and job.status.pause is None:
+            self.engine.resume()  # withdraw a pause request still waiting for its step boundary
         if worker is not None and worker is not threading.current_thread():
             # The running step ends at its own deadline at the latest (every wait has one).
             worker.join(timeout=self._longest_step_s(job))

@@ -386,7 +386,8 @@ def draw(rows: list[dict[str, Any]]) -> None:
     ax.set_xticks(
         [i + width * (len(rows) - 1) / 2 for i in range(len(ops))], [o.replace("_", "\n") for o in ops]
     )
-    ax.set_ylabel("ms (bars p50, ticks p99)")
+    ax.set_yscale("log")
+    ax.set_ylabel("ms, log (bars p50, ticks p99)")
     ax.set_title(f"Admin API with {rows[0]['jobs_in_history']:,} jobs in history")
     ax.legend(fontsize=8)
     save_figure(fig, "api")

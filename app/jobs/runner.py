@@ -759,6 +759,7 @@ class JobRunner:
                     pause_lease_s=self.settings.pause_lease_s,
                 ),
             )
+            await self.settle_earlier_jobs(run, fleet, run.participant_clients())
             await self._send(fleet, run.participant_clients(), lambda c: c.prepare(request), phase)
             await self.await_phase(
                 run,
@@ -849,8 +850,11 @@ class JobRunner:
     async def await_settled(
         self, run: JobRun, fleet: Fleet, clients: Sequence[AgentClient], phases: set[ReconfigPhase]
     ) -> None:
-        """Best effort: wait until every reachable agent reached one of `phases` (or any terminal one)."""
-        give_up = time.monotonic() + self.settings.abort_deadline_s
+        """Best effort: wait until every reachable agent reached one of `phases` (or any terminal one).
+
+        An agent's abort first lets its running step end, which can take that step's own deadline
+        (a rendezvous, a collective, a transfer): wait that long at least."""
+        give_up = time.monotonic() + max(self.settings.abort_deadline_s, self.longest_agent_step_s())
         waiting = {c.engine_id: c for c in clients}
         while waiting and time.monotonic() < give_up:
             results = await fleet.each(waiting.values(), lambda c: c.reconfig())
@@ -867,6 +871,35 @@ class JobRunner:
                         waiting.pop(engine_id)
             if waiting:
                 await asyncio.sleep(self.settings.agent_poll_interval_s)
+
+    def longest_agent_step_s(self) -> float:
+        settings = self.settings
+        return max(settings.rendezvous_s, settings.collective_s, settings.transfer_s) + 2.0
+
+    async def settle_earlier_jobs(self, run: JobRun, fleet: Fleet, clients: Sequence[AgentClient]) -> None:
+        """An agent still busy with another job (an abort still finishing, or a job a crashed
+        coordinator left behind: one deployment has one active job, so any other is stale) is aborted
+        and waited for, so this job's prepare is not refused."""
+        statuses = await fleet.each(clients, lambda c: c.reconfig())
+        busy: dict[str, tuple[AgentClient, str]] = {}
+        for client in clients:
+            status = statuses[client.engine_id]
+            stale = isinstance(status, ReconfigStatus) and status.job_id != run.job_id
+            if stale and isinstance(status, ReconfigStatus) and status.phase not in TERMINAL_PHASES:
+                busy[client.engine_id] = (client, status.job_id)
+        if not busy:
+            return
+        await self.note(run, "settle", f"waiting for earlier jobs to finish on {sorted(busy)}")
+        for client, stale_job in busy.values():
+            with contextlib.suppress(AgentCallError):
+                await client.abort(stale_job)
+        give_up = time.monotonic() + self.longest_agent_step_s() + self.settings.abort_deadline_s
+        while busy and time.monotonic() < give_up:
+            await asyncio.sleep(self.settings.agent_poll_interval_s)
+            results = await fleet.each([c for c, _ in busy.values()], lambda c: c.reconfig())
+            for engine_id, result in results.items():
+                if not isinstance(result, ReconfigStatus) or result.phase in TERMINAL_PHASES:
+                    busy.pop(engine_id, None)
 
     async def _roll_back(self, run: JobRun, fleet: Fleet, failure: JobFailure) -> None:
         """A failure before the pause: abort everywhere, release joiners; the old generation served

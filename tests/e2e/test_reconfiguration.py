@@ -40,14 +40,16 @@ def hang_prepare_on(url: str, step: str = "transfer") -> None:
     assert response.status_code == 200, response.text
 
 
-def wait_agent_preparing(url: str, job_id: str, timeout_s: float = 30.0) -> None:
+def wait_agent_at(url: str, job_id: str, step: str | None = None, timeout_s: float = 30.0) -> None:
+    """Until the agent runs `job_id` (at prepare step `step`, if given)."""
     give_up = time.monotonic() + timeout_s
     while time.monotonic() < give_up:
         status = httpx.get(f"{url}/v1/reconfig", timeout=5)
-        if status.status_code == 200 and status.json()["job_id"] == job_id:
+        body = status.json() if status.status_code == 200 else {}
+        if body.get("job_id") == job_id and (step is None or body.get("step") == step):
             return
         time.sleep(0.02)
-    raise AssertionError(f"{url} never started preparing {job_id}")
+    raise AssertionError(f"{url} never reached {step or 'prepare'} of {job_id}")
 
 
 def wait_job_has_plan(stack: Stack, job_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
@@ -134,7 +136,8 @@ def test_an_agent_killed_during_prepare_rolls_back_without_a_failed_request(stac
         job_id = coordinator.scale(3)
         planned = wait_job_has_plan(stack, job_id)
         joiner = next(r for r in planned["engine_results"] if r["role"] == "joining")
-        wait_agent_preparing(joiner["url"], job_id)
+        wait_agent_at(stack.base[0], job_id, "transfer")  # the hang holds prepare open here
+        wait_agent_at(joiner["url"], job_id)
         pid = agent_info(joiner["url"])["pid"]
         import os
         import signal
@@ -158,7 +161,7 @@ def test_cancel_during_prepare_ends_cancelled_and_changes_nothing(stack: Stack) 
     hang_prepare_on(stack.base[0])
     job_id = coordinator.scale(3)
     planned = wait_job_has_plan(stack, job_id)
-    wait_agent_preparing(stack.base[0], job_id)
+    wait_agent_at(stack.base[0], job_id, "transfer")  # the hang holds prepare open here
     assert planned["state"] in ("pending", "preparing")
     response = coordinator.api.post(f"/v1/reconfigurations/{job_id}/cancel")
     assert response.status_code in (200, 202), response.text
@@ -183,7 +186,7 @@ def test_a_cleanup_failure_shows_on_its_job_blocks_the_next_and_retry_clears_it(
     response = httpx.post(f"{failing}/v1/faults", json={"fail_next_cleanup": True}, timeout=5)
     assert response.status_code == 200
     job = stack.scale_to(3)
-    assert job["state"] == "succeeded"
+    assert job["state"] == "succeeded", job["error"]
     job = coordinator.wait_job(job["id"], until={"succeeded"})
     give_up = time.monotonic() + 20
     while job["cleanup_state"] != "failed" and time.monotonic() < give_up:
@@ -212,7 +215,7 @@ def test_an_acknowledged_cleanup_failure_unblocks_the_deployment(stack: Stack) -
     response = httpx.post(f"{stack.base[0]}/v1/faults", json={"fail_next_cleanup": True}, timeout=5)
     assert response.status_code == 200
     job = stack.scale_to(3)
-    assert job["state"] == "succeeded"
+    assert job["state"] == "succeeded", job["error"]
     give_up = time.monotonic() + 20
     while job["cleanup_state"] != "failed" and time.monotonic() < give_up:
         time.sleep(0.1)

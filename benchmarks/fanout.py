@@ -2,11 +2,11 @@
 
 Lightweight agents (benchmarks/lightweight_agent.py: protocol-compliant, torch-free, every phase
 completes at once) isolate what the coordinator's fan-out itself costs. The driver is the
-coordinator's own fan-out code: `app.agents.fleet.Fleet` (one shared httpx client, one `AgentClient`
-per engine), called the way `app.jobs.runner.JobRunner` calls it (send the step to every participant
+coordinator's own fan-out code: `app.jobs.runner.JobRunner._send` and `await_phase` over its
+`Fleet` (one shared httpx client, one `AgentClient` per engine): send the step to every participant
 at once, then poll every one's `GET /v1/reconfig` until all report the phase, with the runner's own
-poll intervals: `agent_poll_interval_s` in prepare/sync, `commit_poll_interval_s` inside the pause).
-The database writes of a job are left out here (benchmarks/api.py covers the API and the database).
+poll intervals (`agent_poll_interval_s` in prepare/sync, `commit_poll_interval_s` inside the pause).
+The job's database writes are left out (benchmarks/api.py covers the API and the database).
 
 All agents are started once (several per process so 64 fit this 2-core machine); every round runs
 each agent count once, in a shuffled order, so the ratio between counts is not skewed by load that
@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy
 from common import (
     PYTHON,
     ROOT,
@@ -42,10 +43,12 @@ from common import (
     wait_for_file,
 )
 
-from app.agents.client import AgentCallError, AgentClient
+from app.agents.client import AgentClient
 from app.agents.fleet import Fleet
-from app.jobs.runner import RunnerSettings
+from app.jobs.runner import JobRun, JobRunner, RunnerSettings
+from app.jobs.states import JobState
 from engine_agent.protocol import (
+    EngineConfig,
     Member,
     PrepareRequest,
     ReconfigPhase,
@@ -102,59 +105,82 @@ def prepare_request(agents: Sequence[AgentRef], job_id: str, generation: int) ->
     )
 
 
+def make_runner() -> tuple[JobRunner, sqlalchemy.Engine]:
+    """The coordinator's job runner, for its fan-out methods only (`_send`, `await_phase`): they touch
+    no database when asked for no progress and no cancellation checks (the engine is never used)."""
+    engine = sqlalchemy.create_engine("sqlite://")
+    return JobRunner(engine, launchers={}), engine
+
+
+def job_run(job_id: str) -> JobRun:
+    return JobRun(
+        job_id=job_id,
+        deployment_id="fanout",
+        deployment_name="fanout",
+        launcher_name="static",
+        engine_config=EngineConfig(),
+        state=JobState.preparing,
+        strategy=Strategy.background,
+        warmup_requested="eager",
+    )
+
+
 async def send_and_await(
+    runner: JobRunner,
     fleet: Fleet,
+    run: JobRun,
     clients: Sequence[AgentClient],
-    job_id: str,
     send: Any,
     want: ReconfigPhase,
     poll_interval_s: float,
-) -> int:
-    """The runner's `_send` + `await_phase`: the step to all at once, then poll all until `want`.
-    Returns how many HTTP calls it took."""
-    await fleet.all(clients, send)
-    waiting = {c.engine_id: c for c in clients}
-    calls = len(clients)
-    while True:
-        calls += len(waiting)
-        results = await fleet.each(waiting.values(), lambda c: c.reconfig())
-        for engine_id, status in results.items():
-            if isinstance(status, AgentCallError):
-                raise status
-            if status is not None and status.job_id == job_id and status.phase == want:
-                waiting.pop(engine_id)
-        if not waiting:
-            return calls
-        await asyncio.sleep(poll_interval_s)
+) -> None:
+    """Exactly what the runner does per step: `_send` to every participant at once, then
+    `await_phase` (poll every one's `GET /v1/reconfig` until all report `want`)."""
+    await runner._send(fleet, clients, send, "fanout")
+    await runner.await_phase(
+        run, fleet, clients, {want}, job_phase="fanout", deadline_s=60.0, poll_interval_s=poll_interval_s
+    )
+
+
+class CallCounter:
+    """Counts the HTTP requests the driver's client sends (httpx event hook)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, request: Any) -> None:
+        self.calls += 1
 
 
 async def one_round(
-    fleet: Fleet, agents: Sequence[AgentRef], generation: int, settings: RunnerSettings
+    runner: JobRunner, fleet: Fleet, counter: CallCounter, agents: Sequence[AgentRef], generation: int
 ) -> dict[str, float]:
+    settings = runner.settings
     job_id = f"fanout-{uuid.uuid4().hex[:8]}"
+    run = job_run(job_id)
     request = prepare_request(agents, job_id, generation)
     clients = [fleet.client(a.engine_id, a.url) for a in agents]
     slow, fast = settings.agent_poll_interval_s, settings.commit_poll_interval_s
+    lease = settings.pause_lease_s
+    counter.calls = 0
     cpu0 = time.process_time()
     t0 = time.perf_counter()
-    calls = await send_and_await(
-        fleet, clients, job_id, lambda c: c.prepare(request), ReconfigPhase.prepared, slow
+    await send_and_await(
+        runner, fleet, run, clients, lambda c: c.prepare(request), ReconfigPhase.prepared, slow
     )
     t1 = time.perf_counter()
-    calls += await send_and_await(
-        fleet, clients, job_id, lambda c: c.sync(job_id), ReconfigPhase.synced, slow
-    )
+    await send_and_await(runner, fleet, run, clients, lambda c: c.sync(job_id), ReconfigPhase.synced, slow)
     t2 = time.perf_counter()
-    lease = settings.pause_lease_s
-    calls += await send_and_await(
-        fleet, clients, job_id, lambda c: c.pause(job_id, lease_s=lease), ReconfigPhase.paused, fast
+    await send_and_await(
+        runner, fleet, run, clients, lambda c: c.pause(job_id, lease_s=lease), ReconfigPhase.paused, fast
     )
     t3 = time.perf_counter()
-    calls += await send_and_await(
-        fleet, clients, job_id, lambda c: c.switch(job_id), ReconfigPhase.committed, fast
+    await send_and_await(
+        runner, fleet, run, clients, lambda c: c.switch(job_id), ReconfigPhase.committed, fast
     )
     t4 = time.perf_counter()
     cpu_ms = (time.process_time() - cpu0) * 1000
+    calls = counter.calls
     return {
         "prepare_ms": (t1 - t0) * 1000,
         "sync_ms": (t2 - t1) * 1000,
@@ -164,27 +190,33 @@ async def one_round(
         "round_trip_ms": (t4 - t0) * 1000,
         "coordinator_cpu_ms": cpu_ms,
         "http_calls": float(calls),
-        "coordinator_cpu_per_call_ms": cpu_ms / calls,
+        "coordinator_cpu_per_call_ms": cpu_ms / max(calls, 1),
     }
 
 
 async def measure(
-    agents: Sequence[AgentRef], counts: Sequence[int], rounds: int, warmup: int, settings: RunnerSettings
-) -> dict[int, dict[str, list[float]]]:
+    agents: Sequence[AgentRef], counts: Sequence[int], rounds: int, warmup: int
+) -> tuple[dict[int, dict[str, list[float]]], RunnerSettings]:
     samples: dict[int, dict[str, list[float]]] = {n: {} for n in counts}
     rng = random.Random(7)
     generation = 1
-    async with Fleet(timeout_s=settings.agent_call_timeout_s) as fleet:
-        for index in range(warmup + rounds):
-            order = list(counts)
-            rng.shuffle(order)
-            for n in order:
-                times = await one_round(fleet, agents[:n], generation, settings)
-                generation += 1
-                if index >= warmup:
-                    for key, value in times.items():
-                        samples[n].setdefault(key, []).append(value)
-    return samples
+    runner, engine = make_runner()
+    counter = CallCounter()
+    try:
+        async with runner.fleet() as fleet:
+            fleet._http.event_hooks["request"].append(counter)  # count what the runner's client sends
+            for index in range(warmup + rounds):
+                order = list(counts)
+                rng.shuffle(order)
+                for n in order:
+                    times = await one_round(runner, fleet, counter, agents[:n], generation)
+                    generation += 1
+                    if index >= warmup:
+                        for key, value in times.items():
+                            samples[n].setdefault(key, []).append(value)
+    finally:
+        engine.dispose()
+    return samples, runner.settings
 
 
 def draw(rows: list[dict[str, Any]], ratio: float) -> None:
@@ -217,11 +249,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--agent-procs", type=int, default=4, help="processes hosting the agents")
     args = parser.parse_args(argv)
     counts = sorted(set(args.counts))
-    settings = RunnerSettings()
+    settings = RunnerSettings()  # the defaults the runner uses (EPCTL_RUNNER_* apply here too)
 
     report = Report("fanout")
     report.parameters = vars(args) | {
-        "driver": "app.agents.fleet.Fleet + AgentClient, stepped like app.jobs.runner.JobRunner",
+        "driver": "app.jobs.runner.JobRunner._send + await_phase over its Fleet / AgentClient",
         "agent_poll_interval_s": settings.agent_poll_interval_s,
         "commit_poll_interval_s": settings.commit_poll_interval_s,
     }
@@ -229,13 +261,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         t0 = time.perf_counter()
         agents = start_agents(group, counts[-1], args.agent_procs, "light")
         report.results["agents_start_s"] = round(time.perf_counter() - t0, 2)
-        samples = asyncio.run(measure(agents, counts, args.rounds, args.warmup, settings))
+        samples, _ = asyncio.run(measure(agents, counts, args.rounds, args.warmup))
 
     rows = [{"agents": n, **{key: summarize(values) for key, values in samples[n].items()}} for n in counts]
     base = rows[0]["round_trip_ms"]["p50"]
     report.results["by_agent_count"] = rows
     report.add_table(
-        f"Fan-out round trip through the coordinator's Fleet ({args.rounds} rounds per count, ms)",
+        f"Fan-out round trip through the coordinator's runner ({args.rounds} rounds per count, ms)",
         ["agents", "prepare p50", "sync p50", "pause p50", "switch p50", "round trip p50",
          "round trip p99", "HTTP calls", "coord. CPU p50", "CPU per call", "x of first"],
         [

@@ -323,14 +323,14 @@ class SteadyClient:
     def successes_between(self, start: float, end: float) -> int:
         return sum(1 for s in self.samples if s.ok and start <= s.done_at <= end)
 
-    def median_latency_ms(self, outside_of: Sequence[tuple[float, float]] = ()) -> float:
-        """The median latency of successful requests that overlap none of `outside_of`."""
+    def latency_ms(self, quantile: float, outside_of: Sequence[tuple[float, float]] = ()) -> float:
+        """A quantile of the latency of successful requests that overlap none of `outside_of`."""
         latencies = sorted(
             (s.done_at - s.sent_at) * 1000.0
             for s in self.samples
             if s.ok and not any(s.sent_at <= e and s.done_at >= b for b, e in outside_of)
         )
-        return latencies[len(latencies) // 2] if latencies else 0.0
+        return latencies[min(int(quantile * len(latencies)), len(latencies) - 1)] if latencies else 0.0
 
     def gaps(self) -> list[tuple[float, float]]:
         """(start, end) between consecutive successful responses."""

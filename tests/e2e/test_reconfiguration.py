@@ -96,17 +96,19 @@ def test_scaling_2_4_3_2_serves_correctly_and_reports_the_downtime_the_client_sa
     ]
     assert outside == [], f"client requests failed outside every commit window: {outside[:3]}"
     assert all(s.max_abs_error is not None and s.max_abs_error < 1e-4 for s in client.samples if s.ok)
-    resolution = client.median_latency_ms(outside_of=windows)
+    # The client's own resolution: a request stalled by the pause still needs one step and one
+    # response after the resume. On a quiet machine it is a few ms; under heavy load, far more.
+    resolution = client.latency_ms(0.9, outside_of=windows)
     for job, (start, end) in zip(jobs, windows, strict=True):
         reported = float(job["downtime_ms"])
         seen = client.gap_covering(start, end)
         print(
             f"{stack.backend} {policy} {job['from_dp_size']}->{job['to_dp_size']}: job downtime "
-            f"{reported:.1f} ms, client gap {seen:.1f} ms (client request p50 {resolution:.1f} ms), "
+            f"{reported:.1f} ms, client gap {seen:.1f} ms (client request p90 {resolution:.1f} ms), "
             f"per engine {job['downtime']['per_engine_ms']}, coordinator {job['downtime'].get('coordinator')}"
         )
-        # The client saw the whole stop the job reports, and no more than it plus the bound, plus one
-        # request's latency: a request stalled by the pause still needs one step after the resume.
+        # The client saw the whole stop the job reports, and no more than it plus the bound plus its
+        # own resolution.
         bound = GAP_SLACK_MS + GAP_SLACK_RATIO * reported
         assert seen >= reported - bound, (reported, seen)
         assert seen - reported <= bound + resolution, (reported, seen, resolution)

@@ -63,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     # Bind first, so port 0 resolves to a real port before the agent (and its URL) exists.
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on accepted connections of a socket whose
+    # proto says TCP; with proto 0 Nagle holds every response ~40 ms (it dominated the commit window).
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     port = sock.getsockname()[1]

@@ -445,6 +445,15 @@ class NixlChannel(WeightChannel):
                 name = self._agent.add_remote_agent(store.get(f"nixl/md/{engine}"))
                 self._peer_agent[engine] = name.decode() if isinstance(name, bytes) else str(name)
                 self._agent.make_connection(self._peer_agent[engine])
+        # Nobody leaves open() before everyone has connected: a participant that fails its first
+        # round and closes its agent must not turn a peer's connect into "connection refused".
+        _put(store, f"nixl/connected/{engine_id}", b"1")
+        _wait_for_keys(
+            store,
+            {f"nixl/connected/{engine}": engine for engine in peers},
+            deadline,
+            "connecting to the NIXL agents of its peers",
+        )
 
     def transfer(
         self,

@@ -71,7 +71,7 @@ def check_no_unresolved_cleanup(session: Session, deployment_id: str, deployment
         f"{engine_id}: {error}. Retry it (POST /v1/reconfigurations/{job.id}/cleanup/retry) or acknowledge "
         f"it (POST /v1/reconfigurations/{job.id}/cleanup/acknowledge) before scaling "
         f"{deployment_name or 'this deployment'} again",
-        job_id=job.id,
+        failed_job_id=job.id,
         engine_id=engine_id,
         cleanup_error=error,
     )

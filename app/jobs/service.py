@@ -23,9 +23,9 @@ from app.core.ids import new_id
 from app.deployments.models import Deployment, LauncherKind
 from app.deployments.service import active_job_id, get_deployment
 from app.engines.service import available_engines
+from app.jobs.cleanup import check_no_unresolved_cleanup
 from app.jobs.models import (
     JOB_ID_PREFIX,
-    CleanupState,
     IdempotencyRecord,
     JobDetail,
     JobEvent,
@@ -111,7 +111,7 @@ def _create(
 ) -> ReconfigurationJob:
     deployment = get_deployment(session, ref=request.deployment)
     _validate_target(session, deployment, request.target_dp_size)
-    _refuse_unresolved_cleanup(session, deployment)
+    check_no_unresolved_cleanup(session, deployment.id, deployment.name)
     warmup_requested = request.warmup_policy.value if request.warmup_policy else deployment.warmup_policy
     now = utc_now()
     job = ReconfigurationJob(
@@ -200,22 +200,6 @@ def _validate_target(session: Session, deployment: Deployment, target: int) -> N
                 code="not-enough-engines",
                 known_engines=known,
             )
-
-
-def _refuse_unresolved_cleanup(session: Session, deployment: Deployment) -> None:
-    failed = session.exec(
-        select(ReconfigurationJob.id).where(
-            ReconfigurationJob.deployment_id == deployment.id,
-            ReconfigurationJob.cleanup_state == CleanupState.failed.value,
-        )
-    ).first()
-    if failed is not None:
-        raise ConflictError(
-            f"reconfiguration {failed} of {deployment.name!r} has an unresolved cleanup failure; "
-            "retry or acknowledge its cleanup first",
-            code="cleanup-failed",
-            failed_job_id=failed,
-        )
 
 
 def _request_hash(request: ReconfigurationCreate, requested_by: RequestSource) -> str:

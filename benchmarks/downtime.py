@@ -60,11 +60,11 @@ RUNNER_ENV = {
     "EPCTL_RUNNER_ENABLED": "true",
     "EPCTL_RUNNER_POLL_INTERVAL_S": "0.1",
     "EPCTL_RUNNER_LAUNCH_DEADLINE_S": "120",
-    "EPCTL_RUNNER_PREPARE_DEADLINE_S": "300",
+    "EPCTL_RUNNER_PREPARE_DEADLINE_S": "120",
     "EPCTL_RUNNER_PAUSE_DEADLINE_S": "120",
     "EPCTL_RUNNER_SWITCH_DEADLINE_S": "60",
     "EPCTL_RUNNER_PAUSE_LEASE_S": "120",
-    "EPCTL_RUNNER_TRANSFER_S": "300",
+    "EPCTL_RUNNER_TRANSFER_S": "90",
     "EPCTL_RUNNER_COLLECTIVE_S": "60",
     "EPCTL_RUNNER_RENDEZVOUS_S": "60",
     "EPCTL_RUNNER_LOCAL_AGENT_ARGS": "--heartbeat-s 2",
@@ -323,6 +323,11 @@ def run_scale(
                         f"(boundary wait before it {wait_ms:.0f} ms)",
                         flush=True,
                     )
+                    if job["state"] == "rolled_back":
+                        # Failed safely before commit: nothing changed, the deployment is still at
+                        # `before`. Recorded (and counted in the results); skip the rest of this cycle.
+                        print(f"  rolled back: {job.get('error')}", flush=True)
+                        break
                     if job["state"] != "succeeded":
                         raise RuntimeError(f"job {job['id']} {job['state']}: {job.get('error')}")
                     time.sleep(0.3)  # let the client's samples settle between jobs
@@ -370,8 +375,19 @@ def pmax(records: list[dict[str, Any]], key: str) -> float:
 
 
 def analyse(
-    report: Report, records: list[dict[str, Any]], infos: list[dict[str, Any]], main_scale: int
+    report: Report, all_records: list[dict[str, Any]], infos: list[dict[str, Any]], main_scale: int
 ) -> None:
+    failed = [r for r in all_records if r["state"] != "succeeded"]
+    report.results["jobs_not_succeeded"] = [
+        {k: r.get(k) for k in ("job_id", "scale", "leg", "strategy", "policy", "state", "error")}
+        for r in failed
+    ]
+    for r in failed:
+        report.notes.append(
+            f"job {r['job_id']} (x{r['scale']} {r['leg']} {r['strategy']} {r['policy']}) ended {r['state']}: "
+            f"{(r.get('error') or {}).get('message')}; left out of the timings"
+        )
+    records = [r for r in all_records if r["state"] == "succeeded"]
     base_scale = main_scale
     base = pick(records, scale=base_scale)
     legs = sorted({r["leg"] for r in base}, key=lambda leg: [int(x) for x in leg.split("->")])
@@ -509,17 +525,24 @@ def analyse(
     rows4 = []
     for policy in policies:
         rs = pick(bg_base, policy=policy)
+        # The job's own `committing` phase (state change to state change, database writes included).
+        phase = [
+            {"v": r["phases_ms"]["committing"] - r["longest_pause_ms"]}
+            for r in rs
+            if r.get("phases_ms", {}).get("committing") is not None and r.get("longest_pause_ms") is not None
+        ]
         rows4.append(
             [policy, p50(rs, "coordinator_commit_ms"), p50(rs, "longest_pause_ms"),
              p50(rs, "coordinator_overhead_ms"), pmax(rs, "coordinator_overhead_ms"),
              p50(rs, "coordinator_overhead_less_boundary_ms"),
-             pmax(rs, "coordinator_overhead_less_boundary_ms")]
+             pmax(rs, "coordinator_overhead_less_boundary_ms"), p50(phase, "v")]
         )  # fmt: skip
     report.add_table(
         "Item 4: coordinator overhead, background: pause sent -> all committed, minus the longest pause "
-        "(and also minus that engine's wait for its step boundary), ms",
+        "(and also minus that engine's wait for its step boundary; last column: the job's `committing` "
+        "phase minus the longest pause), ms",
         ["policy", "coordinator commit p50", "longest pause p50", "overhead p50", "overhead max",
-         "less boundary wait p50", "less boundary wait max"],
+         "less boundary wait p50", "less boundary wait max", "committing phase - pause p50"],
         rows4,
     )  # fmt: skip
     report.results["item4"] = {"rows": rows4}
@@ -618,6 +641,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--tolerance", type=float, default=1e-4, help="max |error| / max |reference| for a correct output"
     )
     parser.add_argument("--quick", action="store_true", help="x1 only, one repetition")
+    parser.add_argument("--name", default="", help="results file name (default: downtime)")
     parser.add_argument(
         "--from-json", help="redo the tables, targets and PNG from an earlier run's JSON (no new jobs)"
     )
@@ -638,10 +662,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     other_cycles = [[int(x) for x in c.split(",")] for c in args.other_cycles]
 
     agent_command = ""
-    name = "downtime"
+    name = args.name or "downtime"
     if args.what_if_agent_nodelay:
         agent_command = f"{PYTHON} {Path(__file__).with_name('agent_nodelay.py')}"
-        name = "downtime-what-if-nodelay"
+        name = args.name or "downtime-what-if-nodelay"
     report = Report(name)
     report.parameters = vars(args) | {"runner_env": RUNNER_ENV}
     if args.from_json:
@@ -681,9 +705,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                 infos.append(info)
                 print(f"x{scale}: client {info['client_requests']} requests, {info['client_failed']} failed, "
                       f"{info['client_wrong_outputs']} wrong", flush=True)  # fmt: skip
+        except Exception as exc:  # keep what was measured; say why the run stopped
+            report.notes.append(f"run stopped early: {type(exc).__name__}: {exc}")
+            print(f"run stopped early: {exc}", flush=True)
         finally:
             stack.close()
             _stop_local_agents(scratch)
+    if not records:
+        raise SystemExit("no job finished: nothing to report")
     report.results = {"sizes": infos, "jobs": records}
     analyse(report, records, infos, main_scale)
     report.targets_table()

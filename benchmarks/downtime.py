@@ -547,14 +547,25 @@ def analyse(
     )  # fmt: skip
     report.results["item4"] = {"rows": rows4}
     report.target("item 4: coordinator overhead p50", p50(bg_base, "coordinator_overhead_ms"), 10.0, "ms")
-    report.notes.append(
-        "Agent calls answer ~40 ms late: engine_agent/main.py binds its listening socket as "
-        "socket.socket(AF_INET, SOCK_STREAM) (proto 0), and asyncio sets TCP_NODELAY only on accepted "
-        "sockets whose proto is IPPROTO_TCP, so each response's body waits for the client's delayed ACK "
-        "(measured 44-52 ms per call against ~1 ms with proto=IPPROTO_TCP). The commit window holds the "
-        "coordinator's poll that sees `paused` and its `switch` call: --what-if-agent-nodelay reruns with "
-        "that one change (benchmarks/agent_nodelay.py) into downtime-what-if-nodelay.*."
-    )
+    socket_state = report.parameters.get("agent_socket")
+    if socket_state == "proto0":
+        report.notes.append(
+            "Agent calls answer ~40 ms late in this run: engine_agent/main.py bound its listening socket as "
+            "socket.socket(AF_INET, SOCK_STREAM) (proto 0), and asyncio sets TCP_NODELAY only on accepted "
+            "sockets whose proto is IPPROTO_TCP, so each response's body waited for the client's delayed "
+            "ACK (measured 44-52 ms per call against ~1 ms with proto=IPPROTO_TCP). The commit window holds "
+            "the coordinator's poll that sees `paused` and its `switch` call. Fixed in the agent since "
+            "(commit 3d2fe59)."
+        )
+    elif socket_state == "what-if-wrapper":
+        report.notes.append(
+            "What-if run: agents launched through benchmarks/agent_nodelay.py, which creates the agent's "
+            "listening socket with proto IPPROTO_TCP (the fix the agent later adopted in 3d2fe59)."
+        )
+    else:
+        report.notes.append(
+            "Agents bind their listening socket with proto IPPROTO_TCP (TCP_NODELAY on responses)."
+        )
     report.notes.append(
         "The client-seen gap holds one request's latency besides the stop (the last response before the "
         "window and the first after it); on this loaded 2-core machine an /v1/infer request took hundreds "
@@ -667,7 +678,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         agent_command = f"{PYTHON} {Path(__file__).with_name('agent_nodelay.py')}"
         name = args.name or "downtime-what-if-nodelay"
     report = Report(name)
-    report.parameters = vars(args) | {"runner_env": RUNNER_ENV}
+    agent_source = (Path(__file__).resolve().parent.parent / "engine_agent" / "main.py").read_text()
+    report.parameters = vars(args) | {
+        "runner_env": RUNNER_ENV,
+        "agent_socket": "what-if-wrapper"
+        if args.what_if_agent_nodelay
+        else ("ipproto_tcp" if "IPPROTO_TCP" in agent_source else "proto0"),
+    }
     if args.from_json:
         import json
 

@@ -23,6 +23,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, HTTPException
 
+from engine_agent import protocol
 from engine_agent.protocol import (
     AgentInfo,
     AgentRegistration,
@@ -43,6 +44,10 @@ from engine_agent.protocol import (
     StoreAddress,
     TransferBackend,
 )
+
+# The bounded long-poll of the protocol, where this version of it has one.
+LONG_POLL_HEADER: str | None = getattr(protocol, "LONG_POLL_HEADER", None)
+MAX_WAIT_S: float = getattr(protocol, "MAX_WAIT_S", 0.0)
 
 # Where the real agent serves each operation. Kept in one table so the fan-out benchmark and these
 # agents follow the real agent's routes (engine_agent/main.py) if they move.
@@ -200,6 +205,15 @@ def _round_robin(num_logical: int, world: int) -> list[list[int]]:
 
 def make_app(agent: LightAgent) -> FastAPI:
     app = FastAPI(title=f"lightweight agent {agent.engine_id}")
+    if LONG_POLL_HEADER is not None:
+        # Every phase here completes at once, so a bounded long-poll (`wait_s`, `until`) is always
+        # answered at once: say so, as a real agent does, so the coordinator uses its long-poll path.
+        @app.middleware("http")
+        async def long_poll_header(request: Any, call_next: Any) -> Any:
+            response = await call_next(request)
+            if request.url.path.startswith(ROUTES["reconfig"]):
+                response.headers[LONG_POLL_HEADER] = f"{MAX_WAIT_S:g}"
+            return response
 
     @app.get(ROUTES["health"])
     def health() -> dict[str, str]:

@@ -1,9 +1,11 @@
-"""The agent's HTTP API. Long operations answer 202 at once and are observed by polling
-`GET /v1/reconfig`; every error is application/problem+json (RFC 9457)."""
+"""The agent's HTTP API. Long operations answer 202 at once and are observed through
+`GET /v1/reconfig`, a bounded long-poll (`job_id`, `until`, `wait_s`); an action POST given `wait_s`
+answers once its phase is reached instead. Every error is application/problem+json (RFC 9457)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -11,7 +13,8 @@ from http import HTTPStatus
 from typing import Annotated, Any
 
 import torch
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
@@ -21,8 +24,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine_agent.agent import Agent
 from engine_agent.engine import EngineUnavailable
-from engine_agent.executor import Conflict, InvalidRequest
+from engine_agent.executor import Conflict, InvalidRequest, ReconfigExecutor
 from engine_agent.protocol import (
+    LONG_POLL_HEADER,
+    MAX_WAIT_S,
+    TERMINAL_PHASES,
     AgentInfo,
     CleanupStatus,
     FaultInjection,
@@ -31,6 +37,7 @@ from engine_agent.protocol import (
     JobRef,
     PauseRequest,
     PrepareRequest,
+    ReconfigPhase,
     ReconfigStatus,
 )
 from engine_agent.settings import AgentSettings
@@ -100,6 +107,99 @@ def get_agent(request: Request) -> Agent:
 
 
 AgentDep = Annotated[Agent, Depends(get_agent)]
+
+WaitS = Annotated[
+    float,
+    Query(
+        ge=0,
+        description="hold the answer until the phase is reached, at most this long "
+        f"(capped at {MAX_WAIT_S:g} s); 0 answers at once",
+    ),
+]
+Until = Annotated[
+    str | None,
+    Query(description="comma-separated phases to wait for (terminal phases and errors always end the wait)"),
+]
+
+# Phases in which an error is expected and the wait goes on (the abort or resume then ends it).
+_STILL_RECOVERING = frozenset({ReconfigPhase.aborting, ReconfigPhase.resuming})
+
+
+def _parse_until(until: str | None, default: frozenset[ReconfigPhase]) -> frozenset[ReconfigPhase]:
+    if not until:
+        return default
+    phases: set[ReconfigPhase] = set()
+    for name in until.split(","):
+        name = name.strip()
+        if not name:
+            continue
+        try:
+            phases.add(ReconfigPhase(name))
+        except ValueError:
+            known = ", ".join(p.value for p in ReconfigPhase)
+            raise ProblemError(
+                422, "invalid_request", f"until: unknown phase {name!r} (one of {known})"
+            ) from None
+    return frozenset(phases) or default
+
+
+def _settled(status: ReconfigStatus, until: frozenset[ReconfigPhase]) -> bool:
+    """Nothing more to wait for: the phase asked for, a terminal phase, or an error."""
+    return (
+        status.phase in until
+        or status.phase in TERMINAL_PHASES
+        or (status.error is not None and status.phase not in _STILL_RECOVERING)
+    )
+
+
+def _status_of(executor: ReconfigExecutor, job_id: str) -> ReconfigStatus:
+    status = executor.status()
+    if status is None:
+        raise ProblemError(404, "no_job", "no reconfiguration has run on this agent")
+    if status.job_id != job_id:
+        raise ProblemError(
+            409,
+            "wrong_job",
+            f"job {job_id} is not the job here ({status.job_id})",
+            current_job_id=status.job_id,
+        )
+    return status
+
+
+async def _wait_until(
+    executor: ReconfigExecutor,
+    job_id: str,
+    until: frozenset[ReconfigPhase],
+    wait_s: float,
+    *,
+    started: ReconfigStatus | None = None,
+) -> ReconfigStatus:
+    """Job `job_id`'s status once settled (see `_settled`) or after `wait_s`. The executor's threads
+    wake this coroutine through the event loop; nothing blocks the loop meanwhile. With `started`
+    (an action's own answer), a job that vanished meanwhile answers that instead of an error."""
+    loop = asyncio.get_running_loop()
+    changed = asyncio.Event()
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(changed.set)
+
+    executor.add_watcher(wake)
+    try:
+        give_up = loop.time() + min(wait_s, MAX_WAIT_S)
+        while True:
+            changed.clear()  # before reading: a change after the read sets it again
+            if started is None:
+                status = _status_of(executor, job_id)
+            else:
+                current = executor.status()
+                status = current if current is not None and current.job_id == job_id else started
+            remaining = give_up - loop.time()
+            if _settled(status, until) or remaining <= 0:
+                return status
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+    finally:
+        executor.remove_watcher(wake)
 
 
 def _problems_only_as_problem_json(app: FastAPI) -> None:
@@ -218,45 +318,113 @@ def create_app(
             outputs=result.outputs.tolist(), generation=result.generation, rank=result.rank, step=result.step
         )
 
-    def _accepted(status: ReconfigStatus) -> JSONResponse:
-        return JSONResponse(status.model_dump(mode="json"), status_code=202)
+    long_poll_headers = {LONG_POLL_HEADER: f"{MAX_WAIT_S:g}"}
+
+    async def _accepted(
+        agent: Agent,
+        action: Callable[[], ReconfigStatus],
+        wait_s: float,
+        until: str | None,
+        end_phase: ReconfigPhase,
+        *,
+        inline: bool = False,
+    ) -> JSONResponse:
+        """Run the action, then, with `wait_s`, hold the answer until its end phase (or `until`) is
+        reached. `inline`: the action only touches the executor's own state (briefly, under its lock)
+        and runs on the event loop, saving a thread hop inside the commit window; otherwise it may
+        call into the engine and runs in the thread pool."""
+        phases = _parse_until(until, frozenset({end_phase}))
+        status = action() if inline else await run_in_threadpool(action)
+        if wait_s > 0 and not _settled(status, phases):
+            status = await _wait_until(agent.executor, status.job_id, phases, wait_s, started=status)
+        return JSONResponse(status.model_dump(mode="json"), status_code=202, headers=long_poll_headers)
 
     reconfig_responses = {202: {"model": ReconfigStatus}, **PROBLEM_RESPONSES}
 
     @app.post("/v1/reconfig/prepare", tags=["reconfig"], status_code=202, responses=reconfig_responses)
-    def prepare(body: PrepareRequest, agent: AgentDep) -> JSONResponse:
-        return _accepted(agent.executor.prepare(body))
+    async def prepare(
+        body: PrepareRequest, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None
+    ) -> JSONResponse:
+        return await _accepted(
+            agent, lambda: agent.executor.prepare(body), wait_s, until, ReconfigPhase.prepared
+        )
 
     @app.post("/v1/reconfig/sync", tags=["reconfig"], status_code=202, responses=reconfig_responses)
-    def sync(body: JobRef, agent: AgentDep) -> JSONResponse:
-        return _accepted(agent.executor.sync(body.job_id))
+    async def sync(body: JobRef, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
+        return await _accepted(
+            agent, lambda: agent.executor.sync(body.job_id), wait_s, until, ReconfigPhase.synced, inline=True
+        )
 
     @app.post("/v1/reconfig/pause", tags=["reconfig"], status_code=202, responses=reconfig_responses)
-    def pause(body: PauseRequest, agent: AgentDep) -> JSONResponse:
-        return _accepted(agent.executor.pause(body.job_id, body.lease_s))
+    async def pause(
+        body: PauseRequest, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None
+    ) -> JSONResponse:
+        return await _accepted(
+            agent,
+            lambda: agent.executor.pause(body.job_id, body.lease_s),
+            wait_s,
+            until,
+            ReconfigPhase.paused,
+            inline=True,
+        )
 
     @app.post("/v1/reconfig/switch", tags=["reconfig"], status_code=202, responses=reconfig_responses)
-    def switch(body: JobRef, agent: AgentDep) -> JSONResponse:
-        return _accepted(agent.executor.switch(body.job_id))
+    async def switch(body: JobRef, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
+        return await _accepted(
+            agent,
+            lambda: agent.executor.switch(body.job_id),
+            wait_s,
+            until,
+            ReconfigPhase.committed,
+            inline=True,
+        )
 
     @app.post("/v1/reconfig/resume", tags=["reconfig"], status_code=202, responses=reconfig_responses)
-    def resume(body: JobRef, agent: AgentDep) -> JSONResponse:
-        return _accepted(agent.executor.resume(body.job_id))
+    async def resume(body: JobRef, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
+        return await _accepted(
+            agent,
+            lambda: agent.executor.resume(body.job_id),
+            wait_s,
+            until,
+            ReconfigPhase.resumed,
+            inline=True,
+        )
 
     @app.post("/v1/reconfig/abort", tags=["reconfig"], status_code=202, responses=reconfig_responses)
-    def abort(body: JobRef, agent: AgentDep) -> JSONResponse:
-        return _accepted(agent.executor.abort(body.job_id))
+    async def abort(body: JobRef, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
+        return await _accepted(
+            agent, lambda: agent.executor.abort(body.job_id), wait_s, until, ReconfigPhase.aborted
+        )
 
     @app.get(
         "/v1/reconfig",
         tags=["reconfig"],
-        responses=problem_responses(404),
+        responses=problem_responses(404, 409, 422),
     )
-    def reconfig_status(agent: AgentDep) -> ReconfigStatus:
-        status: ReconfigStatus | None = agent.executor.status()
-        if status is None:
-            raise ProblemError(404, "no_job", "no reconfiguration has run on this agent")
-        return status
+    async def reconfig_status(
+        agent: AgentDep,
+        response: Response,
+        job_id: Annotated[
+            str | None, Query(description="the job asked about; another job here answers 409 wrong_job")
+        ] = None,
+        until: Until = None,
+        wait_s: WaitS = 0.0,
+    ) -> ReconfigStatus:
+        """The current (or last) reconfiguration. With `job_id` and `wait_s`: a bounded long-poll that
+        answers as soon as that job is in one of `until`, terminal, or failed, else after `wait_s`."""
+        response.headers.update(long_poll_headers)
+        executor = agent.executor
+        if job_id is None:
+            if wait_s > 0:
+                raise ProblemError(422, "invalid_request", "wait_s needs job_id")
+            status: ReconfigStatus | None = executor.status()
+            if status is None:
+                raise ProblemError(404, "no_job", "no reconfiguration has run on this agent")
+            return status
+        phases = _parse_until(until, frozenset())
+        if wait_s <= 0:
+            return _status_of(executor, job_id)
+        return await _wait_until(executor, job_id, phases, wait_s)
 
     @app.get("/v1/cleanup", tags=["cleanup"])
     def cleanup_status(agent: AgentDep) -> CleanupStatus:

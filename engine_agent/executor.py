@@ -176,6 +176,8 @@ class ReconfigExecutor:
         self._peer_pause_lease: threading.Timer | None = None
         self._hang_released = threading.Event()
         self._unknown_abort: ReconfigStatus | None = None  # abort of a job never prepared here
+        # Called (under the lock, so they must be quick) on every status change: long-polls wake on it.
+        self._watchers: set[Callable[[], None]] = set()
 
     # ---- queries ---------------------------------------------------------------------------------
 
@@ -184,6 +186,23 @@ class ReconfigExecutor:
             if self._unknown_abort is not None:
                 return self._unknown_abort.model_copy(deep=True)
             return self._job.status.model_copy(deep=True) if self._job else None
+
+    def add_watcher(self, wake: Callable[[], None]) -> None:
+        """`wake()` is called on every status change until removed (from the changing thread)."""
+        with self._lock:
+            self._watchers.add(wake)
+
+    def remove_watcher(self, wake: Callable[[], None]) -> None:
+        with self._lock:
+            self._watchers.discard(wake)
+
+    def _notify(self) -> None:
+        with self._lock:
+            for wake in list(self._watchers):
+                try:
+                    wake()
+                except Exception:  # a watcher whose loop is gone must not break the executor
+                    log.debug("a status watcher failed", exc_info=True)
 
     def inject(self, faults: FaultInjection) -> None:
         with self._lock:
@@ -230,6 +249,7 @@ class ReconfigExecutor:
             )
             self._job = job
             self._unknown_abort = None
+            self._notify()
             if role == Role.leaving and request.leave_policy == LeavePolicy.finish:
                 # Stop admitting now; the pause then waits for the queue to drain.
                 self.engine.set_admitting(False)
@@ -847,6 +867,7 @@ class ReconfigExecutor:
             if fields.get("phase") in (ReconfigPhase.prepared, ReconfigPhase.synced, ReconfigPhase.committed):
                 job.status.steps_done = job.status.steps_total
             job.status.updated_at = time.time()
+            self._notify()
 
     def _job_for(self, job_id: str) -> _Job:
         job = self._job
@@ -870,6 +891,7 @@ class ReconfigExecutor:
             updated_at=time.time(),
         )
         self._unknown_abort = status
+        self._notify()
         return status.model_copy(deep=True)
 
     def _validate(self, request: PrepareRequest) -> Role:

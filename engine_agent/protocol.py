@@ -15,6 +15,15 @@ reports `paused`. Only when all participants are `paused` does the coordinator s
 swaps groups and expert map together and resumes serving. `resume` (or `abort`) instead of `switch`
 puts a paused agent back on its old generation. A paused agent that hears nothing within
 `pause_lease_s` resumes on its old generation by itself.
+
+Bounded long-poll (so one phase costs one HTTP exchange per engine): `GET /v1/reconfig?job_id=J&
+until=paused,committed&wait_s=S` answers as soon as job J is in one of `until` or in a terminal phase
+(or reports an error), else after S seconds with the current status. Every action POST takes
+`?wait_s=S` too (and an optional `until`, default the action's own end phase: prepare -> prepared,
+sync -> synced, pause -> paused, switch -> committed, resume -> resumed, abort -> aborted), so one call
+carries "do it and tell me when done". S defaults to 0 (answer at once) and is capped at `MAX_WAIT_S`.
+An agent that supports this marks its reconfig answers with the `LONG_POLL_HEADER` header (its value is
+the cap); a caller that does not see it falls back to polling.
 """
 
 from __future__ import annotations
@@ -25,6 +34,9 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 PROTOCOL_VERSION = 1
+
+MAX_WAIT_S = 30.0  # the longest one long-poll (or action POST with wait_s) is held open
+LONG_POLL_HEADER = "Epctl-Wait-Max-S"  # on reconfig answers of an agent that supports wait_s
 
 
 class Platform(StrEnum):

@@ -10,8 +10,10 @@ engine id, a machine-readable type and a message, so the runner can record
 - `AgentPhaseFailed`: the reconfiguration the agent runs ended in a phase other than the one awaited
   (failed, aborted, ...); carries the agent's `ReconfigStatus`.
 
-Long operations answer 202 at once with the agent's `ReconfigStatus`; `wait_for_phase` polls
-`GET /v1/reconfig` until the phase the caller waits for.
+Long operations answer 202 with the agent's `ReconfigStatus`: at once, or, given `wait_s`, once the
+step's own phase is reached (one exchange per step). `watch` is one bounded long-poll of
+`GET /v1/reconfig`; `wait_for_phase` repeats it until the phase the caller waits for. An agent that
+does not mark its answers with `LONG_POLL_HEADER` (an older agent) is polled instead, as before.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from engine_agent.protocol import (
+    LONG_POLL_HEADER,
+    MAX_WAIT_S,
     TERMINAL_PHASES,
     AgentInfo,
     CleanupStatus,
@@ -141,6 +145,10 @@ class AgentClient:
         self._http = http
         self._owns_http = http is None
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Whether the agent holds answers for `wait_s` (None: not known yet). Learnt from its answers.
+        self.long_poll: bool | None = None
+        # The agent's answer to the last reconfiguration step sent to it (a waiter can start from it).
+        self.last_step_status: ReconfigStatus | None = None
 
     async def __aenter__(self) -> AgentClient:
         return self
@@ -163,13 +171,34 @@ class AgentClient:
         return self._http
 
     async def _request(
-        self, method: str, path: str, *, json: Any = None, timeout_s: float | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, str] | None = None,
+        timeout_s: float | None = None,
     ) -> Any:
+        response = await self._exchange(method, path, json=json, params=params, timeout_s=timeout_s)
+        return self._json(method, path, response)
+
+    async def _exchange(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        """One HTTP exchange; a failure or an error status raises the matching `AgentCallError`."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         url = self.base_url + path
         try:
             response = await asyncio.wait_for(
-                self._client().request(method, url, json=json, headers=self._headers, timeout=timeout),
+                self._client().request(
+                    method, url, json=json, params=params, headers=self._headers, timeout=timeout
+                ),
                 timeout=timeout + 0.5,
             )
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
@@ -191,6 +220,9 @@ class AgentClient:
                 body = response.text
             type_, message = _problem_type(body, response.status_code)
             raise AgentProblem(self.engine_id, response.status_code, type_, f"{method} {path}: {message}")
+        return response
+
+    def _json(self, method: str, path: str, response: httpx.Response) -> Any:
         if not response.content:
             return None
         try:
@@ -233,29 +265,103 @@ class AgentClient:
 
     # --- reconfiguration steps (each answers 202 with the agent's status) -------------------------
 
-    async def _step(self, path: str, payload: BaseModel, timeout_s: float | None) -> ReconfigStatus:
-        body = await self._request("POST", path, json=payload.model_dump(mode="json"), timeout_s=timeout_s)
-        return self._parse(ReconfigStatus, body, path)
+    def _learn_long_poll(self, response: httpx.Response) -> None:
+        self.long_poll = LONG_POLL_HEADER in response.headers
 
-    async def prepare(self, request: PrepareRequest, *, timeout_s: float | None = None) -> ReconfigStatus:
-        return await self._step(PATH_PREPARE, request, timeout_s)
+    async def _step(
+        self, path: str, payload: BaseModel, timeout_s: float | None, wait_s: float = 0.0
+    ) -> ReconfigStatus:
+        """POST one step. With `wait_s` the agent answers once the step's phase is reached (or failed),
+        at most `wait_s` (capped at `MAX_WAIT_S`) later; the call's deadline grows by that wait."""
+        body = payload.model_dump(mode="json")
+        wait = min(wait_s, MAX_WAIT_S) if self.long_poll is not False else 0.0
+        if wait > 0:
+            timeout = (self.timeout_s if timeout_s is None else timeout_s) + wait
+            try:
+                response = await self._exchange(
+                    "POST", path, json=body, params={"wait_s": f"{wait:.3f}"}, timeout_s=timeout
+                )
+            except AgentProblem as exc:
+                if exc.status_code not in (400, 422):
+                    raise
+                # Perhaps an agent that refuses the parameter: send the step as before, and poll.
+                response = await self._exchange("POST", path, json=body, timeout_s=timeout_s)
+                self.long_poll = False
+            else:
+                self._learn_long_poll(response)
+        else:
+            response = await self._exchange("POST", path, json=body, timeout_s=timeout_s)
+        status = self._parse(ReconfigStatus, self._json("POST", path, response), path)
+        self.last_step_status = status
+        return status
 
-    async def sync(self, job_id: str, *, timeout_s: float | None = None) -> ReconfigStatus:
-        return await self._step(PATH_SYNC, JobRef(job_id=job_id), timeout_s)
+    async def prepare(
+        self, request: PrepareRequest, *, timeout_s: float | None = None, wait_s: float = 0.0
+    ) -> ReconfigStatus:
+        return await self._step(PATH_PREPARE, request, timeout_s, wait_s)
+
+    async def sync(
+        self, job_id: str, *, timeout_s: float | None = None, wait_s: float = 0.0
+    ) -> ReconfigStatus:
+        return await self._step(PATH_SYNC, JobRef(job_id=job_id), timeout_s, wait_s)
 
     async def pause(
-        self, job_id: str, *, lease_s: float | None = None, timeout_s: float | None = None
+        self,
+        job_id: str,
+        *,
+        lease_s: float | None = None,
+        timeout_s: float | None = None,
+        wait_s: float = 0.0,
     ) -> ReconfigStatus:
-        return await self._step(PATH_PAUSE, PauseRequest(job_id=job_id, lease_s=lease_s), timeout_s)
+        return await self._step(PATH_PAUSE, PauseRequest(job_id=job_id, lease_s=lease_s), timeout_s, wait_s)
 
-    async def switch(self, job_id: str, *, timeout_s: float | None = None) -> ReconfigStatus:
-        return await self._step(PATH_SWITCH, JobRef(job_id=job_id), timeout_s)
+    async def switch(
+        self, job_id: str, *, timeout_s: float | None = None, wait_s: float = 0.0
+    ) -> ReconfigStatus:
+        return await self._step(PATH_SWITCH, JobRef(job_id=job_id), timeout_s, wait_s)
 
-    async def resume(self, job_id: str, *, timeout_s: float | None = None) -> ReconfigStatus:
-        return await self._step(PATH_RESUME, JobRef(job_id=job_id), timeout_s)
+    async def resume(
+        self, job_id: str, *, timeout_s: float | None = None, wait_s: float = 0.0
+    ) -> ReconfigStatus:
+        return await self._step(PATH_RESUME, JobRef(job_id=job_id), timeout_s, wait_s)
 
-    async def abort(self, job_id: str, *, timeout_s: float | None = None) -> ReconfigStatus:
-        return await self._step(PATH_ABORT, JobRef(job_id=job_id), timeout_s)
+    async def abort(
+        self, job_id: str, *, timeout_s: float | None = None, wait_s: float = 0.0
+    ) -> ReconfigStatus:
+        return await self._step(PATH_ABORT, JobRef(job_id=job_id), timeout_s, wait_s)
+
+    async def watch(
+        self,
+        job_id: str,
+        phases: Collection[ReconfigPhase],
+        *,
+        wait_s: float,
+        timeout_s: float | None = None,
+    ) -> ReconfigStatus | None:
+        """One bounded long-poll: job `job_id`'s status once it is in one of `phases`, terminal or
+        failed, or after `wait_s`. None while the agent has no such job (none, or another one).
+
+        An agent known not to hold answers (`long_poll` False) is asked plainly (answers at once)."""
+        wait = min(wait_s, MAX_WAIT_S)
+        if self.long_poll is False or wait <= 0:
+            status = await self.reconfig(timeout_s=timeout_s)
+            return status if status is not None and status.job_id == job_id else None
+        params = {"job_id": job_id, "wait_s": f"{wait:.3f}"}
+        if phases:
+            params["until"] = ",".join(sorted(p.value for p in phases))
+        timeout = (self.timeout_s if timeout_s is None else timeout_s) + wait
+        try:
+            response = await self._exchange("GET", PATH_RECONFIG, params=params, timeout_s=timeout)
+        except AgentProblem as exc:
+            if exc.status_code in (404, 409):
+                return None  # no job here, or another job
+            if exc.status_code in (400, 422):
+                self.long_poll = False
+                return await self.watch(job_id, phases, wait_s=0.0, timeout_s=timeout_s)
+            raise
+        self._learn_long_poll(response)
+        status = self._parse(ReconfigStatus, self._json("GET", PATH_RECONFIG, response), "reconfig")
+        return status if status.job_id == job_id else None
 
     async def cleanup_retry(self, *, timeout_s: float | None = None) -> CleanupStatus:
         body = await self._request("POST", PATH_CLEANUP_RETRY, timeout_s=timeout_s)
@@ -285,7 +391,8 @@ class AgentClient:
         poll_interval_s: float = 0.05,
         on_status: Callable[[ReconfigStatus], None] | None = None,
     ) -> ReconfigStatus:
-        """Poll `GET /v1/reconfig` until the agent's reconfiguration `job_id` reaches one of `phases`.
+        """Long-poll (or, for an agent that cannot, poll) `GET /v1/reconfig` until the agent's
+        reconfiguration `job_id` reaches one of `phases`.
 
         Raises `AgentPhaseFailed` if it reaches a terminal phase not asked for (or reports an error),
         `AgentDeadlineExceeded` after `deadline_s`. Transient poll failures are retried until the
@@ -304,8 +411,15 @@ class AgentClient:
                     f"job {job_id} did not reach {'/'.join(sorted(p.value for p in wanted))} "
                     f"within {deadline_s:.1f}s",
                 )
+            held = False  # the agent held this answer (a long-poll): no pause before the next one
             try:
-                status = await self.reconfig(timeout_s=min(self.timeout_s, max(remaining, 0.1)))
+                status = await self.watch(
+                    job_id,
+                    wanted,
+                    wait_s=remaining,
+                    timeout_s=min(self.timeout_s, max(remaining, 0.1)),
+                )
+                held = status is not None and bool(self.long_poll)
                 last_error = None
             except (AgentUnreachable, AgentDeadlineExceeded) as exc:
                 last_error = exc
@@ -324,4 +438,6 @@ class AgentClient:
                     raise AgentPhaseFailed(self.engine_id, status, wanted)
             if isinstance(last_error, AgentUnreachable) and time.monotonic() + poll_interval_s >= give_up_at:
                 raise last_error
+            if held:
+                continue
             await asyncio.sleep(min(poll_interval_s, max(give_up_at - time.monotonic(), 0)))

@@ -19,9 +19,14 @@ NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
 def new_http_client() -> httpx.AsyncClient:
+    # The limits go on the transport: given a custom transport, httpx ignores the client's `limits=`
+    # (and kept only 20 idle connections, so a fan-out beyond 20 agents reconnected on every call).
+    # A long-poll holds a connection per agent, so keep one idle per agent and then some.
     return httpx.AsyncClient(
-        transport=httpx.AsyncHTTPTransport(socket_options=NODELAY),
-        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        transport=httpx.AsyncHTTPTransport(
+            socket_options=NODELAY,
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=256),
+        ),
     )
 
 

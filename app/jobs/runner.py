@@ -27,7 +27,7 @@ import os
 import shlex
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -58,6 +58,7 @@ from app.jobs.planner import DeploymentSpec, JobOptions, Plan, PlanError, make_p
 from app.jobs.states import TERMINAL_STATES, JobState, TransitionError, append_event, transition
 from app.launchers.base import EngineHandle, Launcher, LaunchError, LaunchSpec
 from engine_agent.protocol import (
+    MAX_WAIT_S,
     TERMINAL_PHASES,
     AgentInfo,
     AgentState,
@@ -87,7 +88,12 @@ class RunnerSettings(BaseSettings):
     coordinator_id: str = Field("", description="lease owner name; default host:pid")
     poll_interval_s: float = Field(0.25, gt=0, description="how often to look for jobs to claim")
     agent_poll_interval_s: float = Field(0.05, gt=0, description="polling agents during prepare/sync")
-    commit_poll_interval_s: float = Field(0.003, gt=0, description="polling agents inside the pause")
+    commit_poll_interval_s: float = Field(
+        0.003, gt=0, description="polling agents inside the pause (agents that cannot long-poll)"
+    )
+    progress_long_poll_s: float = Field(
+        1.0, gt=0, description="longest hold of one agent long-poll in prepare/sync (progress granularity)"
+    )
     agent_call_timeout_s: float = Field(5.0, gt=0)
     launch_deadline_s: float = Field(60.0, gt=0)
     prepare_deadline_s: float = Field(120.0, gt=0)
@@ -218,6 +224,13 @@ PROGRESS_BANDS: Mapping[str, tuple[float, float]] = {
     "switching": (80.0, 90.0),
     "cleaning_up": (90.0, 100.0),
 }
+
+
+def _consume_outcome(future: asyncio.Future[Any]) -> None:
+    """Mark a call's outcome seen: one left running after its waiter was cancelled must not log
+    'exception was never retrieved'."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _progress_of(statuses: Iterable[ReconfigStatus]) -> float:
@@ -569,55 +582,151 @@ class JobRunner:
         progress_step: str | None = None,
         cancellable: bool = False,
     ) -> dict[str, ReconfigStatus]:
-        """Poll every client's `GET /v1/reconfig` until all reached one of `phases`.
+        """Wait until every client's reconfiguration reached one of `phases`, starting from the answer
+        each gave to the last step sent to it (no call at all when that answer already says so), then
+        long-polling `GET /v1/reconfig` (polling, for agents that cannot long-poll).
 
         Raises `JobFailure` at the first agent that fails, is unreachable, or at the deadline;
         `JobCancelled` when cancellation was requested (if `cancellable`).
         """
+        return await self.drive(
+            run,
+            fleet,
+            clients,
+            phases,
+            job_phase=job_phase,
+            deadline_s=deadline_s,
+            poll_interval_s=poll_interval_s,
+            progress_step=progress_step,
+            cancellable=cancellable,
+        )
+
+    async def drive(
+        self,
+        run: JobRun,
+        fleet: Fleet,
+        clients: Sequence[AgentClient],
+        phases: Iterable[ReconfigPhase],
+        *,
+        job_phase: str,
+        deadline_s: float,
+        poll_interval_s: float,
+        send: Callable[[AgentClient, float], Awaitable[ReconfigStatus]] | None = None,
+        progress_step: str | None = None,
+        cancellable: bool = False,
+    ) -> dict[str, ReconfigStatus]:
+        """One step on every client at once: `send(client, wait_s)` (a step POST that the agent may
+        hold until the step's phase) and then, where that answer is not yet in `phases`, long-polls.
+        Each engine costs one HTTP exchange when the agent answers in time, and every engine is
+        followed on its own, so nobody waits for a round of polls.
+
+        `deadline_s` covers the sends and the waits. Raises `JobFailure` at the first failure (any
+        send error, an unreachable agent, an agent in a terminal phase or reporting an error, the
+        deadline), after cancelling the waits still out (a step already on its way is let finish,
+        so no engine misses it); `JobCancelled` when cancellation was requested (if `cancellable`)."""
         wanted = frozenset(phases)
         give_up = time.monotonic() + deadline_s
-        waiting = {c.engine_id: c for c in clients}
-        reached: dict[str, ReconfigStatus] = {}
-        last_cancel_check = 0.0
-        while True:
-            results = await fleet.each(waiting.values(), lambda c: c.reconfig())
-            for engine_id, result in results.items():
-                if isinstance(result, AgentUnreachable):
-                    raise JobFailure.from_exception(job_phase, result)
-                if isinstance(result, AgentCallError) or result is None or result.job_id != run.job_id:
-                    continue  # a slow answer, or the agent has not registered the step yet
-                run.statuses[engine_id] = result
-                if result.phase in wanted:
-                    reached[engine_id] = result
-                    waiting.pop(engine_id)
-                elif result.phase in TERMINAL_PHASES or result.error is not None:
-                    raise JobFailure.from_exception(job_phase, AgentPhaseFailed(engine_id, result, wanted))
-            if not waiting:
+        hold_s = self.settings.progress_long_poll_s if progress_step is not None else MAX_WAIT_S
+        tasks = {
+            c.engine_id: asyncio.create_task(
+                self._follow(run, c, wanted, give_up, send, poll_interval_s, hold_s, deadline_s)
+            )
+            for c in clients
+        }
+        ticking = progress_step is not None or cancellable
+        last_cancel_check = time.monotonic()
+        pending: set[asyncio.Task[ReconfigStatus]] = set(tasks.values())
+        try:
+            while pending:
+                # The engines' own waits end at the deadline; this bound only guards against a stuck call.
+                timeout = give_up + 1.0 - time.monotonic()
+                if ticking:
+                    timeout = min(timeout, 0.2)
+                done, pending = await asyncio.wait(
+                    pending, timeout=max(timeout, 0.0), return_when=asyncio.FIRST_COMPLETED
+                )
+                for client in clients:
+                    task = tasks[client.engine_id]
+                    error = task.exception() if task in done else None
+                    if error is not None:
+                        raise JobFailure.from_exception(job_phase, error)
+                if not pending:
+                    break
                 if progress_step is not None:
-                    await self.progress(run, progress_step, 1.0)
-                return reached
-            if progress_step is not None:
-                await self.progress(
-                    run,
-                    progress_step,
-                    _progress_of(run.statuses.get(c.engine_id) for c in clients),  # type: ignore[misc]
-                )
-            now = time.monotonic()
-            if cancellable and now - last_cancel_check >= 0.2:
-                last_cancel_check = now
-                if await self.cancel_requested(run):
-                    raise JobCancelled(job_phase)
-            if now >= give_up:
-                late = next(iter(waiting))
-                status = run.statuses.get(late)
-                where = f" (agent at {status.phase.value}, step {status.step})" if status else ""
-                raise JobFailure.from_exception(
-                    job_phase,
-                    AgentDeadlineExceeded(
-                        late, f"did not reach {'/'.join(sorted(wanted))} within {deadline_s:.1f}s{where}"
-                    ),
-                )
-            await asyncio.sleep(poll_interval_s)
+                    await self.progress(
+                        run,
+                        progress_step,
+                        _progress_of(
+                            run.statuses[c.engine_id] for c in clients if c.engine_id in run.statuses
+                        ),
+                    )
+                now = time.monotonic()
+                if cancellable and now - last_cancel_check >= 0.2:
+                    last_cancel_check = now
+                    if await self.cancel_requested(run):
+                        raise JobCancelled(job_phase)
+                if now >= give_up + 1.0:
+                    late = next(c.engine_id for c in clients if tasks[c.engine_id] in pending)
+                    raise JobFailure.from_exception(job_phase, self._late(run, late, wanted, deadline_s))
+        finally:
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        if progress_step is not None:
+            await self.progress(run, progress_step, 1.0)
+        return {engine_id: task.result() for engine_id, task in tasks.items()}
+
+    @staticmethod
+    def _late(
+        run: JobRun, engine_id: str, wanted: frozenset[ReconfigPhase], deadline_s: float
+    ) -> AgentDeadlineExceeded:
+        status = run.statuses.get(engine_id)
+        where = f" (agent at {status.phase.value}, step {status.step})" if status else ""
+        return AgentDeadlineExceeded(
+            engine_id, f"did not reach {'/'.join(sorted(wanted))} within {deadline_s:.1f}s{where}"
+        )
+
+    async def _follow(
+        self,
+        run: JobRun,
+        client: AgentClient,
+        wanted: frozenset[ReconfigPhase],
+        give_up: float,
+        send: Callable[[AgentClient, float], Awaitable[ReconfigStatus]] | None,
+        poll_interval_s: float,
+        hold_s: float,
+        deadline_s: float,
+    ) -> ReconfigStatus:
+        """One engine until it reaches `wanted`: its step's answer, then long-polls (or polls)."""
+        status: ReconfigStatus | None
+        if send is not None:
+            # Shielded: when another engine fails first, this engine still gets its step (a switch
+            # or pause half-sent would leave it behind); only the wait for its answer is dropped.
+            sending = asyncio.ensure_future(send(client, max(min(give_up - time.monotonic(), hold_s), 0.0)))
+            sending.add_done_callback(_consume_outcome)
+            status = await asyncio.shield(sending)
+        else:
+            status = client.last_step_status
+        while True:
+            if status is not None and status.job_id == run.job_id:
+                run.statuses[client.engine_id] = status
+                if status.phase in wanted:
+                    return status
+                if status.phase in TERMINAL_PHASES or status.error is not None:
+                    raise AgentPhaseFailed(client.engine_id, status, wanted)
+            remaining = give_up - time.monotonic()
+            if remaining <= 0:
+                raise self._late(run, client.engine_id, wanted, deadline_s)
+            try:
+                status = await client.watch(run.job_id, wanted, wait_s=min(remaining, hold_s))
+            except AgentUnreachable:
+                raise
+            except AgentCallError:
+                status = None  # a slow answer: ask again
+            if status is None or not client.long_poll:
+                # Not held by the agent (no job there yet, an error, or an agent that cannot hold).
+                await asyncio.sleep(min(poll_interval_s, max(give_up - time.monotonic(), 0.0)))
 
     async def _send(
         self, fleet: Fleet, clients: Sequence[AgentClient], call: Callable[[AgentClient], Any], job_phase: str
@@ -760,12 +869,12 @@ class JobRunner:
                 ),
             )
             await self.settle_earlier_jobs(run, fleet, run.participant_clients())
-            await self._send(fleet, run.participant_clients(), lambda c: c.prepare(request), phase)
-            await self.await_phase(
+            await self.drive(
                 run,
                 fleet,
                 run.participant_clients(),
                 {ReconfigPhase.prepared},
+                send=lambda c, wait_s: c.prepare(request, wait_s=wait_s),
                 job_phase=phase,
                 deadline_s=self.settings.prepare_deadline_s,
                 poll_interval_s=self.settings.agent_poll_interval_s,
@@ -781,12 +890,12 @@ class JobRunner:
 
     async def _sync(self, run: JobRun, fleet: Fleet) -> None:
         phase = "syncing"
-        await self._send(fleet, run.member_clients(), lambda c: c.sync(run.job_id), phase)
-        await self.await_phase(
+        await self.drive(
             run,
             fleet,
             run.member_clients(),
             {ReconfigPhase.synced},
+            send=lambda c, wait_s: c.sync(run.job_id, wait_s=wait_s),
             job_phase=phase,
             deadline_s=self.settings.sync_deadline_s,
             poll_interval_s=self.settings.agent_poll_interval_s,
@@ -802,14 +911,15 @@ class JobRunner:
         await self.progress(run, "pausing")
         try:
             run.commit_marks["pause_sent"] = time.monotonic()
-            await self._send(
-                fleet, clients, lambda c: c.pause(run.job_id, lease_s=self.settings.pause_lease_s), job_phase
-            )
-            await self.await_phase(
+            # One exchange per engine: the agent answers once paused (or failed).
+            await self.drive(
                 run,
                 fleet,
                 clients,
                 {ReconfigPhase.paused},
+                send=lambda c, wait_s: c.pause(
+                    run.job_id, lease_s=self.settings.pause_lease_s, wait_s=wait_s
+                ),
                 job_phase=job_phase,
                 # Blocking: all of prepare's work happens inside this pause.
                 deadline_s=self.settings.prepare_deadline_s
@@ -948,28 +1058,25 @@ class JobRunner:
         """Second half of the commit: every participant switches, or the job fails (degraded)."""
         assert run.plan is not None
         clients = run.participant_clients()
-        # Nothing but the switch inside the window: progress is written once everyone switched.
+        # Nothing but the switch inside the window: it goes out the moment the last pause is confirmed,
+        # and progress is written once everyone switched. One exchange per engine: the agent answers
+        # once committed (or failed).
         run.commit_marks["switch_sent"] = time.monotonic()
-        results = await fleet.each(clients, lambda c: c.switch(run.job_id))
         failure: JobFailure | None = None
-        for result in results.values():
-            if isinstance(result, AgentCallError):
-                failure = JobFailure.from_exception("committing", result)
-                break
-        ok_clients = [c for c in clients if not isinstance(results[c.engine_id], AgentCallError)]
         try:
-            await self.await_phase(
+            await self.drive(
                 run,
                 fleet,
-                ok_clients,
+                clients,
                 {ReconfigPhase.committed},
+                send=lambda c, wait_s: c.switch(run.job_id, wait_s=wait_s),
                 job_phase="committing",
                 deadline_s=self.settings.switch_deadline_s,
                 poll_interval_s=self.settings.commit_poll_interval_s,
             )
             run.commit_marks["all_committed"] = time.monotonic()
         except JobFailure as exc:
-            failure = failure or exc
+            failure = exc
         if failure is not None:
             await self.fail_switch(run, fleet, failure)
             return

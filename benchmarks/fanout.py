@@ -134,9 +134,16 @@ async def send_and_await(
     want: ReconfigPhase,
     poll_interval_s: float,
 ) -> None:
-    """Exactly what the runner does per step: `_send` to every participant at once, then
-    `await_phase` (poll every one's `GET /v1/reconfig` until all report `want`)."""
-    await runner._send(fleet, clients, send, "fanout")
+    """Exactly what the runner does per step. With `JobRunner.drive` (the bounded long-poll
+    protocol): the step to every participant at once, each POST held by its agent until the phase,
+    every engine followed on its own. Before it: `_send`, then `await_phase` polling every engine."""
+    if hasattr(runner, "drive"):
+        await runner.drive(
+            run, fleet, clients, {want}, send=send, job_phase="fanout", deadline_s=60.0,
+            poll_interval_s=poll_interval_s,
+        )  # fmt: skip
+        return
+    await runner._send(fleet, clients, lambda c: send(c, 0.0), "fanout")
     await runner.await_phase(
         run, fleet, clients, {want}, job_phase="fanout", deadline_s=60.0, poll_interval_s=poll_interval_s
     )
@@ -166,17 +173,25 @@ async def one_round(
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     await send_and_await(
-        runner, fleet, run, clients, lambda c: c.prepare(request), ReconfigPhase.prepared, slow
+        runner, fleet, run, clients, lambda c, w: c.prepare(request, wait_s=w), ReconfigPhase.prepared, slow
     )
     t1 = time.perf_counter()
-    await send_and_await(runner, fleet, run, clients, lambda c: c.sync(job_id), ReconfigPhase.synced, slow)
+    await send_and_await(
+        runner, fleet, run, clients, lambda c, w: c.sync(job_id, wait_s=w), ReconfigPhase.synced, slow
+    )
     t2 = time.perf_counter()
     await send_and_await(
-        runner, fleet, run, clients, lambda c: c.pause(job_id, lease_s=lease), ReconfigPhase.paused, fast
+        runner,
+        fleet,
+        run,
+        clients,
+        lambda c, w: c.pause(job_id, lease_s=lease, wait_s=w),
+        ReconfigPhase.paused,
+        fast,
     )
     t3 = time.perf_counter()
     await send_and_await(
-        runner, fleet, run, clients, lambda c: c.switch(job_id), ReconfigPhase.committed, fast
+        runner, fleet, run, clients, lambda c, w: c.switch(job_id, wait_s=w), ReconfigPhase.committed, fast
     )
     t4 = time.perf_counter()
     cpu_ms = (time.process_time() - cpu0) * 1000
@@ -253,7 +268,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     report = Report("fanout")
     report.parameters = vars(args) | {
-        "driver": "app.jobs.runner.JobRunner._send + await_phase over its Fleet / AgentClient",
+        "driver": "app.jobs.runner.JobRunner.drive (long-poll) over its Fleet / AgentClient"
+        if hasattr(JobRunner, "drive")
+        else "app.jobs.runner.JobRunner._send + await_phase over its Fleet / AgentClient",
         "agent_poll_interval_s": settings.agent_poll_interval_s,
         "commit_poll_interval_s": settings.commit_poll_interval_s,
     }

@@ -310,8 +310,17 @@ async def serve(args: argparse.Namespace) -> None:
         agents.append(agent)
         # Port 0 through uvicorn's own bind: a socket pre-bound here and handed over with
         # `serve(sockets=...)` measured 44 ms per request (Nagle + delayed ACK) instead of ~1 ms.
+        # timeout_keep_alive above httpx's 5 s keep-alive expiry: with uvicorn's default (also 5 s) a
+        # connection the coordinator reuses just as the server closes it fails with ReadError (seen with
+        # 64 agents, where some sit idle between rounds). Real agents have that race; see the report.
         config = uvicorn.Config(
-            make_app(agent), host="127.0.0.1", port=0, log_level="warning", access_log=False, lifespan="off"
+            make_app(agent),
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=args.keep_alive_s,
         )
         server = uvicorn.Server(config)
         servers.append(server)
@@ -341,6 +350,7 @@ def main() -> None:
     parser.add_argument("--serving", type=int, default=0, help="engines with index < this serve generation")
     parser.add_argument("--generation", type=int, default=1)
     parser.add_argument("--prefix", default="light-")
+    parser.add_argument("--keep-alive-s", type=int, default=75, help="uvicorn timeout_keep_alive")
     parser.add_argument("--ready-file", required=True)
     parser.add_argument("--register", default="", help="coordinator URL to register with (POST /v1/engines)")
     parser.add_argument("--token", default="")

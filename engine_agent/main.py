@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=3,  # requests stalled by a pause must not hold a shutdown
+            # Longer than any client's keep-alive expiry (the coordinator's is 2 s): an idle
+            # connection must never be closed here just as the client reuses it for a phase call.
+            timeout_keep_alive=75,
         )
     )
 

@@ -25,7 +25,9 @@ def new_http_client() -> httpx.AsyncClient:
     return httpx.AsyncClient(
         transport=httpx.AsyncHTTPTransport(
             socket_options=NODELAY,
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=256),
+            # Idle connections expire well before the agent's 75 s keep-alive, so a reused
+            # connection is never one the agent is closing at that moment.
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=256, keepalive_expiry=2.0),
         ),
     )
 

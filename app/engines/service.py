@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
@@ -60,7 +61,14 @@ def register_engine(session: Session, *, registration: AgentRegistration) -> tup
     engine.last_heartbeat_at = now
     engine.updated_at = now
     session.add(engine)
-    session.commit()
+    try:
+        session.commit()
+    except IntegrityError:
+        # The runner (or a concurrent retry) inserted this engine_id first: register over that row.
+        session.rollback()
+        if not created:
+            raise
+        return register_engine(session, registration=registration)[0], False
     return engine, created
 
 

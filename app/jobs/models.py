@@ -53,16 +53,22 @@ class ReconfigurationJob(SQLModel, table=True):
             postgresql_where=_ACTIVE_PREDICATE,
         ),
         sa.Index("ix_reconfigurations_deployment_created", "deployment_id", "created_at"),
+        # The list's filters with its order (`ORDER BY id DESC LIMIT n`): each serves filter and order
+        # together, so a page reads n index entries instead of sorting every matching row.
+        sa.Index("ix_reconfigurations_deployment_id_id", "deployment_id", "id"),
+        sa.Index("ix_reconfigurations_deployment_state_id", "deployment_id", "state", "id"),
+        sa.Index("ix_reconfigurations_state_id", "state", "id"),
+        sa.Index("ix_reconfigurations_requested_by_id", "requested_by", "id"),
     )
 
     id: str = Field(primary_key=True, max_length=40)
     deployment_id: str = Field(foreign_key="deployments.id", max_length=40)
-    state: str = Field(default=JobState.pending.value, sa_type=sa.String(16), index=True)
+    state: str = Field(default=JobState.pending.value, sa_type=sa.String(16))
     from_dp_size: int
     to_dp_size: int
     from_generation: int
     to_generation: int
-    requested_by: str = Field(sa_type=sa.String(16), index=True)
+    requested_by: str = Field(sa_type=sa.String(16))
     requester: str | None = Field(default=None, max_length=128, description="the token name")
     reason: str | None = Field(default=None, max_length=1000)
     warmup_policy: str | None = Field(
@@ -248,7 +254,10 @@ class JobDetail(JobPublic):
 
 class JobList(BaseModel):
     data: list[JobPublic]
-    count: int = ApiField(description="jobs matching the filters, over all pages")
+    count: int = ApiField(
+        description="jobs matching the filters, over all pages: counted on the first page (no cursor); "
+        "later pages repeat the first page's figure, carried in the cursor"
+    )
     next_cursor: str | None = ApiField(
         description="pass as `cursor` for the next (older) page; null at the end"
     )

@@ -62,7 +62,12 @@ def list_reconfigurations(
     limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE_SIZE)] = service.DEFAULT_PAGE_SIZE,
     cursor: str | None = None,
 ) -> JobList:
-    """Newest first, `limit` per page; pass `next_cursor` back as `cursor` for the next page."""
+    """Newest first, `limit` per page; pass `next_cursor` back as `cursor` for the next page.
+
+    `count` is the number of jobs matching the filters, counted exactly on the first page (no `cursor`).
+    Later pages repeat that figure, carried in `next_cursor`, rather than counting again: it is the
+    total as of the first page and does not follow jobs created or changing state since. Start again
+    without a cursor for a fresh count."""
     return service.list_jobs(
         session,
         deployment=deployment,

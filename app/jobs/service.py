@@ -300,11 +300,17 @@ def list_jobs(
     limit: int = DEFAULT_PAGE_SIZE,
     cursor: str | None = None,
 ) -> JobList:
-    """Newest first. `cursor` is the `next_cursor` of the previous page."""
+    """Newest first. `cursor` is the `next_cursor` of the previous page.
+
+    `count` is exact on the first page (no cursor); the cursor carries it on, so later pages repeat the
+    first page's figure instead of counting every matching row again. A cursor without a count (or one
+    made under other filters) counts afresh."""
     limit = max(1, min(limit, MAX_PAGE_SIZE))
     filters: list[sa.ColumnElement[bool]] = []
+    deployment_id: str | None = None
     if deployment is not None:
-        filters.append(col(ReconfigurationJob.deployment_id) == get_deployment(session, ref=deployment).id)
+        deployment_id = get_deployment(session, ref=deployment).id
+        filters.append(col(ReconfigurationJob.deployment_id) == deployment_id)
     if state is not None:
         filters.append(col(ReconfigurationJob.state) == state.value)
     if source is not None:
@@ -313,10 +319,14 @@ def list_jobs(
         filters.append(col(ReconfigurationJob.created_at) >= created_after)
     if created_before is not None:
         filters.append(col(ReconfigurationJob.created_at) < created_before)
-    count = session.exec(select(func.count()).select_from(ReconfigurationJob).where(*filters)).one()
+    filter_key = _filter_key(deployment_id, state, source, created_after, created_before)
+    position = _decode_cursor(cursor, filter_key) if cursor is not None else None
+    count = position.count if position is not None else None
+    if count is None:
+        count = session.exec(select(func.count()).select_from(ReconfigurationJob).where(*filters)).one()
     page = select(ReconfigurationJob).where(*filters)
-    if cursor is not None:
-        page = page.where(col(ReconfigurationJob.id) < _decode_cursor(cursor))
+    if position is not None:
+        page = page.where(col(ReconfigurationJob.id) < position.after_id)
     rows = list(session.exec(page.order_by(col(ReconfigurationJob.id).desc()).limit(limit + 1)).all())
     more = len(rows) > limit
     rows = rows[:limit]
@@ -324,24 +334,45 @@ def list_jobs(
     return JobList(
         data=[JobPublic.from_row(r, deployment_name=names.get(r.deployment_id, "")) for r in rows],
         count=count,
-        next_cursor=_encode_cursor(rows[-1].id) if more and rows else None,
+        next_cursor=_encode_cursor(rows[-1].id, count, filter_key) if more and rows else None,
     )
 
 
-def _encode_cursor(job_id: str) -> str:
-    return base64.urlsafe_b64encode(job_id.encode()).decode().rstrip("=")
+@dataclass(frozen=True)
+class _CursorPosition:
+    after_id: str  # the last job id of the previous page
+    count: int | None  # the first page's count, when the cursor carries one for these filters
 
 
-def _decode_cursor(cursor: str) -> str:
+def _filter_key(*filters: object) -> str:
+    """A short digest of the filters, so a count is carried only to pages of the same query."""
+    text = "|".join(
+        "" if f is None else (f.isoformat() if isinstance(f, datetime) else str(f)) for f in filters
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _encode_cursor(job_id: str, count: int, filter_key: str) -> str:
+    # "<job id>~<count>~<filter key>"; job ids are Crockford base32, never "~".
+    payload = f"{job_id}~{count}~{filter_key}"
+    return base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, filter_key: str) -> _CursorPosition:
+    """Accepts this version's cursors and the bare job id of earlier ones (which carry no count)."""
     try:
-        job_id = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        payload = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError):
-        job_id = ""
-    if not job_id.startswith(JOB_ID_PREFIX + "_"):
+        payload = ""
+    job_id, *extra = payload.split("~")
+    count: int | None = None
+    if len(extra) == 2 and extra[0].isdigit() and extra[1] == filter_key:
+        count = int(extra[0])
+    if not job_id.startswith(JOB_ID_PREFIX + "_") or len(extra) not in (0, 2):
         raise InvalidRequestError(
             "malformed cursor: pass a next_cursor value unchanged", code="invalid-cursor"
         )
-    return job_id
+    return _CursorPosition(after_id=job_id, count=count)
 
 
 # --- cancel -------------------------------------------------------------------------------------------

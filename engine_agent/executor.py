@@ -633,8 +633,10 @@ class ReconfigExecutor:
         with self._lock:
             if job.abort.is_set():
                 raise _Aborted()
-            self._set(job, phase=ReconfigPhase.paused, step=None, pause=reported)
+            # The lease first: starting its timer thread can take a while on a busy host, and the
+            # long-polls woken by `paused` need this lock to answer (this is inside the window).
             self._start_lease(job, lease_s)
+            self._set(job, phase=ReconfigPhase.paused, step=None, pause=reported)
 
     def _run_switch(self, job: _Job) -> None:
         request = job.request

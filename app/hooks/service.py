@@ -171,6 +171,17 @@ class Caller:
     webhook_id: str | None = None
 
 
+def _storable(value: Any) -> Any:
+    """Postgres text and JSON refuse NUL characters; a hostile body may carry them in any string."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, Mapping):
+        return {_storable(key): _storable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable(item) for item in value]
+    return value
+
+
 def record(
     session: Session,
     caller: Caller,
@@ -195,15 +206,15 @@ def record(
     row = InboundHookRequest(
         id=new_id(HOOK_REQUEST_ID_PREFIX),
         source=caller.source.value,
-        deployment_name=name[:_NAME_LIMIT] if name else None,
+        deployment_name=_storable(name[:_NAME_LIMIT]) if name else None,
         deployment_id=deployment.id if deployment is not None else None,
         requested_dp_size=requested,
         target_dp_size=target,
         decision=decision.value,
-        reason=reason[:_REASON_LIMIT],
+        reason=_storable(reason[:_REASON_LIMIT]),
         job_id=job_id,
-        requester=caller.requester,
-        payload=payload or None,
+        requester=_storable(caller.requester),
+        payload=_storable(payload) or None,
         created_at=now or utc_now(),
     )
     session.add(row)

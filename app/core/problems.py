@@ -11,6 +11,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.core.errors import (
@@ -127,6 +128,19 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _unstorable_input(request: Request, exc: Exception) -> JSONResponse:
+    # The database refused a value the request carried (a NUL character on Postgres, a number out of
+    # range): the client's input, so a 4xx; the failed statement rolled its transaction back.
+    log.info("database refused request data on %s %s: %s", request.method, request.url.path, exc)
+    return problem_response(
+        request,
+        status=422,
+        code="unstorable-value",
+        title="Request validation failed",
+        detail="the request carries a value the database cannot store (for example a NUL character)",
+    )
+
+
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return problem_response(
@@ -141,6 +155,7 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DomainError, _domain_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(sa_exc.DataError, _unstorable_input)
     app.add_exception_handler(Exception, _unexpected_error)
 
 

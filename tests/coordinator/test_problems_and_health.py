@@ -49,3 +49,15 @@ def test_readyz_is_503_when_the_schema_is_not_at_head(client: TestClient, databa
     response = client.get("/readyz")
     assert response.status_code == 503 and response.headers["content-type"] == "application/problem+json"
     assert "migration" in response.json()["detail"]
+
+
+def test_a_nul_character_in_input_is_a_4xx_problem_and_changes_nothing(client: TestClient) -> None:
+    # Postgres refuses NUL in text; SQLite stores it. Either way the answer is never a 500.
+    before = client.get("/v1/reconfigurations").json()["count"]
+    for response in (
+        client.post("/v1/reconfigurations", json={"deployment": "a\u0000b", "target_dp_size": 2}),
+        client.get("/v1/reconfigurations", params={"deployment": "a\u0000b"}),
+    ):
+        assert 400 <= response.status_code < 500, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+    assert client.get("/v1/reconfigurations").json()["count"] == before

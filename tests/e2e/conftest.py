@@ -52,16 +52,6 @@ class Stack:
         return job
 
 
-@pytest.fixture(autouse=True)
-def _postgres_subset(request: pytest.FixtureRequest) -> None:
-    """On Postgres only the tests marked `also_postgres` run: the whole suite on both databases
-    would double a run that is already minutes of real processes on 2 cores."""
-    callspec = getattr(request.node, "callspec", None)
-    backend = callspec.params.get("stack") if callspec is not None else None
-    if backend == "postgres" and request.node.get_closest_marker("also_postgres") is None:
-        pytest.skip("SQLite only (the Postgres subset: tests marked also_postgres)")
-
-
 @pytest.fixture(scope="module", params=BACKENDS)
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     backend = str(request.param)
@@ -107,9 +97,3 @@ class _database:
     def __exit__(self, *exc: object) -> None:
         if self._schema is not None:
             self._schema.__exit__(None, None, None)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "also_postgres: an e2e test that runs on Postgres too (the rest: SQLite)"
-    )

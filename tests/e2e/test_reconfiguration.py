@@ -65,7 +65,6 @@ def wait_job_has_plan(stack: Stack, job_id: str, timeout_s: float = 60.0) -> dic
 # --- the main cycle -----------------------------------------------------------------------------------
 
 
-@pytest.mark.also_postgres
 @pytest.mark.parametrize("policy", ["eager", "deferred"])
 def test_scaling_2_4_3_2_serves_correctly_and_reports_the_downtime_the_client_saw(
     stack: Stack, policy: str
@@ -233,7 +232,6 @@ def test_an_acknowledged_cleanup_failure_unblocks_the_deployment(stack: Stack) -
 # --- concurrency --------------------------------------------------------------------------------------
 
 
-@pytest.mark.also_postgres
 def test_two_concurrent_scale_requests_make_one_job_and_one_409(stack: Stack) -> None:
     coordinator = stack.coordinator
     barrier = threading.Barrier(2)
@@ -266,8 +264,8 @@ def test_two_concurrent_scale_requests_make_one_job_and_one_409(stack: Stack) ->
 CRASH_POINTS = [
     pytest.param("prepared", "rolled_back", id="prepared"),
     pytest.param("synced", "rolled_back", id="synced"),
-    pytest.param("paused", "rolled_back", id="paused", marks=pytest.mark.also_postgres),
-    pytest.param("switched", "succeeded", id="switched", marks=pytest.mark.also_postgres),
+    pytest.param("paused", "rolled_back", id="paused"),
+    pytest.param("switched", "succeeded", id="switched"),
     pytest.param("cleaning_up", "succeeded", id="cleaning_up"),
 ]
 

@@ -10,9 +10,9 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
 COPY pyproject.toml alembic.ini ./
 COPY app ./app
 COPY engine_agent ./engine_agent
-COPY migrations ./migrations
-# Editable, so the coordinator finds migrations/ beside app/ (it migrates to head at start).
-RUN pip install -e .
+# A regular install: the migrations ship inside the package (app/migrations), so the installed
+# coordinator migrates its database to head at start.
+RUN pip install .
 
 ENV EPCTL_DATA_DIR=/data
 VOLUME ["/data"]

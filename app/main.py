@@ -4,6 +4,7 @@ creating the first admin token happen at start-up (lifespan), where bad configur
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,26 +12,39 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session
 
 from app import metrics
-from app.api import health
+from app.api import docs, health
+from app.api.database import Database
+from app.api.deps import PrincipalCache
+from app.backends.vllm.lifespan import vllm_backend
+from app.backends.vllm.router import router as vllm_engine_router
 from app.core.config import Settings, load_settings
 from app.core.db import make_engine, migrate_to_head
-from app.core.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
+from app.core.limits import Limits, RequestLimits
+from app.core.problems import install_problem_handlers, problem_responses
 from app.dashboard.router import router as dashboard_router
 from app.deployments.router import router as deployments_router
 from app.engines.router import router as engines_router
 from app.hooks.router import router as hooks_router
 from app.jobs.cleanup_router import router as cleanup_router
+from app.jobs.event_hub import JobLogHub
 from app.jobs.events_router import router as events_router
-from app.jobs.lifespan import run_jobs
 from app.jobs.router import router as jobs_router
+from app.launchers.registry import cluster_launchers
+from app.metrics_db import refresh as refresh_metrics
+from app.runner.lifespan import run_jobs
+from app.scale.router import router as scale_router
+from app.sd.router import router as sd_router
 from app.tokens.router import router as tokens_router
 from app.tokens.service import ensure_first_admin
 from app.webhooks.delivery import delivery_worker
 from app.webhooks.router import router as webhooks_router
+from engine_agent.logs import configure_logging
+
+log = logging.getLogger(__name__)
 
 API_VERSION = "0.1.0"
 TAGS = [
@@ -52,7 +66,13 @@ def start_database(settings: Settings) -> tuple[Engine, str | None]:
     Returns (engine, generated admin secret or None)."""
     if settings.auto_migrate:
         migrate_to_head(settings.database_url)
-    engine = make_engine(settings.database_url, busy_timeout_ms=settings.db_busy_timeout_ms)
+    engine = make_engine(
+        settings.database_url,
+        busy_timeout_ms=settings.db_busy_timeout_ms,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_timeout_s=settings.db_pool_timeout_s,
+    )
     env_secret = settings.admin_token.get_secret_value() if settings.admin_token else None
     with Session(engine) as session:
         generated = ensure_first_admin(session, env_secret=env_secret)
@@ -69,8 +89,9 @@ def announce_admin_token(secret: str) -> None:
     )
 
 
-def _problems_only_as_problem_json(app: FastAPI) -> None:
-    """Error responses are documented as application/problem+json only (FastAPI adds application/json)."""
+def _document_request_limits(app: FastAPI) -> None:
+    """Every operation may answer 400/413/414: the request limits (app.core.limits) answer them before
+    any handler runs."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -78,28 +99,57 @@ def _problems_only_as_problem_json(app: FastAPI) -> None:
             schema = generate()
             for path in schema["paths"].values():
                 for operation in path.values():
-                    for response in operation.get("responses", {}).values():
-                        content = response.get("content", {})
-                        if PROBLEM_MEDIA_TYPE in content:
-                            content.pop("application/json", None)
+                    for status, problem in problem_responses(400, 413, 414).items():
+                        documented = {key: value for key, value in problem.items() if key != "model"}
+                        operation.setdefault("responses", {}).setdefault(str(status), documented)
         return app.openapi_schema or generate()
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
+    """Without `settings`, the app reads them from the environment at start-up and, owning the process
+    (`uvicorn app.main:app`), sets up its logging; with them, the caller owns the process's logging."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         resolved = settings or load_settings()  # ConfigError here stops start-up with its message
+        if settings is None:
+            configure_logging(resolved.log_format)
         engine, generated = start_database(resolved)
         if generated is not None:
             announce_admin_token(generated)
+        shown_url = make_url(resolved.database_url).render_as_string(hide_password=True)
+        log.info("coordinator started (database %s)", shown_url)
         app.state.settings = resolved
         app.state.db_engine = engine
+        app.state.database = database = Database(engine, concurrency=resolved.db_request_concurrency)
+        app.state.principal_cache = PrincipalCache(resolved.auth_cache_s)
+        app.state.job_log_hub = hub = JobLogHub(
+            database,
+            poll_s=resolved.events_poll_s,
+            max_streams=resolved.events_max_streams,
+            max_per_token=resolved.events_max_streams_per_token,
+        )
+        app.state.limits = Limits(
+            max_body_bytes=resolved.max_body_bytes,
+            max_json_depth=resolved.max_json_depth,
+            max_url_bytes=resolved.max_url_bytes,
+            max_active_requests=resolved.max_active_requests,
+            max_waiting_requests=resolved.max_waiting_requests,
+        )
         try:
-            async with run_jobs(app), delivery_worker(engine, resolved):  # job runner, webhook delivery
+            # Stopped in reverse order. Cluster launchers (Ray) and the local vLLM launcher outlive the
+            # runner, which may still release engines as it stops.
+            async with (
+                vllm_backend(app),
+                cluster_launchers(engine) as extra_launchers,
+                run_jobs(app, extra_launchers),
+                delivery_worker(engine, resolved),
+            ):
                 yield
         finally:
+            await hub.close()
             engine.dispose()
 
     app = FastAPI(
@@ -109,11 +159,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openapi_tags=TAGS,
         generate_unique_id_function=operation_id,
         lifespan=lifespan,
+        docs_url=None,  # served by app.api.docs from local assets, not a CDN
+        redoc_url=None,
     )
-    install_problem_handlers(app)
-    _problems_only_as_problem_json(app)
+    # Input limits before parsing, routing or authentication (settings resolve at start-up).
+    app.add_middleware(RequestLimits, limits=lambda: getattr(app.state, "limits", Limits()))
+    app.add_middleware(metrics.HttpMetrics)  # outermost: counts the limits' refusals too
+    install_problem_handlers(app)  # and documents error responses as problem+json only
+    _document_request_limits(app)
     app.include_router(health.router)
     app.include_router(deployments_router)
+    app.include_router(vllm_engine_router)
+    app.include_router(scale_router)
     app.include_router(engines_router)
     app.include_router(jobs_router)
     app.include_router(cleanup_router)
@@ -121,8 +178,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(events_router)
     app.include_router(webhooks_router)
     app.include_router(hooks_router)
-    app.include_router(metrics.router)
+    app.include_router(sd_router)
+    app.include_router(metrics.build_router(refresh_metrics))
     app.include_router(dashboard_router)  # /ui (static, not in the OpenAPI document)
+    app.include_router(docs.router)  # /docs (Swagger UI from local assets)
     return app
 
 

@@ -1,21 +1,29 @@
 """Prometheus metrics at `/metrics`, on a registry of our own (not the process-global default one).
 
-Label values are bounded sets (outcomes, phases, operations, decisions): never job ids. Counters are
-per coordinator process; Prometheus sums them across coordinators. `jobs in progress` is read from the
-database at scrape time, so it is right after a restart and with several coordinators.
+Names follow Prometheus' conventions (base units: `_seconds`, `_bytes`; counters end in `_total`; no
+`_created` series), checked with `promtool check metrics` in the tests. Label values are bounded sets
+(outcomes, phases, operations, decisions, route templates, deployment names): never job ids. Counters
+are per coordinator process; Prometheus sums them across coordinators. Gauges of state (jobs in
+progress, deployments, engines, webhook backlog) are read from the database at scrape time
+(`app.metrics_db`), so they are right after a restart and with several coordinators.
 
 Who calls what:
 - `record_agent_call(operation, outcome)`: the coordinator's agent client, once per HTTP call;
 - `observe_job_finished(...)`: the outbox dispatcher, once per terminal job event (exactly once
   across coordinators, because each outbox event is claimed by one);
 - `record_webhook_delivery(outcome)`: the webhook delivery worker, once per attempt;
-- `record_inbound_hook(source, decision)`: the inbound hook service, once per request.
+- `record_inbound_hook(source, decision)`: the inbound hook service, once per request;
+- `record_canaries(ok, failed)`: a job's canary probe, once when it stops;
+- `HttpMetrics`: an ASGI middleware, once per HTTP request (route template and status).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
+import anyio
 from fastapi import APIRouter, Request, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -26,6 +34,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # `*_created` timestamp series double the output and no dashboard here reads them.
 disable_created_metrics()
@@ -35,10 +44,74 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 _DOWNTIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 
+_JOB_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 1800.0, 3600.0)
+_HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
 JOBS_FINISHED = Counter(
     "epctl_reconfiguration_jobs",
-    "Reconfiguration jobs that reached a terminal state, by outcome and by who requested them.",
-    ["outcome", "requested_by"],
+    "Reconfiguration jobs that reached a terminal state, by deployment, outcome and who requested them.",
+    ["deployment", "outcome", "requested_by"],
+    registry=REGISTRY,
+)
+JOB_DURATION = Histogram(
+    "epctl_reconfiguration_job_duration_seconds",
+    "Wall time of a finished reconfiguration job, from creation to its terminal state.",
+    ["deployment", "outcome"],
+    buckets=_JOB_BUCKETS,
+    registry=REGISTRY,
+)
+DEPLOYMENT_DP_SIZE = Gauge(
+    "epctl_deployment_dp_size",
+    "A deployment's current DP size (engines in its serving generation).",
+    ["deployment"],
+    registry=REGISTRY,
+)
+DEPLOYMENT_DESIRED_DP_SIZE = Gauge(
+    "epctl_deployment_desired_dp_size",
+    "The DP size autoscalers asked for last (the current size when none asked).",
+    ["deployment"],
+    registry=REGISTRY,
+)
+DEPLOYMENT_DESIRED_PENDING = Gauge(
+    "epctl_deployment_desired_pending",
+    "1 while a deployment's desired size waits for an active job or the cooldown to end.",
+    ["deployment"],
+    registry=REGISTRY,
+)
+DEPLOYMENT_STATUS = Gauge(
+    "epctl_deployment_status",
+    "1 for the deployment's current status, 0 for the others.",
+    ["deployment", "status"],
+    registry=REGISTRY,
+)
+DEPLOYMENT_ENGINES = Gauge(
+    "epctl_deployment_engines",
+    "A deployment's known engines, by state (left engines are not counted).",
+    ["deployment", "state"],
+    registry=REGISTRY,
+)
+WEBHOOK_BACKLOG = Gauge(
+    "epctl_webhook_backlog_deliveries",
+    "Webhook deliveries waiting to be sent (pending), by subscription and whether it is active.",
+    ["subscription", "active"],
+    registry=REGISTRY,
+)
+WEBHOOK_OLDEST_PENDING = Gauge(
+    "epctl_webhook_oldest_pending_age_seconds",
+    "Age of the oldest pending webhook delivery of an active subscription (0 when none).",
+    registry=REGISTRY,
+)
+HTTP_REQUESTS = Counter(
+    "epctl_http_requests",
+    "HTTP requests answered, by method, route template and status code.",
+    ["method", "route", "status"],
+    registry=REGISTRY,
+)
+HTTP_DURATION = Histogram(
+    "epctl_http_request_duration_seconds",
+    "Time to answer an HTTP request (to its last body byte), by method and route template.",
+    ["method", "route"],
+    buckets=_HTTP_BUCKETS,
     registry=REGISTRY,
 )
 JOBS_IN_PROGRESS = Gauge(
@@ -61,6 +134,20 @@ DOWNTIME = Histogram(
     buckets=_DOWNTIME_BUCKETS,
     registry=REGISTRY,
 )
+CLIENT_DOWNTIME = Histogram(
+    "epctl_reconfiguration_client_downtime_seconds",
+    "A finished job's client downtime, measured from outside by the canary probe: the longest window "
+    "in which no canary completed.",
+    ["outcome"],
+    buckets=_DOWNTIME_BUCKETS,
+    registry=REGISTRY,
+)
+PROBE_CANARIES = Counter(
+    "epctl_probe_canaries",
+    "Canary requests the probe sent to serving engines during jobs, by outcome (ok, failed).",
+    ["outcome"],
+    registry=REGISTRY,
+)
 AGENT_CALLS = Counter(
     "epctl_agent_calls",
     "HTTP calls from the coordinator to engine agents, by operation and outcome.",
@@ -69,13 +156,15 @@ AGENT_CALLS = Counter(
 )
 WEBHOOK_DELIVERIES = Counter(
     "epctl_webhook_delivery_attempts",
-    "Outbound webhook delivery attempts, by outcome (delivered, failed, gone, error).",
+    "Outbound webhook delivery attempts, by outcome (delivered, failed, gone, error; not_queued: an event "
+    "a disabled subscription's full backlog did not take).",
     ["outcome"],
     registry=REGISTRY,
 )
 INBOUND_HOOKS = Counter(
     "epctl_inbound_hook_requests",
-    "Inbound autoscaler requests by source (generic, alertmanager) and decision (accepted/ignored/rejected).",
+    "Inbound autoscaler requests by source (generic, alertmanager) and decision "
+    "(accepted, deferred, ignored, rejected).",
     ["source", "decision"],
     registry=REGISTRY,
 )
@@ -85,6 +174,16 @@ def record_agent_call(operation: str, outcome: str) -> None:
     """One coordinator -> agent call. `operation`: prepare, sync, pause, switch, resume, abort, info,
     health, reconfig, cleanup...; `outcome`: ok, error, unreachable, timeout (keep both sets small)."""
     AGENT_CALLS.labels(operation=operation, outcome=outcome).inc()
+
+
+def agent_calls_total() -> float:
+    """Every agent call this process counted so far (all operations and outcomes)."""
+    return sum(
+        sample.value
+        for metric in AGENT_CALLS.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
 
 
 def record_webhook_delivery(outcome: str) -> None:
@@ -101,12 +200,25 @@ def observe_job_finished(
     requested_by: str,
     downtime_ms: float | None,
     phase_durations_s: Mapping[str, float],
+    deployment: str = "",
+    duration_s: float | None = None,
+    client_downtime_ms: float | None = None,
 ) -> None:
-    JOBS_FINISHED.labels(outcome=outcome, requested_by=requested_by).inc()
+    JOBS_FINISHED.labels(deployment=deployment, outcome=outcome, requested_by=requested_by).inc()
+    if duration_s is not None:
+        JOB_DURATION.labels(deployment=deployment, outcome=outcome).observe(max(duration_s, 0.0))
     if downtime_ms is not None:
         DOWNTIME.labels(outcome=outcome).observe(max(downtime_ms, 0.0) / 1000.0)
+    if client_downtime_ms is not None:
+        CLIENT_DOWNTIME.labels(outcome=outcome).observe(max(client_downtime_ms, 0.0) / 1000.0)
     for phase, seconds in phase_durations_s.items():
         PHASE_DURATION.labels(phase=phase).observe(max(seconds, 0.0))
+
+
+def record_canaries(ok: int, failed: int) -> None:
+    """One job's canaries, once the probe stopped."""
+    PROBE_CANARIES.labels(outcome="ok").inc(ok)
+    PROBE_CANARIES.labels(outcome="failed").inc(failed)
 
 
 def set_jobs_in_progress(counts_by_state: Mapping[str, int], known_states: list[str]) -> None:
@@ -119,28 +231,9 @@ def render() -> bytes:
     return generate_latest(REGISTRY)
 
 
-def refresh_jobs_in_progress(request: Request) -> None:
-    """Count non-terminal jobs by state in the coordinator's database (the app's `db_engine`)."""
-    import sqlalchemy as sa
-    from sqlmodel import Session
-
-    from app.jobs.models import ReconfigurationJob
-    from app.jobs.states import ACTIVE_STATES
-
-    engine = getattr(request.app.state, "db_engine", None)
-    if engine is None:
-        return
-    active = sorted(state.value for state in ACTIVE_STATES)
-    state_column = ReconfigurationJob.__table__.c.state  # type: ignore[attr-defined]
-    with Session(engine) as session:
-        rows = session.execute(
-            sa.select(state_column, sa.func.count()).where(state_column.in_(active)).group_by(state_column)
-        ).all()
-    set_jobs_in_progress({str(state): int(count) for state, count in rows}, active)
-
-
-def build_router(refresh: Callable[[Request], None] | None = refresh_jobs_in_progress) -> APIRouter:
-    """`GET /metrics`. `refresh(request)` runs before rendering (it reads in-progress jobs from the DB)."""
+def build_router(refresh: Callable[[Request], None] | None = None) -> APIRouter:
+    """`GET /metrics`. `refresh(request)` runs before rendering (`app.metrics_db.refresh` reads the gauges
+    of state from the database)."""
     router = APIRouter(tags=["metrics"])
 
     @router.get(
@@ -150,13 +243,83 @@ def build_router(refresh: Callable[[Request], None] | None = refresh_jobs_in_pro
         response_class=Response,
         responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
     )
-    def scrape(request: Request) -> Response:
+    async def scrape(request: Request) -> Response:
         """The coordinator's metrics in Prometheus' text format (no job ids as labels)."""
         if refresh is not None:
-            refresh(request)
+            database = getattr(request.app.state, "database", None)
+            limiter = database.limiter if database is not None else None
+            await anyio.to_thread.run_sync(refresh, request, limiter=limiter)
         return Response(render(), media_type=CONTENT_TYPE_LATEST)
 
     return router
 
 
-router = build_router()
+def set_deployment_gauges(
+    rows: list[tuple[str, int, int, bool, str]],
+    engines: Mapping[tuple[str, str], int],
+    statuses: list[str],
+    engine_states: list[str],
+) -> None:
+    """Replace the deployment gauges: rows of (name, current, desired, pending, status); a deleted
+    deployment's series disappear."""
+    for gauge in (
+        DEPLOYMENT_DP_SIZE,
+        DEPLOYMENT_DESIRED_DP_SIZE,
+        DEPLOYMENT_DESIRED_PENDING,
+        DEPLOYMENT_STATUS,
+    ):
+        gauge.clear()
+    DEPLOYMENT_ENGINES.clear()
+    for name, current, desired, pending, status in rows:
+        DEPLOYMENT_DP_SIZE.labels(deployment=name).set(current)
+        DEPLOYMENT_DESIRED_DP_SIZE.labels(deployment=name).set(desired)
+        DEPLOYMENT_DESIRED_PENDING.labels(deployment=name).set(1 if pending else 0)
+        for known in statuses:
+            DEPLOYMENT_STATUS.labels(deployment=name, status=known).set(1 if known == status else 0)
+        for state in engine_states:
+            DEPLOYMENT_ENGINES.labels(deployment=name, state=state).set(engines.get((name, state), 0))
+
+
+def set_webhook_backlog(pending: Mapping[tuple[str, bool], int], oldest_age_s: float) -> None:
+    WEBHOOK_BACKLOG.clear()
+    for (subscription, active), count in pending.items():
+        WEBHOOK_BACKLOG.labels(subscription=subscription, active=str(active).lower()).set(count)
+    WEBHOOK_OLDEST_PENDING.set(max(oldest_age_s, 0.0))
+
+
+class HttpMetrics:
+    """ASGI middleware: counts every HTTP answer by method, route template (`/v1/deployments/{name}`,
+    never the raw path: bounded) and status, and times it to the last body byte (streams included).
+    Requests no route matched count as route `unmatched`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status: list[int] = [500]
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = _route_of(scope)
+            method = str(scope.get("method", "GET"))
+            HTTP_REQUESTS.labels(method=method, route=route, status=str(status[0])).inc()
+            HTTP_DURATION.labels(method=method, route=route).observe(time.perf_counter() - started)
+
+
+def _route_of(scope: Scope) -> str:
+    route: Any = scope.get("route")
+    path = getattr(route, "path", None)
+    if isinstance(path, str):
+        return path
+    raw = str(scope.get("path", ""))
+    return "/ui" if raw.startswith("/ui") else "unmatched"

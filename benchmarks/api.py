@@ -7,8 +7,9 @@ the coordinator's own models, then time the real HTTP API with an httpx client:
 - `create`: `POST /v1/reconfigurations` (202, pending), each followed by an untimed cancel so the next
   one is allowed (one active job per deployment);
 - `get`: `GET /v1/reconfigurations/{id}` of a random job from history (detail with its event log);
-- `list`: `GET /v1/reconfigurations?limit=50` (newest first), the same filtered by deployment and
-  state, and deep pages (`cursor` from the middle of history);
+- `list`: `GET /v1/reconfigurations?limit=50` (newest first, with the default capped count: exact up
+  to 1,000 matches), the same filtered by deployment and state, deep pages (`cursor` from the middle
+  of history), and the first page with `?count=exact` (every match counted; reported, not a target);
 
 and report p50/p99 and the coordinator's resident memory (psutil) before and after.
 
@@ -37,22 +38,19 @@ from typing import Any
 
 import httpx
 from common import (
-    PYTHON,
-    ProcessGroup,
+    Coordinator,
     Report,
-    free_port,
     new_figure,
     rss_mib,
     save_figure,
     scratch_dir,
     summarize,
-    wait_for_http,
 )
 
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 ADMIN_TOKEN = "bench-admin-" + secrets.token_hex(12)
 ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case, as app.core.ids writes it
-SEEDED_ERROR = {"phase": "preparing", "engine_id": "e1", "type": "agent_unreachable", "message": "seeded"}
+SEEDED_ERROR = {"phase": "preparing", "engine_id": "e1", "type": "agent-unreachable", "message": "seeded"}
 TERMINAL_MIX = [("succeeded", 0.85), ("rolled_back", 0.08), ("failed", 0.02), ("cancelled", 0.05)]
 
 
@@ -175,7 +173,7 @@ def seed_history(
                     else {
                         "phase": "preparing",
                         "engine_id": "e1",
-                        "type": "agent_unreachable",
+                        "type": "agent-unreachable",
                         "message": "x",
                     },
                     "cleanup_state": "succeeded" if state == "succeeded" else "none",
@@ -232,6 +230,7 @@ def diagnose_list(database_url: str, deployment_id: str, repeats: int = 20) -> d
     where = "WHERE deployment_id = :d AND state = 'succeeded'"
     queries = {
         "count_all": "SELECT count(*) FROM reconfigurations",
+        "count_capped": "SELECT count(*) FROM (SELECT 1 FROM reconfigurations LIMIT 1001) AS capped",
         "page_all": "SELECT * FROM reconfigurations ORDER BY id DESC LIMIT 51",
         "count_filtered": f"SELECT count(*) FROM reconfigurations {where}",
         "page_filtered": f"SELECT * FROM reconfigurations {where} ORDER BY id DESC LIMIT 51",
@@ -278,6 +277,7 @@ def measure_api(
         "list_first_page": [],
         "list_filtered": [],
         "list_deep_page": [],
+        "list_exact_count": [],
         "get": [],
         "create": [],
     }
@@ -311,6 +311,9 @@ def measure_api(
         )
         expect(r, 200)
         out["list_deep_page"].append(ms)
+        ms, r = timed(client, "GET", "/v1/reconfigurations", params={"limit": 50, "count": "exact"})
+        expect(r, 200)
+        out["list_exact_count"].append(ms)
         ms, r = timed(client, "GET", f"/v1/reconfigurations/{rng.choice(ids)}")
         expect(r, 200)
         out["get"].append(ms)
@@ -329,37 +332,28 @@ def run_database(
     kind: str, database_url: str, args: argparse.Namespace, report_notes: list[str]
 ) -> dict[str, Any]:
     scratch = scratch_dir("api")
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {
-        "DATABASE_URL": database_url,
-        "EPCTL_ADMIN_TOKEN": ADMIN_TOKEN,
-        "EPCTL_DATA_DIR": str(scratch / f"data-{kind}"),
-        "EPCTL_RUNNER_ENABLED": "false",
-    }
-    with ProcessGroup(scratch) as group:
-        coordinator = group.start(
-            f"coordinator-{kind}",
-            [PYTHON, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
-             "--log-level", "warning", "--no-access-log"],
-            env=env,
-        )  # fmt: skip
-        wait_for_http(f"{base}/readyz", coordinator, timeout_s=120)
-        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        with httpx.Client(base_url=base, headers=headers, timeout=30.0) as client:
-            deployment_ids = []
-            for name in ["bench-create", *[f"hist-{i}" for i in range(4)]]:
-                r = client.post("/v1/deployments", json={"name": name, "min_dp_size": 1, "max_dp_size": 8})
-                expect(r, 201)
-                deployment_ids.append(r.json()["id"])
-            rss_empty = rss_mib(coordinator.pid)
-            print(f"[{kind}] seeding {args.jobs} jobs x {args.events_per_job} events ...", flush=True)
-            seeded = seed_history(database_url, deployment_ids[1:], args.jobs, args.events_per_job, args.seed)
-            print(f"[{kind}] seeded in {seeded['seed_s']} s; timing the API", flush=True)
-            samples = measure_api(client, seeded["ids"], args.samples, args.create_samples, random.Random(1))
-            rss_loaded = rss_mib(coordinator.pid)
-            count = client.get("/v1/reconfigurations", params={"limit": 1}).json().get("count")
-            sql = diagnose_list(database_url, deployment_ids[1])
+    coordinator = Coordinator(
+        database_url,
+        scratch / f"data-{kind}",
+        admin_token=ADMIN_TOKEN,
+        log_path=scratch / f"coordinator-{kind}.log",
+    )
+    with coordinator, coordinator.client(timeout_s=30.0) as client:
+        pid = coordinator.child.pid if coordinator.child else 0
+        deployment_ids = []
+        for name in ["bench-create", *[f"hist-{i}" for i in range(4)]]:
+            r = client.post("/v1/deployments", json={"name": name, "min_dp_size": 1, "max_dp_size": 8})
+            expect(r, 201)
+            deployment_ids.append(r.json()["id"])
+        rss_empty = rss_mib(pid)
+        print(f"[{kind}] seeding {args.jobs} jobs x {args.events_per_job} events ...", flush=True)
+        seeded = seed_history(database_url, deployment_ids[1:], args.jobs, args.events_per_job, args.seed)
+        print(f"[{kind}] seeded in {seeded['seed_s']} s; timing the API", flush=True)
+        samples = measure_api(client, seeded["ids"], args.samples, args.create_samples, random.Random(1))
+        rss_loaded = rss_mib(pid)
+        first = client.get("/v1/reconfigurations", params={"limit": 1}).json()
+        count = f"{first.get('count')}{'' if first.get('count_exact', True) else '+'}"
+        sql = diagnose_list(database_url, deployment_ids[1])
     return {
         "database": kind,
         "jobs_in_history": args.jobs,
@@ -415,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         with database as url:
             rows.append(run_database(kind, url, args, report.notes))
     report.results = {"by_database": rows}
-    ops = ["create", "get", "list_first_page", "list_filtered", "list_deep_page"]
+    ops = ["create", "get", "list_first_page", "list_filtered", "list_deep_page", "list_exact_count"]
     report.add_table(
         f"Admin API, {args.jobs:,} jobs (+{args.jobs * args.events_per_job:,} events) in history, ms",
         ["database", "operation", "p50", "p99", "max", "n"],
@@ -436,10 +430,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     )  # fmt: skip
     report.add_table(
         "Where list time goes: the SQL alone, run in the benchmark process (ms p50)",
-        ["database", "count(*) all", "page all (51 rows)", "count(*) filtered", "page filtered"],
+        [
+            "database",
+            "count(*) all",
+            "capped count",
+            "page all (51 rows)",
+            "count(*) filtered",
+            "page filtered",
+        ],
         [
             [r["database"]]
-            + [r["sql"][q]["ms"]["p50"] for q in ("count_all", "page_all", "count_filtered", "page_filtered")]
+            + [
+                r["sql"][q]["ms"]["p50"]
+                for q in ("count_all", "count_capped", "page_all", "count_filtered", "page_filtered")
+            ]
             for r in rows
         ],
     )

@@ -3,6 +3,9 @@
 Every benchmark is one script (`.venv/bin/python benchmarks/NAME.py`); it prints a table, writes
 `benchmarks/results/NAME.json` and draws `benchmarks/results/NAME.png`. Results are quoted as ratios
 measured within one run, because the development machine is small (2 cores) and shared.
+
+Processes (a coordinator, agents, helpers) come from the one harness the tests use,
+`tests/support/processes.py`: benchmarks run from a checkout, so the repository root goes on the path.
 """
 
 from __future__ import annotations
@@ -11,8 +14,6 @@ import contextlib
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,9 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.support.processes import (  # noqa: E402
+    Child,
+    Coordinator,
+    free_port,
+    spawn,
+    stop_local_agents,
+    wait_ready_file,
+)
+from tests.support.waiting import wait_until  # noqa: E402
+
+__all__ = ["Child", "Coordinator", "free_port", "stop_local_agents", "wait_ready_file", "wait_until"]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 TMP_DIR = RESULTS_DIR / "tmp"  # git-ignored scratch space (SQLite files, logs, ready files)
 PYTHON = sys.executable
@@ -39,79 +52,25 @@ NOISE_NOTE = (
 # ports and processes
 
 
-def free_port() -> int:
-    """A port the kernel considers free right now (used only where a child cannot report its own)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class ManagedProcess:
-    """A child process in its own process group, killed (group-wide) when the benchmark ends."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        if self.popen.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(timeout=timeout_s)
-
-
 class ProcessGroup:
     """Starts children and guarantees they are all stopped, whatever happens to the benchmark."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.processes: list[ManagedProcess] = []
+        self.processes: list[Child] = []
 
     def start(
         self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path = ROOT
-    ) -> ManagedProcess:
-        log_path = self.log_dir / f"{name}.log"
-        log = log_path.open("wb")
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        popen = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # own process group: stop() kills it and its children
-        )
-        log.close()
-        proc = ManagedProcess(name, popen, log_path)
-        self.processes.append(proc)
-        return proc
+    ) -> Child:
+        """`argv` in its own process group (stopped group-wide), with this process's environment + `env`."""
+        child = spawn(name, argv, self.log_dir / f"{name}.log", env={**os.environ, **(env or {})}, cwd=cwd)
+        self.processes.append(child)
+        return child
 
     def stop_all(self) -> None:
-        for proc in reversed(self.processes):
-            proc.stop()
+        for child in reversed(self.processes):
+            child.stop(grace_s=5.0)
         self.processes.clear()
 
     def __enter__(self) -> ProcessGroup:
@@ -119,40 +78,6 @@ class ProcessGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
-
-
-def wait_for_http(url: str, proc: ManagedProcess | None = None, timeout_s: float = 60.0) -> None:
-    """Poll `url` until it answers 2xx; fail early (with the child's log) if the child dies."""
-    deadline = time.monotonic() + timeout_s
-    last_error = ""
-    while time.monotonic() < deadline:
-        if proc is not None and not proc.alive():
-            raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{proc.log_tail()}")
-        try:
-            response = httpx.get(url, timeout=2.0)
-            if response.status_code < 300:
-                return
-            last_error = f"HTTP {response.status_code}: {response.text[:200]}"
-        except httpx.HTTPError as exc:
-            last_error = repr(exc)
-        time.sleep(0.05)
-    tail = proc.log_tail() if proc is not None else ""
-    raise TimeoutError(f"{url} did not answer within {timeout_s}s ({last_error})\n{tail}")
-
-
-def wait_for_file(path: Path, proc: ManagedProcess | None = None, timeout_s: float = 60.0) -> str:
-    """Wait until a child writes its ready file (non-empty) and return its contents."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and not proc.alive():
-            raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{proc.log_tail()}")
-        with contextlib.suppress(OSError):
-            text = path.read_text()
-            if text.strip():
-                return text
-        time.sleep(0.05)
-    tail = proc.log_tail() if proc is not None else ""
-    raise TimeoutError(f"{path} not written within {timeout_s}s\n{tail}")
 
 
 def rss_mib(pid: int, include_children: bool = True) -> float:

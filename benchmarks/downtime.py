@@ -29,6 +29,7 @@ import argparse
 import itertools
 import random
 import socket
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -40,19 +41,18 @@ from typing import Any
 import httpx
 from common import (
     PYTHON,
-    ProcessGroup,
+    Coordinator,
     Report,
-    free_port,
     new_figure,
     save_figure,
     scratch_dir,
     summarize,
-    wait_for_http,
 )
 
+from engine_agent import tensor_wire
+
 ADMIN_TOKEN = "bench-downtime-admin-0123456789"
-HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-TERMINAL = {"succeeded", "rolled_back", "failed", "cancelled"}
+BINARY_HEADERS = {"content-type": tensor_wire.MEDIA_TYPE, "accept": tensor_wire.MEDIA_TYPE}
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 # Generous deadlines: this is a measurement, not a failure test, on a loaded 2-core machine.
@@ -111,6 +111,12 @@ class SteadyClient:
             thread.join(timeout=60)
 
     def _run(self, stream: int) -> None:
+        # The binary tensor body (engine_agent.tensor_wire): no JSON floats on either side.
+        rows, width = len(self.tokens), len(self.tokens[0])
+        body = tensor_wire.encode(
+            "float32", (rows, width), struct.pack(f"<{rows * width}f", *itertools.chain(*self.tokens))
+        )
+        expected = list(itertools.chain(*self.expected))
         with httpx.Client(timeout=120.0, transport=httpx.HTTPTransport(socket_options=NODELAY)) as http:
             for i in itertools.count(stream):
                 if self._stop.is_set():
@@ -118,15 +124,12 @@ class SteadyClient:
                 url = self.urls[i % len(self.urls)]
                 sent = time.time()
                 try:
-                    response = http.post(f"{url}/v1/infer", json={"tokens": self.tokens})
+                    response = http.post(f"{url}/v1/infer", content=body, headers=BINARY_HEADERS)
                     done = time.time()
                     if response.status_code == 200:
-                        outputs = response.json()["outputs"]
-                        worst = max(
-                            abs(a - b)
-                            for row, ref in zip(outputs, self.expected, strict=True)
-                            for a, b in zip(row, ref, strict=True)
-                        )
+                        _, data = tensor_wire.decode(response.content)
+                        outputs = struct.unpack(f"<{len(data) // 4}f", data)
+                        worst = max(abs(a - b) for a, b in zip(outputs, expected, strict=True))
                         self.samples.append(Sample(sent, done, True, worst / self.scale))
                     else:
                         self.samples.append(Sample(sent, done, False))
@@ -148,6 +151,20 @@ class SteadyClient:
         done = [s for s in list(self.samples) if start <= s.done_at <= end]
         return {"ok": sum(1 for s in done if s.ok), "failed": sum(1 for s in done if not s.ok)}
 
+    def longest_gap_ms(self, start: float, end: float) -> float:
+        """The longest gap between consecutive successful responses within [start, end] (its edges
+        count as responses: a client that saw nothing in a window saw a gap of all of it)."""
+        inside = sorted(s.done_at for s in list(self.samples) if s.ok and start <= s.done_at <= end)
+        done = [start, *inside, end]
+        return max(((b - a) * 1000.0 for a, b in itertools.pairwise(done)), default=0.0)
+
+    def request_p50_ms(self, start: float, end: float) -> float | None:
+        """p50 latency of the successful requests sent within [start, end]."""
+        latencies = [
+            (s.done_at - s.sent_at) * 1000.0 for s in list(self.samples) if s.ok and start <= s.sent_at <= end
+        ]
+        return summarize(latencies).get("p50") if latencies else None
+
     def latency_ms(self) -> dict[str, float]:
         return summarize([(s.done_at - s.sent_at) * 1000.0 for s in list(self.samples) if s.ok])
 
@@ -157,24 +174,19 @@ class SteadyClient:
 
 
 class Stack:
-    def __init__(self, group: ProcessGroup, data_dir: Any, agent_command: str = "") -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        env = {
-            **RUNNER_ENV,
-            "DATABASE_URL": f"sqlite:///{data_dir / 'coordinator.db'}",
-            "EPCTL_DATA_DIR": str(data_dir),
-            "EPCTL_ADMIN_TOKEN": ADMIN_TOKEN,
-            "EPCTL_PORT": str(port),
-            "EPCTL_RUNNER_PUBLIC_URL": self.url,
-        }
+    """The harness's coordinator (job runner on, local launcher) and its jobs."""
+
+    def __init__(self, data_dir: Path, agent_command: str = "") -> None:
+        env = dict(RUNNER_ENV)
         if agent_command:
             env["EPCTL_RUNNER_LOCAL_AGENT_COMMAND"] = agent_command
-        argv = [PYTHON, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port),
-                "--log-level", "warning", "--no-access-log"]  # fmt: skip
-        self.process = group.start("coordinator", argv, env=env)
-        wait_for_http(f"{self.url}/readyz", self.process, timeout_s=120)
-        self.api = httpx.Client(base_url=self.url, headers=HEADERS, timeout=60.0)
+        self.coordinator = Coordinator(
+            f"sqlite:///{data_dir / 'coordinator.db'}", data_dir, env=env, admin_token=ADMIN_TOKEN
+        )
+        self.coordinator.env["EPCTL_RUNNER_PUBLIC_URL"] = self.coordinator.url
+        self.coordinator.start(ready_timeout_s=120)
+        self.url = self.coordinator.url
+        self.api = self.coordinator.client(timeout_s=60.0)
 
     def create_deployment(self, name: str, engine: dict[str, Any]) -> None:
         body = {"name": name, "engine": engine, "min_dp_size": 1, "max_dp_size": 8, "launcher": "local"}
@@ -187,17 +199,40 @@ class Stack:
         response = self.api.post("/v1/reconfigurations", json=body)
         if response.status_code != 202:
             raise RuntimeError(f"scale: {response.status_code} {response.text}")
-        job_id = response.json()["id"]
-        give_up = time.monotonic() + timeout_s
-        while time.monotonic() < give_up:
-            job = self.api.get(f"/v1/reconfigurations/{job_id}").json()
-            if job["state"] in TERMINAL:
-                return dict(job)
-            time.sleep(0.1)
-        raise TimeoutError(f"job {job_id} not finished within {timeout_s}s")
+        return self.coordinator.wait_job(response.json()["id"], timeout_s=timeout_s)
 
     def close(self) -> None:
+        """Stops the coordinator and every agent its local launcher started."""
         self.api.close()
+        self.coordinator.close()
+
+
+PROBE_KEYS = (
+    "canaries_sent",
+    "canaries_failed",
+    "interval_ms",
+    "latency_p50_ms_outside_downtime",
+    "downtime_window",
+    "phases",
+    "unreachable",
+)
+
+
+def _epoch(value: str | None) -> float | None:
+    return datetime.fromisoformat(value).timestamp() if value else None
+
+
+def engine_step_p50_ms(urls: list[str]) -> float | None:
+    """The median over engines of each engine's p50 step duration (its recent real steps)."""
+    values = []
+    for url in urls:
+        try:
+            step = httpx.get(f"{url}/v1/info", timeout=10).json().get("step_ms") or {}
+        except httpx.HTTPError:
+            continue
+        if step.get("p50") is not None:
+            values.append(float(step["p50"]))
+    return summarize(values).get("p50") if values else None
 
 
 def _seconds(phase: dict[str, Any] | None) -> float | None:
@@ -217,12 +252,16 @@ def job_record(job: dict[str, Any], client: SteadyClient, meta: dict[str, Any]) 
     start, end = downtime.get("window_start"), downtime.get("window_end")
     coordinator = downtime.get("coordinator") or {}
     coordinator_commit_ms = sum(coordinator.values()) if coordinator else None
+    probe = job.get("probe") or {}
     record = {
         **meta,
         "job_id": job["id"],
         "state": job["state"],
         "error": job.get("error"),
         "downtime_ms": job.get("downtime_ms"),
+        "client_downtime_ms": job.get("client_downtime_ms"),
+        "probe": {k: probe.get(k) for k in PROBE_KEYS},
+        "span": [_epoch(job.get("created_at")), _epoch(job.get("finished_at"))],
         "window": [start, end] if start is not None and end is not None else None,
         "client_gap_ms": None,  # filled in once the client stopped (late responses must arrive first)
         "longest_pause_ms": longest.get("pause_ms") if longest else None,
@@ -315,12 +354,17 @@ def run_scale(
                         "rep": rep,
                     }
                     record = job_record(job, client, meta)
+                    members = [r["url"] for r in job["engine_results"] if r.get("new_rank") is not None]
+                    record["engines_after"] = len(members)
+                    record["engine_step_p50_ms"] = engine_step_p50_ms(members)
                     records.append(record)
                     wait_ms = record["breakdown"].get("boundary_wait_ms") or 0.0
                     print(
                         f"x{scale} {meta['leg']:5} {strategy:10} {policy:8} rep {rep}: {job['state']} "
-                        f"downtime {record['downtime_ms'] or 0:8.1f} ms "
-                        f"(boundary wait before it {wait_ms:.0f} ms)",
+                        f"downtime {record['downtime_ms'] or 0:8.1f} ms, client downtime (probe) "
+                        f"{record['client_downtime_ms'] or 0:8.1f} ms "
+                        f"(boundary wait before it {wait_ms:.0f} ms, engine step p50 "
+                        f"{record['engine_step_p50_ms']} ms)",
                         flush=True,
                     )
                     if job["state"] == "rolled_back":
@@ -339,6 +383,10 @@ def run_scale(
             start, end = record["window"]
             record["client_gap_ms"] = client.gap_covering_ms(start, end)
             record["client_in_window"] = client.in_window(start, end)
+        span_start, span_end = record["span"]
+        if span_start is not None and span_end is not None:
+            record["client_longest_gap_ms"] = client.longest_gap_ms(span_start, span_end)
+            record["client_request_p50_ms"] = client.request_p50_ms(span_start, span_end)
     wrong = sum(1 for s in client.samples if s.ok and s.error > args.tolerance)
     failed = sum(1 for s in client.samples if not s.ok)
     info = {
@@ -462,6 +510,8 @@ def analyse(
         rows_client,
     )  # fmt: skip
 
+    analyse_clients(report, records, base_scale)
+
     # Item 2: commit window vs weight bytes.
     scale_rows = []
     for info in sorted(infos, key=lambda i: i["scale"]):
@@ -576,6 +626,56 @@ def analyse(
         p50(bg_base, "coordinator_overhead_less_boundary_ms"),
         10.0,
         "ms",
+    )
+
+
+def analyse_clients(report: Report, records: list[dict[str, Any]], scale: int) -> None:
+    """Issue 10: per leg, the engines' step, the client's request, the job's downtime, the probe's
+    client downtime and the outside client's gaps; and the targets that tie them together."""
+    base = pick(records, scale=scale)
+    for r in base:
+        if r.get("client_gap_ms") is not None and r.get("downtime_ms") is not None:
+            r["gap_minus_downtime_ms"] = r["client_gap_ms"] - r["downtime_ms"]
+        if r.get("client_downtime_ms") is not None and r.get("client_longest_gap_ms") is not None:
+            r["probe_vs_client_ms"] = abs(r["client_downtime_ms"] - r["client_longest_gap_ms"])
+    legs = sorted({r["leg"] for r in base}, key=lambda leg: [int(x) for x in leg.split("->")])
+    rows = []
+    for leg in legs:
+        for strategy in ("background", "blocking"):
+            rs = pick(base, leg=leg, strategy=strategy)
+            if rs:
+                rows.append(
+                    [leg, strategy, len(rs), p50(rs, "engine_step_p50_ms"), p50(rs, "client_request_p50_ms"),
+                     p50(rs, "downtime_ms"), p50(rs, "client_downtime_ms"), p50(rs, "client_gap_ms"),
+                     p50(rs, "client_longest_gap_ms")]
+                )  # fmt: skip
+    report.add_table(
+        f"What clients see, per leg (x{scale}, ms, p50 over jobs and policies): the engines' step, the "
+        "outside client's request, the job's downtime, the probe's client downtime, and the outside "
+        "client's gap around the job's window and its longest gap during the whole job",
+        ["leg", "strategy", "jobs", "engine step", "client request", "job downtime_ms",
+         "job client_downtime_ms", "client gap at window", "client longest gap"],
+        rows,
+    )  # fmt: skip
+    report.results["clients"] = {"rows": rows}
+    step = p50(pick(base, engines_after=4), "engine_step_p50_ms")
+    report.target(f"engine step p50 at x{scale} with 4 engines", step, 5.0, "ms")
+    report.target("client request p50 (binary)", p50(base, "client_request_p50_ms"), 10.0, "ms")
+    step_all = p50(base, "engine_step_p50_ms")
+    bound = 2 * step_all + 10.0 if step_all == step_all else float("nan")
+    report.target(
+        "outside client's gap at the window - job downtime_ms (p50)",
+        p50(base, "gap_minus_downtime_ms"),
+        bound,
+        "ms",
+        why="2 engine steps + 10 ms",
+    )
+    report.target(
+        "|job client_downtime_ms - outside client's longest gap| (p50)",
+        p50(base, "probe_vs_client_ms"),
+        bound,
+        "ms",
+        why="2 engine steps + 10 ms",
     )
 
 
@@ -704,30 +804,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     records: list[dict[str, Any]] = []
     infos: list[dict[str, Any]] = []
     scratch = scratch_dir("downtime")
-    with ProcessGroup(scratch) as group:
-        stack = Stack(group, scratch, agent_command)
-        try:
-            for scale in args.scales:
-                main_size = scale == main_scale
-                recs, info = run_scale(
-                    stack,
-                    scale,
-                    args,
-                    cycles if main_size else other_cycles,
-                    args.strategies,
-                    args.policies if main_size else args.other_policies,
-                    args.reps if main_size else args.other_reps,
-                )
-                records += recs
-                infos.append(info)
-                print(f"x{scale}: client {info['client_requests']} requests, {info['client_failed']} failed, "
-                      f"{info['client_wrong_outputs']} wrong", flush=True)  # fmt: skip
-        except Exception as exc:  # keep what was measured; say why the run stopped
-            report.notes.append(f"run stopped early: {type(exc).__name__}: {exc}")
-            print(f"run stopped early: {exc}", flush=True)
-        finally:
-            stack.close()
-            _stop_local_agents(scratch)
+    stack = Stack(scratch, agent_command)
+    try:
+        for scale in args.scales:
+            main_size = scale == main_scale
+            recs, info = run_scale(
+                stack,
+                scale,
+                args,
+                cycles if main_size else other_cycles,
+                args.strategies,
+                args.policies if main_size else args.other_policies,
+                args.reps if main_size else args.other_reps,
+            )
+            records += recs
+            infos.append(info)
+            print(f"x{scale}: client {info['client_requests']} requests, {info['client_failed']} failed, "
+                  f"{info['client_wrong_outputs']} wrong", flush=True)  # fmt: skip
+    except Exception as exc:  # keep what was measured; say why the run stopped
+        report.notes.append(f"run stopped early: {type(exc).__name__}: {exc}")
+        print(f"run stopped early: {exc}", flush=True)
+    finally:
+        stack.close()
     if not records:
         raise SystemExit("no job finished: nothing to report")
     report.results = {"sizes": infos, "jobs": records}
@@ -735,23 +833,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     report.targets_table()
     draw(records, infos, name, main_scale)
     report.write()
-
-
-def _stop_local_agents(data_dir: Any) -> None:
-    """Agents run in their own session (they outlive a coordinator crash by design): stop the ones the
-    coordinator's local launcher recorded."""
-    import json
-
-    from app.launchers.local import PIDS_FILE, is_agent_process, stop_pid
-
-    try:
-        records = json.loads((data_dir / PIDS_FILE).read_text())
-    except (FileNotFoundError, ValueError):
-        return
-    for engine_id, entry in records.items():
-        pid = entry.get("pid")
-        if isinstance(pid, int) and is_agent_process(pid, engine_id):
-            stop_pid(pid, grace_s=2.0)
 
 
 if __name__ == "__main__":

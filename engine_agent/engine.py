@@ -1,17 +1,23 @@
-"""The serving engine behind a narrow interface, and the reference MoE engine that implements it.
+"""The reference MoE engine: one DP rank of one EP group, implementing `engine_agent.serving`'s
+`ServingEngine`.
 
-The reconfiguration executor only uses `ServingEngine`: pause at a step boundary, switch (groups,
-placement and weights together), resume, leave, submit, expert load, free KV bytes. A production
-engine can be plugged in behind the same interface.
+Its loop runs in lock step with the other members of the active generation: every iteration starts
+with a small control all-reduce over the EP group (`engine_agent.lockstep`) carrying [pause requested,
+hold (draining before a pause), armed, armed generation, tokens pending per rank]. When any member has
+asked for a pause (and no draining member still holds tokens), every member stops at that same
+boundary: a pause never strands a peer inside a collective. The same all-reduce carries the
+engine-agreed commit: once every member is armed for the same new generation (`arm`), the first
+boundary at which the sums say so is where every member stops for the switch, with no coordinator
+exchange inside the window. With tokens anywhere, a step dispatches every rank's tokens (all-to-all),
+each rank computes its local experts' share, an all-to-all combines them and each rank keeps its own
+rows. With no tokens anywhere the iteration is a dummy step followed by a short sleep (cheap for many
+agents on few cores).
 
-The reference engine is one DP rank of one EP group. Its loop runs in lock step with the other members
-of the active generation: every iteration starts with a small control all-reduce over the EP group
-carrying [pause requested, hold (draining before a pause), tokens pending per rank]. When any member
-has asked for a pause (and no draining member still holds tokens), every member stops at that same
-boundary: a pause never strands a peer inside a collective. With tokens anywhere, a step gathers all
-tokens (padded all-reduce), each rank computes its local experts' share, an all-reduce combines them
-and each rank keeps its own rows. With no tokens anywhere the iteration is a dummy step followed by a
-short sleep (cheap for many agents on few cores).
+Every collective has a deadline: the first iteration after a switch or resume waits up to the group's
+`timeout_s` (the job's `collective_s`: a peer may still be switching); later ones, with every member
+known to be stepping, up to its `serving_timeout_s`, so a stalled peer cannot hold the others longer.
+A generation whose collective fails or times out, or that a peer reports broken (`abandon`), is left
+at once; `on_broken` tells the agent, which tells the peers and the coordinator.
 """
 
 from __future__ import annotations
@@ -21,16 +27,17 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 import torch
 
-from engine_agent import moe
-from engine_agent.groups import CollectiveTimeout, CommGroup
+from engine_agent import lockstep, moe
+from engine_agent.engine_stats import STEP_TIMES_KEPT, EngineCounters, step_ms_summary
+from engine_agent.groups import CollectiveTimeout, abort_group
 from engine_agent.protocol import AgentState, EngineConfig
+from engine_agent.serving import ActiveGeneration, EngineUnavailable, InferResult, PausedAt
 
 log = logging.getLogger(__name__)
 
@@ -42,80 +49,10 @@ IDLE_STREAK_BEFORE_LONG = 100
 MAX_TOKENS_PER_STEP = 256
 
 
-class EngineUnavailable(RuntimeError):
-    """The engine cannot serve this request (in no generation, left, or not admitting): HTTP 503."""
-
-
-@dataclass
-class ActiveGeneration:
-    """Everything one generation's serving needs, switched as one piece."""
-
-    generation: int
-    group: CommGroup
-    members: list[str]
-    placement: list[list[int]]
-    weights: dict[int, torch.Tensor]  # logical expert -> packed buffer held by this rank
-
-    @property
-    def rank(self) -> int:
-        return self.group.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.group.size
-
-
-@dataclass
-class InferResult:
-    outputs: torch.Tensor
-    generation: int
-    rank: int
-    step: int
-
-
-@dataclass
-class PausedAt:
-    wall: float  # epoch seconds
-    monotonic: float
-    boundary_wait_ms: float
-    by_peer: bool  # stopped by another member's pause request before ours arrived
-
-
-class ServingEngine(Protocol):
-    """What the reconfiguration executor needs from an engine."""
-
-    @property
-    def state(self) -> AgentState: ...
-    @property
-    def active(self) -> ActiveGeneration | None: ...
-    def submit(self, tokens: torch.Tensor) -> Future[InferResult]: ...
-    def set_admitting(self, admitting: bool) -> None: ...
-    def set_drain_before_pause(self, drain: bool) -> None: ...
-    def pause(self, timeout_s: float) -> PausedAt: ...
-    def resume(self) -> None: ...
-    def switch(self, new: ActiveGeneration) -> ActiveGeneration | None: ...
-    def leave(self, *, fail_queued: bool) -> ActiveGeneration | None: ...
-    def wait_serving(self, timeout_s: float) -> bool: ...
-    def expert_load(self) -> list[int]: ...
-    def free_kv_bytes(self) -> int: ...
-    def stop(self) -> None: ...
-
-
 @dataclass
 class _Request:
     tokens: torch.Tensor
     future: Future[InferResult]
-
-
-@dataclass
-class EngineCounters:
-    steps: int = 0
-    dummy_steps: int = 0
-    requests_served: int = 0
-    tokens_served: int = 0
-    pauses: int = 0
-    last_error: str | None = None
-    expert_load: list[int] = field(default_factory=list)
 
 
 class ReferenceEngine:
@@ -128,25 +65,32 @@ class ReferenceEngine:
         *,
         on_paused: Callable[[PausedAt], None] | None = None,
         on_step: Callable[[int], None] | None = None,
+        on_broken: Callable[[ActiveGeneration, Exception], None] | None = None,
     ) -> None:
         self.config = config
         self.device = device
-        self._router = moe.router_weights(config, device)
+        self._routers = [moe.router_weights(config, device, layer) for layer in range(config.num_moe_layers)]
         self._on_paused = on_paused
         self._on_step = on_step
+        self._on_broken = on_broken
         self._cond = threading.Condition()
         self._queue: collections.deque[_Request] = collections.deque()
         self._state = AgentState.idle
         self._active: ActiveGeneration | None = None
-        self._table: moe.ReplicaTable | None = None
+        self._layers: list[moe.LayerView] | None = None
         self._admitting = True
         self._drain_before_pause = False
         self._pause_requested = False
         self._pause_requested_at = 0.0
         self._paused_at: PausedAt | None = None
+        self._armed_for = 0  # the new generation this engine is armed to switch to (0: not armed)
+        self._arm_in_flight = False  # the iteration running now carries this engine's arm
         self._stopped = False
         self._iterations_since_start = 0  # lock-step iterations since the last switch or resume
-        self.counters = EngineCounters(expert_load=[0] * config.num_logical_experts)
+        self.counters = EngineCounters(
+            layer_expert_load=[[0] * config.num_logical_experts for _ in range(config.num_moe_layers)]
+        )
+        self._step_ms: collections.deque[float] = collections.deque(maxlen=STEP_TIMES_KEPT)
         self._thread = threading.Thread(target=self._loop, name="serving-loop", daemon=True)
         self._thread.start()
 
@@ -212,21 +156,76 @@ class ReferenceEngine:
         """Serve the generation still held (after a pause that did not switch)."""
         with self._cond:
             self._pause_requested = False
+            self._armed_for = 0
             self._paused_at = None
             if self._state == AgentState.paused:
                 self._state = AgentState.serving
                 self._iterations_since_start = 0
             self._cond.notify_all()
 
+    def abandon(self, generation: int, reason: str) -> bool:
+        """Give up `generation`'s group (a peer found it broken): the loop leaves it within one wait
+        slice, or at its next collective if it is paused. False when this engine does not serve it."""
+        with self._cond:
+            active = self._active
+        if active is None or active.generation != generation:
+            return False
+        active.group.abandon(reason)
+        return True
+
+    # ---- the engine-agreed commit ----------------------------------------------------------------
+
+    def arm(self, generation: int) -> None:
+        """Be ready to stop for the switch to `generation` at the first step boundary at which every
+        member of the active generation is armed for it. Serving goes on until then."""
+        with self._cond:
+            if self._state != AgentState.serving or self._active is None:
+                raise EngineUnavailable(f"cannot arm an engine that is {self._state}")
+            self._armed_for = generation
+            self._cond.notify_all()
+
+    def wait_armed_boundary(self, timeout_s: float, withdraw_s: float) -> PausedAt | None:
+        """Wait until this engine stopped at the armed boundary (returned), or `timeout_s` passed, or
+        the arm was withdrawn: then withdraw it and return None, unless the iteration running at that
+        moment still took the boundary (every member saw the same sums, so the others stopped too:
+        then it is returned all the same)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if self._paused_at is not None and self._paused_at.armed:
+                    return self._paused_at
+                if self._state != AgentState.serving:
+                    raise EngineUnavailable(f"the engine stopped serving while armed ({self._state})")
+                left = deadline - time.monotonic()
+                if left <= 0 or self._armed_for == 0:
+                    break
+                self._cond.wait(left)
+        return None if self.withdraw_arm(withdraw_s) else self._paused_at
+
+    def withdraw_arm(self, timeout_s: float) -> bool:
+        """Disarm. True when no armed boundary was (or will be) taken: the iteration in flight, which
+        may carry the arm, has ended. False when the boundary was taken (or the wait timed out while
+        a collective carrying the arm was still running: the caller must not assume it wasn't)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._armed_for = 0
+            while self._arm_in_flight and self._state == AgentState.serving:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return not (self._paused_at is not None and self._paused_at.armed)
+
     def switch(self, new: ActiveGeneration) -> ActiveGeneration | None:
         """Swap groups, placement and weights together and serve the new generation. Only while
         paused or idle (the loop holds no group then). Returns the retired generation."""
-        table = moe.ReplicaTable.build(new.placement, self.config.num_logical_experts, self.device)
+        layers = moe.layer_views(self.config, new.placements, new.weights, self._routers, self.device)
         with self._cond:
             if self._state == AgentState.serving:
                 raise RuntimeError("switch needs a paused or idle engine")
-            retired, self._active, self._table = self._active, new, table
+            retired, self._active, self._layers = self._active, new, layers
             self._pause_requested = False
+            self._armed_for = 0
             self._paused_at = None
             self._admitting = True
             self._drain_before_pause = False
@@ -252,9 +251,10 @@ class ReferenceEngine:
         with self._cond:
             if self._state == AgentState.serving:
                 raise RuntimeError("leave needs a paused or idle engine")
-            retired, self._active, self._table = self._active, None, None
+            retired, self._active, self._layers = self._active, None, None
             self._state = AgentState.idle
             self._pause_requested = False
+            self._armed_for = 0
             self._paused_at = None
             self._admitting = True
             self._drain_before_pause = False
@@ -266,8 +266,13 @@ class ReferenceEngine:
         return retired
 
     def expert_load(self) -> list[int]:
+        """Tokens routed to each logical expert, summed over the layers."""
         with self._cond:
-            return list(self.counters.expert_load)
+            return [sum(column) for column in zip(*self.counters.layer_expert_load, strict=True)]
+
+    def layer_expert_load(self) -> list[list[int]]:
+        with self._cond:
+            return [list(layer) for layer in self.counters.layer_expert_load]
 
     def free_kv_bytes(self) -> int:
         """Memory a KV cache could still take here: free device memory on GPU, available RAM on CPU."""
@@ -275,6 +280,12 @@ class ReferenceEngine:
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free)
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+    def step_ms(self) -> dict[str, float] | None:
+        """p50/p99 duration of the recent real steps (control all-reduce to results), None before any."""
+        with self._cond:
+            times = list(self._step_ms)
+        return step_ms_summary(times)
 
     def queued_requests(self) -> int:
         with self._cond:
@@ -303,16 +314,24 @@ class ReferenceEngine:
                 if self._stopped:
                     return
                 active = self._active
-                table = self._table
+                layers = self._layers
                 batch = self._take_batch()
+                # Every member stepped since the last switch or resume: the serving deadline applies.
+                settled = self._iterations_since_start > 0
                 pause_flag = int(self._pause_requested)
                 hold_flag = int(self._drain_before_pause and (bool(self._queue) or bool(batch)))
-            assert active is not None and table is not None
+                armed_for = self._armed_for
+                self._arm_in_flight = armed_for > 0
+            assert active is not None and layers is not None
+            timeout_s = active.group.serving_timeout_s if settled else None
             try:
-                served = self._iteration(active, table, batch, pause_flag, hold_flag)
+                served = self._iteration(active, layers, batch, pause_flag, hold_flag, armed_for, timeout_s)
             except Exception as exc:  # a broken group: nothing more this generation can serve
+                self._end_arm_flight()
                 self._fail_generation(active, batch, exc)
                 continue
+            if armed_for:
+                self._end_arm_flight()
             idle_streak = 0 if served else idle_streak + 1
             if not served:
                 with self._cond:
@@ -320,6 +339,11 @@ class ReferenceEngine:
                     if self._state == AgentState.serving and not self._queue and not self._pause_requested:
                         long_idle = idle_streak > IDLE_STREAK_BEFORE_LONG
                         self._cond.wait(IDLE_SLEEP_LONG_S if long_idle else IDLE_SLEEP_S)
+
+    def _end_arm_flight(self) -> None:
+        with self._cond:
+            self._arm_in_flight = False
+            self._cond.notify_all()
 
     def _take_batch(self) -> list[_Request]:
         batch: list[_Request] = []
@@ -333,50 +357,57 @@ class ReferenceEngine:
     def _iteration(
         self,
         active: ActiveGeneration,
-        table: moe.ReplicaTable,
+        layers: list[moe.LayerView],
         batch: list[_Request],
         pause_flag: int,
         hold_flag: int,
+        armed_for: int = 0,
+        timeout_s: float | None = None,
     ) -> bool:
         """One lock-step iteration. False when it did no real step (paused, or nothing anywhere)."""
+        started = time.perf_counter()
         group = active.group
         my_count = sum(r.tokens.shape[0] for r in batch)
-        control = torch.zeros(2 + group.size, dtype=torch.int64, device=self.device)
-        control[0] = pause_flag
-        control[1] = hold_flag
-        control[2 + group.rank] = my_count
-        counts = group.allreduce(control).tolist()
-        if counts[0] > 0 and counts[1] == 0:
+        boundary = lockstep.agree_boundary(
+            group,
+            self.device,
+            pause_flag=pause_flag,
+            hold_flag=hold_flag,
+            armed_for=armed_for,
+            my_count=my_count,
+            timeout_s=timeout_s,
+        )
+        if boundary.pause:
             self._enter_pause(by_peer=pause_flag == 0)
+            return False
+        if boundary.armed:
+            self._enter_pause(by_peer=False, armed=True)
             return False
         with self._cond:
             self._iterations_since_start += 1
             if self._iterations_since_start == 1:
                 self._cond.notify_all()
-        per_rank = counts[2:]
-        total = sum(per_rank)
-        if total == 0:
+        if sum(boundary.per_rank) == 0:
             self.counters.dummy_steps += 1
             return False
-        offset = sum(per_rank[: group.rank])
-        gathered = torch.zeros(total, self.config.hidden_size, dtype=torch.float32, device=self.device)
         if batch:
-            gathered[offset : offset + my_count] = torch.cat([r.tokens for r in batch])
-        group.allreduce(gathered)
-        partial, experts = moe.local_contribution(
-            self.config, self._router, gathered, group.rank, active.placement, table, active.weights
+            hidden_own = batch[0].tokens if len(batch) == 1 else torch.cat([r.tokens for r in batch])
+        else:
+            hidden_own = torch.empty(0, self.config.hidden_size, dtype=torch.float32, device=self.device)
+        hidden_own, loads = lockstep.moe_step(
+            self.config, group, layers, hidden_own, boundary.per_rank, self.device, timeout_s
         )
-        group.allreduce(partial)
-        mine = partial[offset : offset + my_count].cpu()
-        load = torch.bincount(
-            experts[offset : offset + my_count].reshape(-1).cpu(), minlength=self.config.num_logical_experts
-        ).tolist()
+        mine = hidden_own.cpu()
         with self._cond:
             self.counters.steps += 1
             step = self.counters.steps
             self.counters.tokens_served += my_count
             self.counters.requests_served += len(batch)
-            self.counters.expert_load = [a + b for a, b in zip(self.counters.expert_load, load, strict=True)]
+            self.counters.layer_expert_load = [
+                [a + b for a, b in zip(old, new, strict=True)]
+                for old, new in zip(self.counters.layer_expert_load, loads, strict=True)
+            ]
+            self._step_ms.append((time.perf_counter() - started) * 1000.0)
         row = 0
         for request in batch:
             n = request.tokens.shape[0]
@@ -386,15 +417,17 @@ class ReferenceEngine:
             self._on_step(step)
         return True
 
-    def _enter_pause(self, *, by_peer: bool) -> None:
+    def _enter_pause(self, *, by_peer: bool, armed: bool = False) -> None:
         now = time.monotonic()
         with self._cond:
-            requested_at = self._pause_requested_at if not by_peer else now
+            # Armed: the engine served up to the agreed boundary, so nothing was spent waiting for it.
+            requested_at = self._pause_requested_at if not (by_peer or armed) else now
             paused = PausedAt(
                 wall=time.time(),
                 monotonic=now,
                 boundary_wait_ms=(now - requested_at) * 1000.0,
                 by_peer=by_peer,
+                armed=armed,
             )
             self._paused_at = paused
             self._state = AgentState.paused
@@ -410,15 +443,20 @@ class ReferenceEngine:
                 return
             self.counters.last_error = f"{type(exc).__name__}: {exc}"
             self._state = AgentState.idle
-            self._active, self._table = None, None
+            self._active, self._layers = None, None
             queued = batch + list(self._queue)
             self._queue.clear()
             self._cond.notify_all()
         for request in queued:
             request.future.set_exception(EngineUnavailable(f"generation {active.generation} broke: {exc}"))
-
-
-def held_weights(engine: ServingEngine) -> Mapping[int, torch.Tensor]:
-    """The expert buffers of the generation this engine serves now (empty when idle)."""
-    active = engine.active
-    return active.weights if active is not None else {}
+        # Give the group up at once; NCCL's abort also ends the peers' waits (gloo's cannot: the agent's
+        # notice to the peers does, `on_broken`).
+        try:
+            abort_group(active.group, f"{type(exc).__name__}: {exc}"[:300])
+        except Exception as abort_error:
+            log.warning("aborting the broken group of generation %s: %s", active.generation, abort_error)
+        if self._on_broken is not None:
+            try:
+                self._on_broken(active, exc)
+            except Exception:
+                log.exception("reporting the broken generation %s failed", active.generation)

@@ -5,11 +5,20 @@ in its prepare request, under a prefix private to that generation and job. Group
 (`ProcessGroupGloo` on CPU, `ProcessGroupNCCL` on CUDA/ROCm) so old and new generations can coexist:
 the new ("standby") group is built while the old one serves, and the old one is destroyed later by the
 cleanup worker.
+
+A serving collective is waited in slices (`WAIT_SLICE_S`) on CPU, so the serving loop can give up on it
+the moment the group is known broken (`CommGroup.abandon`: a peer reported it, or this engine saw it
+break): gloo cannot abort a collective in flight (`ProcessGroupGloo.abort` does not end a peer's wait),
+so without this a survivor whose ring neighbours were alive sat out the whole deadline. An abandoned
+group is kept alive by a reaper until its last collective has timed out, because dropping a gloo group
+joins its worker threads, which would block whichever thread let go of it.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -22,6 +31,13 @@ from engine_agent.protocol import Platform, StoreAddress
 
 class CollectiveTimeout(RuntimeError):
     """A collective ran past its deadline (or its group broke)."""
+
+
+class GroupAbandoned(CollectiveTimeout):
+    """The group was given up (broken, as a peer or this engine found): its collectives end at once."""
+
+
+WAIT_SLICE_S = 0.05  # a CPU collective is waited in slices of this: an abandoned group is left within one
 
 
 class GroupRendezvousTimeout(CollectiveTimeout):
@@ -50,13 +66,13 @@ def generation_prefix(generation: int, job_id: str) -> str:
     return f"gen{generation}/{job_id}/"
 
 
-def backend_for(platform: Platform) -> str:
-    return "gloo" if platform == Platform.cpu else "nccl"
-
-
 @dataclass
 class CommGroup:
-    """One process group of one generation, with the deadline every collective on it gets."""
+    """One process group of one generation, with the deadline every collective on it gets.
+
+    `timeout_s` bounds every collective (the job's `collective_s`: a member may be building or
+    switching); `serving_timeout_s`, when set, bounds a serving collective once every member is known
+    to be serving (see `ReferenceEngine`): then a peer that stalls longer is treated as lost."""
 
     name: str
     generation: int
@@ -67,22 +83,99 @@ class CommGroup:
     timeout_s: float
     store: dist.Store | None = field(default=None, repr=False)  # NCCL's lazy init still needs it
     destroyed: bool = False
+    serving_timeout_s: float | None = None
+    abandoned: threading.Event = field(default_factory=threading.Event, repr=False)
+    abandon_reason: str = ""
 
-    def allreduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
-        """In-place all-reduce that raises CollectiveTimeout past the group's deadline."""
+    def abandon(self, reason: str) -> bool:
+        """Give the group up: a collective waiting on it (or started later) raises GroupAbandoned
+        within one wait slice. False when it was given up already."""
+        if self.abandoned.is_set():
+            return False
+        self.abandon_reason = reason
+        self.abandoned.set()
+        return True
+
+    def allreduce(
+        self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, *, timeout_s: float | None = None
+    ) -> torch.Tensor:
+        """In-place all-reduce that raises CollectiveTimeout past its deadline (`timeout_s`, default
+        the group's) and GroupAbandoned once the group is given up."""
+        deadline = timeout_s or self.timeout_s
         opts = dist.AllreduceOptions()
         opts.reduceOp = op
-        opts.timeout = timedelta(seconds=self.timeout_s)
+        opts.timeout = timedelta(seconds=deadline)
+        what = f"all-reduce on {self.name} (generation {self.generation})"
+        self._check_abandoned(what)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # per thread: loop, prepare and pause threads all call this
         try:
             work = self.pg.allreduce([tensor], opts)
-            work.wait(timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:
-            raise CollectiveTimeout(
-                f"all-reduce on {self.name} (generation {self.generation}): {exc}"
-            ) from exc
+            raise CollectiveTimeout(f"{what}: {exc}") from exc
+        self._wait(work, what, deadline)
         return tensor
+
+    def alltoall(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        *,
+        timeout_s: float | None = None,
+    ) -> torch.Tensor:
+        """Rows of `input` to each member (`input_splits` rows each, in rank order) into `output`
+        (`output_splits` rows from each): one exchange round, where a ring all-reduce takes 2(n-1)."""
+        deadline = timeout_s or self.timeout_s
+        opts = dist.AllToAllOptions()
+        opts.timeout = timedelta(seconds=deadline)
+        what = f"all-to-all on {self.name} (generation {self.generation})"
+        self._check_abandoned(what)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        try:
+            work = self.pg.alltoall_base(output, input, output_splits, input_splits, opts)
+        except RuntimeError as exc:
+            raise CollectiveTimeout(f"{what}: {exc}") from exc
+        self._wait(work, what, deadline)
+        return output
+
+    def _check_abandoned(self, what: str) -> None:
+        if self.abandoned.is_set():
+            raise GroupAbandoned(f"{what}: the group was given up ({self.abandon_reason})")
+
+    def _wait(self, work: Any, what: str, deadline_s: float) -> None:
+        if self.device.type == "cuda":
+            # NCCL's watchdog owns a timed-out work (it may abort the communicator): one wait, no slices;
+            # a broken NCCL group is aborted for real (`abort_group`), which ends the peers' waits.
+            try:
+                work.wait(timedelta(seconds=deadline_s))
+            except RuntimeError as exc:
+                raise CollectiveTimeout(f"{what}: {exc}") from exc
+            return
+        # Gloo ends the operation itself at `deadline_s` (a peer's error ends it sooner); the
+        # backstop only guards against a work that never completes.
+        backstop = time.monotonic() + deadline_s + 1.0
+        while True:
+            try:
+                work.wait(timedelta(seconds=WAIT_SLICE_S))
+                return
+            except RuntimeError as exc:
+                if work.is_completed():
+                    # It ended after the slice ran out (a success, or its own error): waiting again
+                    # returns at once, or raises that error. Never take the slice's timeout for its.
+                    try:
+                        work.wait(timedelta(seconds=WAIT_SLICE_S))
+                    except RuntimeError as failed:
+                        raise CollectiveTimeout(f"{what}: {failed}") from failed
+                    return
+                if time.monotonic() > backstop:
+                    raise CollectiveTimeout(f"{what}: {exc}") from exc
+            # Not done yet: the slice ran out. Still wanted?
+            if self.abandoned.is_set():
+                _bury(self)
+                raise GroupAbandoned(f"{what}: the group was given up ({self.abandon_reason})")
 
 
 def create_group(
@@ -95,6 +188,7 @@ def create_group(
     platform: Platform,
     device: torch.device,
     timeout_s: float,
+    serving_timeout_s: float | None = None,
 ) -> CommGroup:
     """Build (rendezvous for) one group. Gloo connects here, so every member must arrive within the
     store's timeout; NCCL makes its communicator at the first collective (the warm-up)."""
@@ -114,7 +208,9 @@ def create_group(
         raise GroupRendezvousTimeout(
             f"creating {name} (generation {generation}, rank {rank}/{size}): {exc}"
         ) from exc
-    return CommGroup(name, generation, pg, rank, size, device, timeout_s, store)
+    return CommGroup(
+        name, generation, pg, rank, size, device, timeout_s, store, serving_timeout_s=serving_timeout_s
+    )
 
 
 def warm_up(group: CommGroup) -> None:
@@ -132,6 +228,42 @@ def destroy_group(group: CommGroup) -> None:
     except Exception:
         group.pg.abort()
         raise
+
+
+def abort_group(group: CommGroup, reason: str = "aborted") -> None:
+    """Tear a broken group down at once (no shutdown handshake with peers that may be dead or stuck).
+    NCCL's abort ends the peers' pending collectives; gloo's does not (the peers hear of it from this
+    engine's notice instead, `engine_agent.agent`), so a gloo group is only given up and buried."""
+    group.abandon(reason)
+    if group.destroyed:
+        return
+    group.destroyed = True
+    if group.device.type == "cuda":
+        group.pg.abort()
+    else:
+        _bury(group)
+
+
+# Abandoned gloo groups, kept until their last collective timed out (see the module doc).
+_graveyard: queue.Queue[tuple[float, CommGroup]] = queue.Queue()
+_reaper: threading.Thread | None = None
+_reaper_lock = threading.Lock()
+
+
+def _bury(group: CommGroup) -> None:
+    global _reaper
+    _graveyard.put((time.monotonic() + group.timeout_s + 5.0, group))
+    with _reaper_lock:
+        if _reaper is None:
+            _reaper = threading.Thread(target=_reap, name="group-reaper", daemon=True)
+            _reaper.start()
+
+
+def _reap() -> None:
+    while True:
+        due, group = _graveyard.get()
+        time.sleep(max(0.0, due - time.monotonic()))
+        del group  # the last reference, dropped here (joining its threads blocks only this thread)
 
 
 class StandbyRegistry:

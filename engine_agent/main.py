@@ -4,7 +4,6 @@ EPCTL_AGENT_* variables; nothing heavy starts at import: the agent is built when
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import socket
 import sys
@@ -14,6 +13,7 @@ import time
 import uvicorn
 
 from engine_agent.api import create_app
+from engine_agent.logs import LOG_FORMATS, configure_logging, set_process_fields
 from engine_agent.protocol import Platform
 from engine_agent.settings import AgentSettings
 
@@ -41,27 +41,54 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-moe-layers", type=int, default=1, help="MoE layers, each with its own experts")
     p.add_argument("--coordinator", help="coordinator base URL: register there and send heartbeats")
     p.add_argument("--deployment", help="the deployment to register into")
     p.add_argument(
-        "--token", default=os.environ.get("EPCTL_TOKEN"), help="bearer token (default $EPCTL_TOKEN)"
+        "--token",
+        default=os.environ.get("EPCTL_TOKEN"),
+        help="bearer token (default $EPCTL_TOKEN; prefer the variable or --token-file: argv is public)",
     )
+    p.add_argument("--token-file", help="read the bearer token from this file (first line)")
     p.add_argument("--heartbeat-s", type=float, default=3.0)
+    p.add_argument(
+        "--parent-pid",
+        type=int,
+        help="the launcher's pid: once it is gone, exit unless a coordinator answers the heartbeats "
+        "within --orphan-grace-s (a restarted coordinator adopts its engines; a dead one takes them along)",
+    )
+    p.add_argument("--orphan-grace-s", type=float, default=15.0)
     p.add_argument(
         "--enable-fault-injection", action="store_true", help="accept POST /v1/faults (tests only)"
     )
     p.add_argument("--ready-file", help="write the bound URL here once HTTP is served")
     p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--log-format",
+        default=os.environ.get("EPCTL_LOG_FORMAT", "text"),
+        help="text, or json: one JSON object per line with engine_id, deployment and job_id "
+        "(default $EPCTL_LOG_FORMAT or text)",
+    )
     return p
 
 
+def bearer_token(args: argparse.Namespace) -> str | None:
+    """--token-file wins over --token / $EPCTL_TOKEN (a file or the environment keeps it out of argv)."""
+    if args.token_file:
+        with open(args.token_file) as token_file:
+            return token_file.readline().strip() or None
+    token: str | None = args.token
+    return token
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.log_format not in LOG_FORMATS:  # checked here too: the default comes from the environment
+        parser.error(f"--log-format / EPCTL_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, "
+                     f"not {args.log_format!r}")  # fmt: skip
+    configure_logging(args.log_format, args.log_level)
+    args.token = bearer_token(args)
     # Bind first, so port 0 resolves to a real port before the agent (and its URL) exists.
     # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on accepted connections of a socket whose
     # proto says TCP; with proto 0 Nagle holds every response ~40 ms (it dominated the commit window).
@@ -84,18 +111,23 @@ def main(argv: list[str] | None = None) -> int:
         top_k=args.top_k,
         dtype=args.dtype,
         seed=args.seed,
+        num_moe_layers=args.num_moe_layers,
         coordinator=args.coordinator,
         deployment=args.deployment,
         token=args.token,
         heartbeat_s=args.heartbeat_s,
+        parent_pid=args.parent_pid,
+        orphan_grace_s=args.orphan_grace_s,
         enable_fault_injection=args.enable_fault_injection,
         ready_file=args.ready_file,
     )
     url = settings.url or f"http://{settings.advertised_host()}:{port}"
+    set_process_fields(engine_id=settings.resolved_engine_id(os.getpid()), deployment=settings.deployment)
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(settings, url=url),
             log_level=args.log_level,
+            log_config=None,  # uvicorn's loggers go through the handler configure_logging set up
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=3,  # requests stalled by a pause must not hold a shutdown

@@ -8,6 +8,10 @@ moving one row of bytes.
 
 Gating: softmax over the router logits, top-k, the k weights renormalised to sum to 1. Expert MLP:
 SiLU-gated, `down(silu(gate(x)) * up(x))`.
+
+Layers: `num_moe_layers` MoE layers applied one after the other, each with its own router and experts.
+An expert is named across layers by its *flat id*, `layer * num_logical_experts + expert`: weights
+dictionaries and transfers use it, so layer 0's ids are the logical ids.
 """
 
 from __future__ import annotations
@@ -46,17 +50,24 @@ def expert_nbytes(config: EngineConfig) -> int:
     return expert_numel(config) * torch.empty((), dtype=torch_dtype(config)).element_size()
 
 
-def router_weights(config: EngineConfig, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The gate of the layer, [num_logical_experts, hidden_size], in fp32 (routing is never lowered)."""
-    generator = torch.Generator().manual_seed(_mix(config.seed, _ROUTER_STREAM, 0))
+def flat_id(config: EngineConfig, layer: int, expert: int) -> int:
+    """The id of logical expert `expert` of MoE layer `layer` across all layers."""
+    return layer * config.num_logical_experts + expert
+
+
+def router_weights(config: EngineConfig, device: torch.device | str = "cpu", layer: int = 0) -> torch.Tensor:
+    """The gate of one layer, [num_logical_experts, hidden_size], in fp32 (routing is never lowered)."""
+    generator = torch.Generator().manual_seed(_mix(config.seed, _ROUTER_STREAM, layer))
     weights = torch.randn(config.num_logical_experts, config.hidden_size, generator=generator)
     return (weights / math.sqrt(config.hidden_size)).to(device)
 
 
 def expert_weights(config: EngineConfig, expert: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Logical expert `expert`'s packed 1-D buffer, recomputed from the seed (our "checkpoint")."""
-    if not 0 <= expert < config.num_logical_experts:
-        raise ValueError(f"expert {expert} out of range [0, {config.num_logical_experts})")
+    """The packed 1-D buffer of the expert with flat id `expert` (see `flat_id`), recomputed from the
+    seed (our "checkpoint")."""
+    total = config.num_logical_experts * config.num_moe_layers
+    if not 0 <= expert < total:
+        raise ValueError(f"expert {expert} out of range [0, {total})")
     hidden, inter = config.hidden_size, config.intermediate_size
     generator = torch.Generator().manual_seed(_mix(config.seed, _EXPERT_STREAM, expert))
     gate_up = torch.randn(2 * inter * hidden, generator=generator) / math.sqrt(hidden)
@@ -90,17 +101,20 @@ def route(
 
 
 def reference_forward(config: EngineConfig, tokens: torch.Tensor) -> torch.Tensor:
-    """The layer computed in one process with every expert recomputed from the seed: the accuracy
+    """Every MoE layer computed in one process with every expert recomputed from the seed: the accuracy
     reference for a deployment of any size. tokens [T, H] -> outputs [T, H] (fp32)."""
-    tokens = tokens.float()
-    experts, gate_weights = route(config, router_weights(config), tokens)
-    out = torch.zeros_like(tokens)
+    hidden = tokens.float()
     dtype = torch_dtype(config)
-    for expert in torch.unique(experts).tolist():
-        rows, which = (experts == expert).nonzero(as_tuple=True)
-        y = expert_mlp(config, expert_weights(config, expert), tokens[rows].to(dtype)).float()
-        out.index_add_(0, rows, y * gate_weights[rows, which].unsqueeze(-1))
-    return out
+    for layer in range(config.num_moe_layers):
+        experts, gate_weights = route(config, router_weights(config, layer=layer), hidden)
+        out = torch.zeros_like(hidden)
+        for expert in torch.unique(experts).tolist():
+            rows, which = (experts == expert).nonzero(as_tuple=True)
+            packed = expert_weights(config, flat_id(config, layer, expert))
+            y = expert_mlp(config, packed, hidden[rows].to(dtype)).float()
+            out.index_add_(0, rows, y * gate_weights[rows, which].unsqueeze(-1))
+        hidden = out
+    return hidden
 
 
 @dataclass(frozen=True)
@@ -151,11 +165,53 @@ def local_contribution(
     chosen_slot = table.slots[experts, choice]
     out = torch.zeros_like(tokens)
     dtype = torch_dtype(config)
-    for slot, expert in enumerate(placement[rank]):
-        mask = (experts == expert) & (chosen_rank == rank) & (chosen_slot == slot)
-        rows, which = mask.nonzero(as_tuple=True)
-        if rows.numel() == 0:
-            continue
+    # This rank's (token, choice) pairs once, grouped by slot with a stable sort: each slot's pairs are
+    # then one contiguous range (in the order a per-slot mask would give), so the loop slices views.
+    # A mask per slot cost a device sync and several kernels per expert (~64 experts: the whole step).
+    mine_rows, mine_which = (chosen_rank == rank).nonzero(as_tuple=True)
+    if mine_rows.numel() == 0:
+        return out, experts
+    mine_slots = chosen_slot[mine_rows, mine_which]
+    order = torch.argsort(mine_slots, stable=True)
+    mine_rows, mine_which = mine_rows[order], mine_which[order]
+    slots, counts = torch.unique_consecutive(mine_slots[order], return_counts=True)
+    start = 0
+    for slot, count in zip(slots.tolist(), counts.tolist(), strict=True):  # ascending slots, as before
+        expert = placement[rank][slot]
+        rows, which = mine_rows[start : start + count], mine_which[start : start + count]
+        start += count
         y = expert_mlp(config, weights[expert], tokens[rows].to(dtype)).float()
         out.index_add_(0, rows, y * gate_weights[rows, which].unsqueeze(-1))
     return out, experts
+
+
+@dataclass(frozen=True)
+class LayerView:
+    """What one rank serves of one MoE layer: its router, placement, replica table and weights (by
+    logical expert id)."""
+
+    router: torch.Tensor
+    placement: list[list[int]]
+    table: ReplicaTable
+    weights: Mapping[int, torch.Tensor]
+
+
+def layer_views(
+    config: EngineConfig,
+    placements: list[list[list[int]]],
+    weights: Mapping[int, torch.Tensor],
+    routers: list[torch.Tensor],
+    device: torch.device | str,
+) -> list[LayerView]:
+    """One view per layer over the flat-id weights a rank holds."""
+    views = []
+    for layer, placement in enumerate(placements):
+        base = flat_id(config, layer, 0)
+        mine = {
+            flat - base: tensor
+            for flat, tensor in weights.items()
+            if base <= flat < base + config.num_logical_experts
+        }
+        table = ReplicaTable.build(placement, config.num_logical_experts, device)
+        views.append(LayerView(routers[layer], placement, table, mine))
+    return views

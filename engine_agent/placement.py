@@ -269,3 +269,21 @@ def plan_transfers(
         times_used[rank] += 1
         plan.append(TransferItem(expert, old_members[rank], dst))
     return plan
+
+
+def plan_layer_transfers(
+    old_members: Sequence[str],
+    old_placements: Sequence[list[list[int]]],
+    new_members: Sequence[str],
+    placements: Sequence[list[list[int]]],
+    num_logical: int,
+) -> list[TransferItem]:
+    """`plan_transfers` for every MoE layer; items name experts by flat id (`layer * num_logical +
+    expert`), so one channel moves every layer's weights. Sorted by (flat id, dst)."""
+    plan: list[TransferItem] = []
+    for layer, new_placement in enumerate(placements):
+        old_placement = old_placements[layer] if old_placements else []
+        base = layer * num_logical
+        for item in plan_transfers(old_members, old_placement, new_members, new_placement):
+            plan.append(TransferItem(base + item.logical_expert, item.src, item.dst))
+    return plan

@@ -2,8 +2,9 @@
 
 This module must stay importable without torch: the coordinator imports it.
 
-Flow of one reconfiguration, as the coordinator drives it (every POST answers 202 at once with the
-agent's `ReconfigStatus`; the caller polls `GET /v1/reconfig` until the phase it waits for):
+Flow of one reconfiguration, as the coordinator drives it (every POST answers 202 with the agent's
+`ReconfigStatus`, at once or, given `wait_s`, once the step's own phase is reached; see the bounded
+long-poll below):
 
     background strategy: prepare -> sync -> pause -> switch          (cleanup runs after switch)
     blocking strategy:   prepare -> pause -> sync -> switch          (prepare's work runs inside pause)
@@ -16,18 +17,27 @@ swaps groups and expert map together and resumes serving. `resume` (or `abort`) 
 puts a paused agent back on its old generation. A paused agent that hears nothing within
 `pause_lease_s` resumes on its old generation by itself.
 
+The engine-agreed commit (`POST /v1/reconfig/arm`, `ArmRequest`, instead of pause and switch): after
+sync every participant is armed for the new generation; the serving loops agree on the first step
+boundary at which every member of the old generation is armed and pause, switch and resume there with
+no coordinator exchange (phases: armed -> paused -> switching -> committed).
+
 Bounded long-poll (so one phase costs one HTTP exchange per engine): `GET /v1/reconfig?job_id=J&
 until=paused,committed&wait_s=S` answers as soon as job J is in one of `until` or in a terminal phase
 (or reports an error), else after S seconds with the current status. Every action POST takes
 `?wait_s=S` too (and an optional `until`, default the action's own end phase: prepare -> prepared,
 sync -> synced, pause -> paused, switch -> committed, resume -> resumed, abort -> aborted), so one call
 carries "do it and tell me when done". S defaults to 0 (answer at once) and is capped at `MAX_WAIT_S`.
-An agent that supports this marks its reconfig answers with the `LONG_POLL_HEADER` header (its value is
-the cap); a caller that does not see it falls back to polling.
+An agent marks its reconfig answers with the `LONG_POLL_HEADER` header (its value is the cap); a caller
+that does not see it (an agent older than the long-poll) falls back to polling.
+
+Every machine-readable code (`AgentError.type`, a problem's `code`) is kebab-case: see
+`engine_agent.problems`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import StrEnum
 from typing import Literal
 
@@ -60,9 +70,15 @@ class TransferBackend(StrEnum):
     gloo = "gloo"  # send/recv over a transfer process group: the fallback
 
 
+class CommitMode(StrEnum):
+    """Who decides the moment of the switch (per job)."""
+
+    engines = "engines"  # the coordinator arms; the engines agree on the boundary among themselves
+    coordinator = "coordinator"  # the two-step commit: pause everywhere, then switch everywhere
+
+
 class LeavePolicy(StrEnum):
     finish = "finish"  # a leaving engine stops admitting at prepare and drains before it pauses
-    abort = "abort"  # a leaving engine fails its queued requests at switch
 
 
 class AgentState(StrEnum):
@@ -82,6 +98,7 @@ class ReconfigPhase(StrEnum):
     prepared = "prepared"
     syncing = "syncing"
     synced = "synced"
+    armed = "armed"  # engine-agreed commit: waiting for the boundary every member is armed for
     pausing = "pausing"
     paused = "paused"
     switching = "switching"
@@ -97,6 +114,34 @@ TERMINAL_PHASES = frozenset(
     {ReconfigPhase.committed, ReconfigPhase.resumed, ReconfigPhase.aborted, ReconfigPhase.failed}
 )
 
+# On the way back to the old generation: the status still carries the error that caused the way back
+# (it is reported again at the end), so an error seen here does not end a wait.
+RECOVERING_PHASES = frozenset({ReconfigPhase.aborting, ReconfigPhase.resuming})
+
+
+class Settlement(StrEnum):
+    """Where one agent's reconfiguration stands against the phases a caller waits for."""
+
+    pending = "pending"  # another job (or none) is there yet, or this job is still on its way
+    reached = "reached"  # in one of the wanted phases
+    failed = "failed"  # ended in another terminal phase, or reports an error on its way
+
+
+def is_settled(status: ReconfigStatus | None, job_id: str, wanted: Collection[ReconfigPhase]) -> Settlement:
+    """The one rule for "wait until an agent reaches phase X", shared by the coordinator, the agent's
+    long-poll, the tests and the benchmarks. A wanted phase counts even when it carries an error: an
+    `aborted` that reports the failure that caused the abort has still reached `aborted`. Otherwise a
+    terminal phase, or an error outside the way back (`RECOVERING_PHASES`), means the wait has failed."""
+    if status is None or status.job_id != job_id:
+        return Settlement.pending
+    if status.phase in wanted:
+        return Settlement.reached
+    if status.phase in TERMINAL_PHASES:
+        return Settlement.failed
+    if status.error is not None and status.phase not in RECOVERING_PHASES:
+        return Settlement.failed
+    return Settlement.pending
+
 
 class EngineConfig(BaseModel):
     """The reference MoE layer. Every engine of one deployment runs the same config."""
@@ -108,6 +153,12 @@ class EngineConfig(BaseModel):
     top_k: int = Field(2, ge=1)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
+    num_moe_layers: int = Field(1, ge=1, le=256, description="MoE layers, each with its own experts")
+
+    @property
+    def expert_nbytes(self) -> int:
+        """One logical expert's packed weights (gate, up, down) in one layer, in bytes."""
+        return 3 * self.intermediate_size * self.hidden_size * (4 if self.dtype == "float32" else 2)
 
 
 class Member(BaseModel):
@@ -125,6 +176,13 @@ class StoreAddress(BaseModel):
 class Timeouts(BaseModel):
     rendezvous_s: float = Field(30.0, gt=0)
     collective_s: float = Field(30.0, gt=0)
+    serving_collective_s: float = Field(
+        5.0,
+        gt=0,
+        description="deadline of one serving collective once every member of the generation stepped on "
+        "it (the first step after a switch or resume waits up to `collective_s`); a peer that stalls "
+        "longer breaks the generation",
+    )
     transfer_s: float = Field(120.0, gt=0)
     pause_lease_s: float = Field(10.0, gt=0)
 
@@ -139,12 +197,26 @@ class PrepareRequest(BaseModel):
         default_factory=list, description="per old rank, the logical expert held in each physical slot"
     )
     placement: list[list[int]] = Field(description="per new rank, the logical expert of each physical slot")
+    placements: list[list[list[int]]] = Field(
+        default_factory=list,
+        description="per MoE layer, that layer's placement (layer 0 equals `placement`); empty: one layer",
+    )
+    old_placements: list[list[list[int]]] = Field(
+        default_factory=list, description="per MoE layer, the old generation's placement; empty: one layer"
+    )
     store: StoreAddress
     warmup_policy: WarmupPolicy
     strategy: Strategy = Strategy.background
     transfer_backend: TransferBackend
     leave_policy: LeavePolicy = LeavePolicy.finish
     timeouts: Timeouts = Field(default_factory=Timeouts)
+
+
+def layer_placements(placement: list[list[int]], placements: list[list[list[int]]]) -> list[list[list[int]]]:
+    """Every layer's placement from a request or report that carries one (`placement`) or all."""
+    if placements:
+        return placements
+    return [placement] if placement else []
 
 
 class JobRef(BaseModel):
@@ -156,8 +228,32 @@ class PauseRequest(BaseModel):
     lease_s: float | None = Field(None, gt=0, description="overrides the prepare request's pause lease")
 
 
+class ArmRequest(BaseModel):
+    """The engine-agreed commit (`POST /v1/reconfig/arm`, after prepare and sync; instead of pause
+    and switch). Every member of the old generation is armed for the new one; the serving loop's
+    per-step control all-reduce carries it, and the first step boundary at which every member is
+    armed is where all of them pause, switch and resume, with no coordinator exchange in between.
+    A joiner waits for that boundary (a key on the job's rendezvous store) and switches with them.
+    Not all armed within `deadline_s`: each member withdraws its arm, nothing paused, and the job
+    fails with `arm-timeout` (downtime 0). The answer's end phase is `committed`."""
+
+    job_id: str
+    deadline_s: float = Field(gt=0, le=3600, description="how long to wait for every member to arm")
+    lease_s: float | None = Field(None, gt=0, description="overrides the prepare request's pause lease")
+    max_downtime_ms: int | None = Field(
+        None,
+        ge=1,
+        le=3_600_000,
+        description="the downtime budget: after the window's own steps (deferred warm-up), the old "
+        "members agree over their old group whether any of them has been stopped longer; if so all "
+        "resume the old generation and the job fails `downtime-budget-exceeded`",
+    )
+
+
 class AgentError(BaseModel):
-    type: str  # machine-readable, e.g. "policy_mismatch", "rendezvous_timeout", "cleanup_failed"
+    type: str = Field(
+        description="machine-readable, kebab-case", examples=["policy-mismatch", "rendezvous-timeout"]
+    )
     message: str
     step: str | None = None
     engines: list[str] = Field(default_factory=list, description="the engines the error names, if any")
@@ -187,7 +283,9 @@ class ReconfigStatus(BaseModel):
     steps_total: int = 0
     bytes_moved: int = 0
     bytes_total: int = 0
-    transfer_backend: TransferBackend | None = None
+    transfer_backend: TransferBackend | None = Field(
+        None, description="the weight channel's backend; null when no engine had weights to send"
+    )
     warmup_policy: WarmupPolicy
     strategy: Strategy
     synced_value: int | None = Field(None, description="min free KV-cache bytes agreed over the new group")
@@ -231,14 +329,25 @@ class AgentInfo(BaseModel):
     world_size: int
     warmup_policy: WarmupPolicy | None
     placement: list[list[int]] = Field(default_factory=list, description="the active generation's")
+    placements: list[list[list[int]]] = Field(
+        default_factory=list, description="the active generation's, per MoE layer (layer 0 = `placement`)"
+    )
     engine: EngineConfig
     store: StoreAddress
     transfer_backends: list[TransferBackend]
     serving_steps: int
     requests_served: int
     queued_requests: int = Field(0, description="requests waiting for a step (they stall while paused)")
-    expert_load: list[int] = Field(default_factory=list, description="tokens routed per logical expert")
+    expert_load: list[int] = Field(
+        default_factory=list, description="tokens routed per logical expert, summed over the MoE layers"
+    )
+    layer_expert_load: list[list[int]] = Field(
+        default_factory=list, description="tokens routed per logical expert, per MoE layer"
+    )
     free_kv_bytes: int
+    step_ms: dict[str, float] | None = Field(
+        None, description="duration of the recent real serving steps: p50, p99 (ms) and how many steps"
+    )
     reconfig: ReconfigStatus | None = None
     cleanup: CleanupStatus
 
@@ -277,15 +386,39 @@ class FaultInjection(BaseModel):
     )
     release_hang: bool = Field(False, description="let a prepare held by hang_prepare_at_step go on")
     fail_next_switch: bool = False
+    hold_arm: bool = Field(
+        False, description="accept the next arm but never arm the engine (the boundary never comes)"
+    )
     warmup_policy_override: WarmupPolicy | None = Field(
         None, description="pretend the job said this policy (to show the mismatch check)"
     )
 
 
 class AgentHeartbeat(BaseModel):
-    """What an agent sends to the coordinator's `POST /v1/engines/{engine_id}/heartbeat`."""
+    """What an agent sends to the coordinator's `POST /v1/engines/{engine_id}/heartbeat`: the engine's
+    own truth, which the coordinator's view of the deployment follows (`app.deployments.health`)."""
 
     state: AgentState
     generation: int
     rank: int | None = None
     world_size: int = 0
+    serving_steps: int = Field(0, ge=0, description="real serving steps so far (the last step's number)")
+    group_error: str | None = Field(
+        None,
+        max_length=2000,
+        description="why the engine left its generation's group, while it serves none (a peer died)",
+    )
+
+
+class GenerationBroken(BaseModel):
+    """A member's notice to its peers (`POST /v1/generation/broken`): the group of `generation` broke
+    (a collective failed or ran past its deadline), so each gives it up at once instead of waiting out
+    a collective that can no longer complete."""
+
+    generation: int = Field(ge=1)
+    reason: str = Field("", max_length=2000)
+    reporter: str | None = Field(None, max_length=200, description="the engine that found it broken")
+
+
+class GenerationBrokenAnswer(BaseModel):
+    abandoned: bool = Field(description="false when this engine serves another generation (or none)")

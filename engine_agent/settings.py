@@ -30,16 +30,29 @@ class AgentSettings(BaseSettings):
     top_k: int = Field(2, ge=1)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
+    num_moe_layers: int = Field(1, ge=1, le=256)
 
     coordinator: str | None = Field(None, description="coordinator base URL to register with")
     deployment: str | None = None
     token: str | None = None
     heartbeat_s: float = Field(3.0, gt=0)
+    parent_pid: int | None = Field(
+        None, description="the launcher's process: once it is gone, live only while a coordinator answers"
+    )
+    orphan_grace_s: float = Field(
+        15.0, gt=0, description="how long an orphan waits for a coordinator to adopt it before it exits"
+    )
 
     enable_fault_injection: bool = False
     ready_file: str | None = None
     store_timeout_s: float = Field(30.0, gt=0)
     pause_lease_s: float = Field(10.0, gt=0, description="lease after a pause caused by a peer, with no job")
+    torch_threads: int = Field(
+        1,
+        ge=1,
+        description="torch intra-op threads for the serving loop. One: the reference engine's steps are "
+        "small, and several engines per host each taking every core (torch's default) stall one another",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> AgentSettings:
@@ -60,6 +73,7 @@ class AgentSettings(BaseSettings):
             top_k=self.top_k,
             dtype=self.dtype,
             seed=self.seed,
+            num_moe_layers=self.num_moe_layers,
         )
 
     def device_name(self) -> str:

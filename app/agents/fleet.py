@@ -1,43 +1,30 @@
-"""Concurrent calls to many agents: one shared httpx client, one `AgentClient` per engine."""
+"""Concurrent calls to many agents: one shared aiohttp session (a kept-alive connection per agent),
+one `AgentClient` per engine."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
-import httpx
-
-from app.agents.client import DEFAULT_CALL_TIMEOUT_S, AgentCallError, AgentClient
+from app.agents.client import AgentClient
+from app.agents.errors import AgentCallError
+from app.agents.transport import DEFAULT_CALL_TIMEOUT_S, AgentSession
 
 T = TypeVar("T")
 
-# Requests go out as one segment each (no Nagle wait behind a delayed ACK): commit-window calls are
-# latency-bound, every millisecond here is downtime.
-NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-
-
-def new_http_client() -> httpx.AsyncClient:
-    # The limits go on the transport: given a custom transport, httpx ignores the client's `limits=`
-    # (and kept only 20 idle connections, so a fan-out beyond 20 agents reconnected on every call).
-    # A long-poll holds a connection per agent, so keep one idle per agent and then some.
-    return httpx.AsyncClient(
-        transport=httpx.AsyncHTTPTransport(
-            socket_options=NODELAY,
-            # Idle connections expire well before the agent's 75 s keep-alive, so a reused
-            # connection is never one the agent is closing at that moment.
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=256, keepalive_expiry=2.0),
-        ),
-    )
-
 
 class Fleet:
-    """The agents one job talks to. Use as an async context manager (closes the shared client)."""
+    """The agents one job talks to. Use as an async context manager. Given `session` (the runner's
+    one session, so connections to the agents outlive a job), it leaves that session open; without
+    one it opens and closes its own."""
 
-    def __init__(self, *, timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> None:
+    def __init__(
+        self, *, timeout_s: float = DEFAULT_CALL_TIMEOUT_S, session: AgentSession | None = None
+    ) -> None:
         self.timeout_s = timeout_s
-        self._http = new_http_client()
+        self._http = session if session is not None else AgentSession()
+        self._owns_http = session is None
         self._clients: dict[str, AgentClient] = {}
 
     async def __aenter__(self) -> Fleet:
@@ -47,7 +34,8 @@ class Fleet:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._owns_http:
+            await self._http.aclose()
 
     def client(self, engine_id: str, url: str) -> AgentClient:
         existing = self._clients.get(engine_id)

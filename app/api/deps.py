@@ -1,59 +1,112 @@
-"""Typed dependencies for the routers: the database session and the caller's token, by permission."""
+"""Typed dependencies for the routers: the database, the settings and the caller's token, by permission.
+
+Every dependency here is `async`: a sync dependency would take a worker thread of its own, and the
+database is reached only through `Database.run` (see `app.api.database`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Annotated
+import time
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
 
+from app.api.database import Database
 from app.core.auth import Permission, Principal, authorize
 from app.core.config import Settings
 from app.core.errors import AuthenticationError
 from app.tokens.models import TokenRole
-from app.tokens.service import authenticate
+from app.tokens.service import authenticate, hash_token
 
 bearer_scheme = HTTPBearer(auto_error=False, description="an API token: `Authorization: Bearer epctl_...`")
 
 
-def get_db_engine(request: Request) -> Engine:
+async def get_db_engine(request: Request) -> Engine:
     engine: Engine = request.app.state.db_engine
     return engine
 
 
-def get_settings_dep(request: Request) -> Settings:
+async def get_database(request: Request) -> Database:
+    database: Database = request.app.state.database
+    return database
+
+
+async def get_settings_dep(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_session(engine: Annotated[Engine, Depends(get_db_engine)]) -> Iterator[Session]:
-    with Session(engine, expire_on_commit=False) as session:
-        yield session
-
-
-SessionDep = Annotated[Session, Depends(get_session)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
-def get_principal(
-    session: SessionDep,
+class PrincipalCache:
+    """Valid tokens seen in the last `ttl_s` seconds, by the hash of their secret: under load, one
+    database lookup per token per interval instead of one per request. Only successes are kept (an
+    unknown secret always reaches the database), the cache is bounded, and a revoke through this
+    coordinator clears it at once; another coordinator's revoke is seen within `ttl_s`."""
+
+    MAX_ENTRIES = 10_000
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._entries: dict[str, tuple[float, Principal]] = {}
+
+    def get(self, secret_hash: str) -> Principal | None:
+        entry = self._entries.get(secret_hash)
+        if entry is None or time.monotonic() - entry[0] > self.ttl_s:
+            return None
+        return entry[1]
+
+    def put(self, secret_hash: str, principal: Principal) -> None:
+        if self.ttl_s <= 0:
+            return
+        if len(self._entries) >= self.MAX_ENTRIES:
+            self._entries.clear()
+        self._entries[secret_hash] = (time.monotonic(), principal)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+async def get_principal_cache(request: Request) -> PrincipalCache:
+    cache: PrincipalCache | None = getattr(request.app.state, "principal_cache", None)
+    if cache is None:
+        settings: Settings | None = getattr(request.app.state, "settings", None)
+        cache = PrincipalCache(settings.auth_cache_s if settings is not None else 0.0)
+        request.app.state.principal_cache = cache
+    return cache
+
+
+PrincipalCacheDep = Annotated[PrincipalCache, Depends(get_principal_cache)]
+
+
+async def get_principal(
+    database: DatabaseDep,
+    cache: PrincipalCacheDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> Principal:
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise AuthenticationError(
             "missing bearer token: send `Authorization: Bearer <token>`", code="missing-token"
         )
-    token = authenticate(session, secret=credentials.credentials)
+    secret = credentials.credentials
+    secret_hash = hash_token(secret)
+    cached = cache.get(secret_hash)
+    if cached is not None:
+        return cached
+    token = await database.run(lambda session: authenticate(session, secret=secret))
     if token is None:
         raise AuthenticationError("unknown or revoked token", code="invalid-token")
-    return Principal(token_id=token.id, name=token.name, role=TokenRole(token.role))
+    principal = Principal(token_id=token.id, name=token.name, role=TokenRole(token.role))
+    cache.put(secret_hash, principal)
+    return principal
 
 
-def require(permission: Permission) -> Callable[[Principal], Principal]:
-    def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+def require(permission: Permission) -> Callable[[Principal], Coroutine[Any, Any, Principal]]:
+    async def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         return authorize(principal, permission)
 
     dependency.__name__ = f"require_{permission.value}"

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
+import anyio
 import sqlalchemy as sa
-from fastapi import APIRouter, Depends
-from sqlalchemy.engine import Engine
+from fastapi import APIRouter
 
-from app.api.deps import get_db_engine
+from app.api.deps import DatabaseDep
 from app.core.db import schema_is_current
 from app.core.errors import UnavailableError
 from app.core.problems import problem_responses
@@ -17,18 +17,24 @@ class NotReadyError(UnavailableError):
 
 
 @router.get("/healthz", name="alive")
-def healthz() -> dict[str, str]:
-    """The process is alive (no dependencies checked)."""
+async def healthz() -> dict[str, str]:
+    """The process is alive (no dependencies checked; answered ahead of routing, never waits for the
+    database or a worker thread)."""
     return {"status": "ok"}
 
 
 @router.get("/readyz", name="ready", responses=problem_responses(503))
-def readyz(engine: Engine = Depends(get_db_engine)) -> dict[str, str]:
+async def readyz(db: DatabaseDep) -> dict[str, str]:
     """The database answers and its schema is at the newest migration."""
-    try:
+    engine = db.engine
+
+    def check() -> bool:
         with engine.connect() as connection:
             connection.execute(sa.text("SELECT 1"))
-        current = schema_is_current(engine)
+        return schema_is_current(engine)
+
+    try:
+        current = await anyio.to_thread.run_sync(check, limiter=db.limiter)
     except Exception as exc:
         raise NotReadyError(f"database unreachable: {type(exc).__name__}: {exc}") from None
     if not current:

@@ -41,9 +41,7 @@ TokenOption = Annotated[
     typer.Option("--token", envvar="EPCTL_TOKEN", help="Bearer token (EPCTL_TOKEN).", show_default=False),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-DeploymentFilter = Annotated[
-    str | None, typer.Option("--deployment", "-d", help="Only this deployment.")
-]
+DeploymentFilter = Annotated[str | None, typer.Option("--deployment", "-d", help="Only this deployment.")]
 
 # Piped output (scripts, logs) gets wide lines instead of tables folded at 80 columns.
 stdout = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 250)
@@ -138,8 +136,11 @@ def _problem_of(response: httpx.Response) -> dict[str, Any]:
         body = None
     if isinstance(body, dict):
         return body
-    return {"title": response.reason_phrase or f"HTTP {response.status_code}",
-            "detail": response.text[:500] or None, "status": response.status_code}
+    return {
+        "title": response.reason_phrase or f"HTTP {response.status_code}",
+        "detail": response.text[:500] or None,
+        "status": response.status_code,
+    }
 
 
 def connect(url: str, token: str | None) -> Coordinator:
@@ -209,8 +210,12 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table
     out = Table(title=title, title_justify="left", header_style="bold", box=None, pad_edge=False)
     for name in columns:
         prose = name in _PROSE_COLUMNS
-        out.add_column(name, justify="right" if name.endswith(("ms", "size", "#", "%")) else "left",
-                       overflow="fold", no_wrap=not prose)
+        out.add_column(
+            name,
+            justify="right" if name.endswith(("ms", "size", "#", "%")) else "left",
+            overflow="fold",
+            no_wrap=not prose,
+        )
     for row in rows:
         out.add_row(*[_cell(value) for value in row])
     return out
@@ -225,6 +230,9 @@ def _cell(value: Any) -> str:
         return f"{value:.1f}"
     return str(value)
 
+
+# A job's phases in the order they run (the summary's table and the live chips follow it).
+PHASE_ORDER = ("preparing", "syncing", "committing", "cleaning_up")
 
 STATE_STYLE = {
     "succeeded": "green",

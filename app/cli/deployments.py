@@ -8,6 +8,7 @@ import typer
 
 from app.cli.client import (
     DEFAULT_URL,
+    Coordinator,
     JsonOption,
     TokenOption,
     UrlOption,
@@ -19,13 +20,27 @@ from app.cli.client import (
     table,
 )
 
-app = typer.Typer(help="Deployments: one EP group of engines, its size limits and policies.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Deployments: one EP group of engines, its size limits and policies.", no_args_is_help=True
+)
 
-WarmupOption = Annotated[
-    str | None, typer.Option("--warmup-policy", help="auto | eager | deferred")
-]
+WarmupOption = Annotated[str | None, typer.Option("--warmup-policy", help="auto | eager | deferred")]
 StrategyOption = Annotated[str | None, typer.Option("--strategy", help="background | blocking")]
+MaxDowntimeOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-downtime-ms", help="Downtime budget: a commit window that would run longer rolls back."
+    ),
+]
+RayOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--ray",
+        help="Ray setting KEY=VALUE for launcher ray (address, namespace, num_cpus, num_gpus, memory_mb, "
+        "placement_strategy, placement_timeout_s, agent_host; dotted for maps: resources.NAME=N, "
+        "runtime_env.env_vars.NAME=V, runtime_env.working_dir=DIR); repeatable.",
+    ),
+]
 
 
 def _deployment_rows(deployments: list[dict[str, Any]]) -> list[list[Any]]:
@@ -33,6 +48,7 @@ def _deployment_rows(deployments: list[dict[str, Any]]) -> list[list[Any]]:
         [
             d.get("name"),
             d.get("current_dp_size"),
+            _desired_cell(d.get("desired") or {}),
             f"{d.get('min_dp_size')}..{d.get('max_dp_size')}",
             d.get("generation"),
             d.get("status"),
@@ -45,15 +61,70 @@ def _deployment_rows(deployments: list[dict[str, Any]]) -> list[list[Any]]:
     ]
 
 
-_COLUMNS = ["NAME", "DP size", "LIMITS", "GEN", "STATUS", "WARM-UP", "STRATEGY", "LAUNCHER", "ACTIVE JOB"]
+def _desired_cell(desired: dict[str, Any]) -> str:
+    """`5 (pending: cooldown)` while an autoscaler's request waits, `5` once acted on, `-` if none."""
+    if desired.get("dp_size") is None:
+        return "-"
+    if desired.get("pending"):
+        return f"{desired['dp_size']} (pending: {desired.get('blocked_by') or 'next tick'})"
+    return str(desired["dp_size"])
+
+
+_COLUMNS = [
+    "NAME",
+    "DP size",
+    "DESIRED",
+    "LIMITS",
+    "GEN",
+    "STATUS",
+    "WARM-UP",
+    "STRATEGY",
+    "LAUNCHER",
+    "ACTIVE JOB",
+]
 
 
 def show_deployment(deployment: dict[str, Any]) -> None:
     stdout.print(table(None, _COLUMNS, _deployment_rows([deployment])))
+    vllm = deployment.get("vllm")
     engine = deployment.get("engine") or {}
-    if engine:
+    if vllm:
+        key = "set" if vllm.get("api_key_set") else "none"
+        stdout.print(
+            f"\nbackend: vllm at {vllm.get('url') or '(not started)'}  api key: {key}  "
+            f"drain timeout: {vllm.get('drain_timeout_s')} s"
+            + (f"  model: {vllm['model']}" if vllm.get("model") else "")
+        )
+    elif engine:
         layout = ", ".join(f"{k}={v}" for k, v in engine.items())
         stdout.print(f"\nengine: {layout}")
+    desired = deployment.get("desired") or {}
+    if desired.get("dp_size") is not None:
+        stdout.print(
+            f"desired: {desired['dp_size']} from {desired.get('source')}"
+            + (f" ({desired['requester']})" if desired.get("requester") else "")
+            + f" at {desired.get('requested_at')}: {desired.get('reason')}"
+            + (
+                f"  [yellow]pending ({desired.get('blocked_by') or 'next tick'})[/]"
+                if desired.get("pending")
+                else ""
+            )
+        )
+    if desired.get("next_scale_at"):
+        stdout.print(f"next scale allowed at: {desired['next_scale_at']} (cooldown)")
+    detail = deployment.get("status_detail")
+    if detail:
+        stdout.print(
+            f"[bold yellow]{deployment.get('status')}[/] ({detail.get('reason')}): {detail.get('message')}"
+        )
+        if detail.get("hint"):
+            stdout.print(f"  [yellow]hint:[/] {detail['hint']}")
+    if deployment.get("max_downtime_ms") is not None:
+        stdout.print(f"downtime budget: {deployment['max_downtime_ms']} ms")
+    ray = deployment.get("ray")
+    if ray:
+        shown = ", ".join(f"{k}={v}" for k, v in ray.items() if v not in (None, {}, []))
+        stdout.print(f"ray: {shown}")
     stdout.print(f"id: {deployment.get('id')}   created: {short_time(deployment.get('created_at'))}")
 
 
@@ -95,26 +166,61 @@ def create(
     name: Annotated[str, typer.Argument(help="Deployment name (a DNS-label style slug).")],
     min_dp_size: Annotated[int, typer.Option("--min", help="Smallest DP size allowed.")] = 1,
     max_dp_size: Annotated[int, typer.Option("--max", help="Largest DP size allowed.")] = 8,
-    launcher: Annotated[str, typer.Option("--launcher", help="local | static")] = "local",
+    launcher: Annotated[str, typer.Option("--launcher", help="local | static | ray")] = "local",
     warmup_policy: WarmupOption = None,
     strategy: StrategyOption = None,
+    max_downtime_ms: MaxDowntimeOption = None,
+    ray_option: RayOption = None,
     engine_option: Annotated[
         list[str] | None,
         typer.Option("--engine", help="Engine config KEY=VALUE (e.g. num_logical_experts=16); repeatable."),
+    ] = None,
+    backend: Annotated[str, typer.Option("--backend", help="reference | vllm")] = "reference",
+    vllm_url: Annotated[str | None, typer.Option("--vllm-url", help="vllm: the API server's URL.")] = None,
+    vllm_api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--vllm-api-key", envvar="EPCTL_VLLM_API_KEY", help="vllm: its API key (or the env var)."
+        ),
+    ] = None,
+    vllm_model: Annotated[
+        str | None, typer.Option("--vllm-model", help="vllm, launcher local: the model to serve.")
+    ] = None,
+    drain_timeout_s: Annotated[
+        int | None, typer.Option("--drain-timeout", help="vllm: seconds to drain requests before a scale.")
+    ] = None,
+    serve_arg: Annotated[
+        list[str] | None, typer.Option("--serve-arg", help="vllm, launcher local: a server flag; repeatable.")
     ] = None,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create a deployment (admin)."""
-    body: dict[str, Any] = {"name": name, "min_dp_size": min_dp_size, "max_dp_size": max_dp_size,
-                            "launcher": launcher}
+    body: dict[str, Any] = {
+        "name": name,
+        "min_dp_size": min_dp_size,
+        "max_dp_size": max_dp_size,
+        "launcher": launcher,
+        "backend": backend,
+    }
+    if backend == "vllm":
+        vllm: dict[str, Any] = {"url": vllm_url, "api_key": vllm_api_key, "model": vllm_model}
+        if drain_timeout_s is not None:
+            vllm["drain_timeout_s"] = drain_timeout_s
+        if serve_arg:
+            vllm["serve_args"] = serve_arg
+        body["vllm"] = {k: v for k, v in vllm.items() if v is not None}
     if warmup_policy:
         body["warmup_policy"] = warmup_policy
     if strategy:
         body["strategy"] = strategy
+    if max_downtime_ms is not None:
+        body["max_downtime_ms"] = max_downtime_ms
     if engine_option:
         body["engine"] = _parse_key_values(engine_option)
+    if ray_option:
+        body["ray"] = ray_settings({}, ray_option)
     with api_errors(), connect(url, token) as api:
         deployment = api.post("/v1/deployments", body)
     if as_json:
@@ -134,11 +240,16 @@ def update(
     cooldown_s: Annotated[
         float | None, typer.Option("--autoscale-cooldown", help="Seconds between autoscaler requests.")
     ] = None,
+    max_downtime_ms: MaxDowntimeOption = None,
+    no_max_downtime: Annotated[
+        bool, typer.Option("--no-max-downtime", help="Turn the downtime budget off.")
+    ] = False,
+    ray_option: RayOption = None,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Change a deployment's limits or policies (admin). Only the options given change."""
+    """Change a deployment's limits, policies or Ray settings (admin). Only the options given change."""
     body: dict[str, Any] = {
         key: value
         for key, value in {
@@ -147,13 +258,23 @@ def update(
             "warmup_policy": warmup_policy,
             "strategy": strategy,
             "autoscale_cooldown_s": cooldown_s,
+            "max_downtime_ms": max_downtime_ms,
         }.items()
         if value is not None
     }
-    if not body:
-        raise typer.BadParameter("give at least one of --min, --max, --warmup-policy, --strategy, "
-                                 "--autoscale-cooldown")
+    if no_max_downtime:
+        if max_downtime_ms is not None:
+            raise typer.BadParameter("give --max-downtime-ms or --no-max-downtime, not both")
+        body["max_downtime_ms"] = None  # an explicit null: the API turns the budget off
+    if not body and not ray_option:
+        raise typer.BadParameter(
+            "give at least one of --min, --max, --warmup-policy, --strategy, --autoscale-cooldown, "
+            "--max-downtime-ms, --no-max-downtime, --ray"
+        )
     with api_errors(), connect(url, token) as api:
+        if ray_option:
+            current = api.get(f"/v1/deployments/{name}").get("ray") or {}
+            body["ray"] = ray_settings(current, ray_option)
         deployment = api.patch(f"/v1/deployments/{name}", body)
     if as_json:
         print_json(deployment)
@@ -179,6 +300,96 @@ def delete(
         print_json({"deleted": name})
     else:
         stdout.print(f"Deleted deployment [bold]{name}[/].")
+
+
+@app.command("engine")
+def engine(
+    name: Annotated[str, typer.Argument(help="Deployment name (backend vllm).")],
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """A vLLM deployment's server as it answers now, beside the record."""
+    with api_errors(), connect(url, token) as api:
+        view = api.get(f"/v1/deployments/{name}/engine")
+    _print_engine(view, as_json)
+
+
+@app.command("reconcile-engine")
+def reconcile_engine(
+    name: Annotated[str, typer.Argument(help="Deployment name (backend vllm).")],
+    dp_size: Annotated[int | None, typer.Option("--dp-size", help="State the server's DP size.")] = None,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Bring the record in line with the vLLM server (operator): ready when it serves."""
+    with api_errors(), connect(url, token) as api:
+        view = api.post(f"/v1/deployments/{name}/engine/reconcile", {"dp_size": dp_size} if dp_size else None)
+    _print_engine(view, as_json)
+
+
+@app.command("restart-engine")
+def restart_engine(
+    name: Annotated[str, typer.Argument(help="Deployment name (backend vllm, launcher local).")],
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Restart the vLLM server the local launcher runs for a deployment (operator); waits until ready."""
+    with api_errors(), Coordinator(url=url or DEFAULT_URL, token=token or None, timeout_s=900.0) as api:
+        view = api.post(f"/v1/deployments/{name}/engine/restart")
+    _print_engine(view, as_json)
+
+
+def _print_engine(view: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print_json(view)
+        return
+    if not view.get("reachable"):
+        state = f"[red]unreachable[/] ({view.get('error')})"
+    elif view.get("scaling"):
+        state = "[yellow]scaling[/]"
+    else:
+        state = (
+            "[green]serving[/]" if view.get("healthy") else f"[red]unhealthy[/] ({view.get('health_status')})"
+        )
+    stdout.print(f"[bold]{view.get('deployment')}[/]: vLLM at {view.get('url') or '-'} {state}")
+    stdout.print(
+        f"DP size {view.get('current_dp_size')} (record); metrics show {view.get('metrics_engines')} "
+        f"engine(s), expected {view.get('expected_metrics_engines')}; status {view.get('status')}"
+    )
+    detail = view.get("status_detail")
+    if detail:
+        stdout.print(f"  {detail.get('reason')}: {detail.get('message')}")
+        if detail.get("hint"):
+            stdout.print(f"  [yellow]hint:[/] {detail['hint']}")
+    for note in view.get("notes") or []:
+        stdout.print(f"  [dim]{note}[/]")
+    if view.get("server_pid"):
+        stdout.print(f"  local server pid {view['server_pid']}, log {view.get('server_log')}")
+
+
+def ray_settings(current: dict[str, Any], pairs: list[str]) -> dict[str, Any]:
+    """`current` Ray settings with KEY=VALUE pairs applied; dotted keys reach into maps
+    (`resources.accel=1`, `runtime_env.env_vars.X=y`). Values are numbers where they parse as such,
+    except environment variables, which stay strings."""
+    settings: dict[str, Any] = {k: v for k, v in current.items() if v is not None}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}")
+        path = key.strip().split(".")
+        target = settings
+        for part in path[:-1]:
+            child = target.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                target[part] = child
+            target = child
+        in_env = path[:-1] == ["runtime_env", "env_vars"]
+        target[path[-1]] = raw if in_env else _parse_key_values([f"x={raw}"])["x"]
+    return settings
 
 
 def _parse_key_values(pairs: list[str]) -> dict[str, Any]:

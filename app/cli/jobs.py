@@ -27,7 +27,8 @@ from app.cli.client import (
     styled_state,
     table,
 )
-from app.cli.watch import WatchTimeout, describe_failure, follow, job_path, print_summary
+from app.cli.job_summary import describe_failure, print_summary
+from app.cli.watch import WatchTimeout, follow, job_path
 
 app = typer.Typer(help="Reconfiguration jobs: history, details, live progress, cancel.", no_args_is_help=True)
 cleanup_app = typer.Typer(help="Resolve a job's failed background cleanup.", no_args_is_help=True)
@@ -81,7 +82,10 @@ def list_jobs(
     state: Annotated[str | None, typer.Option("--state", "-s", help="Only jobs in this state.")] = None,
     source: Annotated[
         str | None,
-        typer.Option("--source", help="Only jobs requested by: api, cli, autoscaler, webhook, system."),
+        typer.Option(
+            "--source",
+            help="Only jobs requested by: api, cli, autoscaler, webhook, system, scale-subresource.",
+        ),
     ] = None,
     since: Annotated[
         str | None, typer.Option("--since", help="Created after: ISO time or an age (30m, 2h, 7d).")
@@ -116,17 +120,54 @@ def list_jobs(
                 break
             params["cursor"] = next_cursor
     if as_json:
-        print_json({"data": jobs, "count": page.get("count"), "next_cursor": next_cursor})
+        print_json(
+            {
+                "data": jobs,
+                "count": page.get("count"),
+                "count_exact": page.get("count_exact", True),
+                "next_cursor": next_cursor,
+            }
+        )
         return
     if not jobs:
         stdout.print("No reconfigurations match.")
         return
     stdout.print(table(None, JOB_COLUMNS, job_rows(jobs)))
     total = page.get("count")
-    footer = f"{len(jobs)} shown" + (f" of {total}" if total is not None else "")
+    bound = "" if page.get("count_exact", True) else "+"  # a capped count is a lower bound
+    footer = f"{len(jobs)} shown" + (f" of {total}{bound}" if total is not None else "")
     if next_cursor:
         footer += f"; next page: --cursor {next_cursor}"
     stderr.print(f"[dim]{footer}[/]")
+
+
+def probe_lines(job: dict[str, Any]) -> list[str]:
+    """What the canary probe saw, beyond the client downtime of the summary: rate, latency outside
+    the window, what prepare cost against before the job, and engines it could not reach."""
+    probe = job.get("probe")
+    if not isinstance(probe, dict) or probe.get("client_downtime_ms") is None:
+        return []
+
+    def ms(value: Any) -> str:
+        return fmt_ms(value) if isinstance(value, int | float) else "-"
+
+    lines = [
+        f"[bold]probe:[/] {probe.get('canaries_sent', 0)} canaries to {probe.get('targets', 0)} engines "
+        f"every {ms(probe.get('interval_ms'))}, {probe.get('canaries_failed', 0)} failed; "
+        f"p50 outside the window {ms(probe.get('latency_p50_ms_outside_downtime'))}"
+    ]
+    phases = probe.get("phases") or {}
+    before, prepare = phases.get("before"), phases.get("prepare")
+    if isinstance(before, dict) and isinstance(prepare, dict):
+        lines.append(
+            f"  [dim]prepare cost:[/] p99 {ms(prepare.get('p99_ms'))} (before {ms(before.get('p99_ms'))}), "
+            f"longest gap {ms(prepare.get('longest_gap_ms'))} (before {ms(before.get('longest_gap_ms'))})"
+        )
+    unreachable = probe.get("unreachable") or {}
+    if unreachable:
+        named = ", ".join(f"{engine} ({why})" for engine, why in sorted(unreachable.items()))
+        lines.append(f"  [yellow]probe could not reach:[/] {named}")
+    return lines
 
 
 @app.command("show")
@@ -144,6 +185,8 @@ def show(
         print_json(job)
         return
     print_summary(job)
+    for line in probe_lines(job):
+        stdout.print(line)
     events = job.get("events") or []
     if log and events:
         rows = [
@@ -204,8 +247,10 @@ def cancel(
     if state == "cancelled":
         stdout.print(f"Job {job_id} cancelled.")
     else:
-        stdout.print(f"Cancel requested for job {job_id} (now {styled_state(state)}); "
-                     f"`epctl jobs watch {job_id}` to see it end.")
+        stdout.print(
+            f"Cancel requested for job {job_id} (now {styled_state(state)}); "
+            f"`epctl jobs watch {job_id}` to see it end."
+        )
 
 
 @cleanup_app.command("retry")

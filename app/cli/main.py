@@ -3,9 +3,11 @@ registered here (`app.command(...)` for a top-level command, `app.add_typer(...)
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
-from app.cli import deployments, engines, jobs, webhooks
+from app.cli import deployments, engines, jobs, tokens, webhooks
 from app.cli.scale import scale
 from app.cli.serve import serve
 from app.cli.up import up
@@ -31,10 +33,24 @@ app.command("scale")(scale)
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(jobs.cleanup_app, name="cleanup")
 app.add_typer(webhooks.app, name="webhooks")
+app.add_typer(tokens.app, name="tokens")
+
+GLOBAL_FLAGS = ("--json",)
+
+
+def hoist_flags(argv: list[str]) -> list[str]:
+    """`epctl --json jobs list` and `epctl jobs --json list` mean `epctl jobs list --json`: the flag is
+    an option of each command, so move it behind the command path (nothing after `--` moves)."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    flags = [arg for arg in argv[:end] if arg in GLOBAL_FLAGS]
+    if not flags:
+        return argv
+    rest = [arg for arg in argv[:end] if arg not in GLOBAL_FLAGS]
+    return rest + flags + argv[end:]
 
 
 def main() -> None:
-    app()
+    app(args=hoist_flags(sys.argv[1:]), prog_name="epctl")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from app.core.config import ConfigError, load_settings
+from app.core.config import ConfigError, Settings, load_settings
+from app.launchers.state_lock import DataDirInUseError, hold_state_dir
+
+
+def claim_data_dir(settings: Settings, *, holder: str = "epctl serve") -> Path | None:
+    """Lock the local launcher's data directory before touching anything, when this coordinator runs
+    jobs (and so may start and stop local agents there); `DataDirInUseError` when another holds it."""
+    from app.runner.settings import load_runner_settings
+
+    runner = load_runner_settings()
+    if not runner.enabled:
+        return None
+    return hold_state_dir(Path(runner.state_dir or settings.data_dir), holder=holder)
 
 
 def serve(
@@ -18,6 +31,7 @@ def serve(
     from sqlalchemy.exc import SQLAlchemyError
 
     from app.main import announce_admin_token, create_app, start_database
+    from engine_agent.logs import configure_logging
 
     overrides: dict[str, object] = {}
     if host is not None:
@@ -29,6 +43,12 @@ def serve(
     except ConfigError as exc:
         typer.echo(f"epctl serve: {exc}", err=True)
         raise typer.Exit(2) from None
+    configure_logging(settings.log_format)
+    try:
+        claim_data_dir(settings)
+    except (ConfigError, DataDirInUseError) as exc:
+        typer.echo(f"epctl serve: {exc}", err=True)
+        raise typer.Exit(1) from None
     try:
         engine, generated = start_database(settings)
     except SQLAlchemyError as exc:
@@ -37,8 +57,7 @@ def serve(
     engine.dispose()
     if generated is not None:
         announce_admin_token(generated)
-    typer.echo(
-        f"epctl: coordinator on http://{settings.host}:{settings.port} (database {settings.database_url})",
-        err=True,
+    # log_config=None: uvicorn's loggers go through the handler configure_logging set up.
+    uvicorn.run(
+        create_app(settings), host=settings.host, port=settings.port, log_level="info", log_config=None
     )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")

@@ -2,23 +2,41 @@
 
 Starts the coordinator in this process (uvicorn, 127.0.0.1), creates the deployment with the local
 launcher if it does not exist, scales it to two engines through the API and waits for that job, then
-prints the URL, an admin token and curl commands to scale it. Ctrl-C stops the coordinator and every
-agent it launched (the deployment is left at size 0, so the next `epctl up` starts it afresh).
+prints the URL, how to use the admin token and curl commands to scale it. Ctrl-C, SIGTERM and SIGHUP
+stop the coordinator and every agent it launched (the deployment is left at size 0, so the next
+`epctl up` starts it afresh).
+
+The data directory is locked first (`app.launchers.state_lock`): a second `epctl up` on it refuses with
+one line and touches nothing. After a crash the agents wait for a coordinator to adopt them
+(`--parent-pid` in `app.launchers.local`); a restarted `epctl up` adopts the deployment as it runs
+(never rescales it, and never stops it because the job the crash interrupted rolled back). When every
+engine of the previous run is gone, it starts the deployment afresh.
+
+The admin token: `EPCTL_ADMIN_TOKEN` when set; otherwise the first start creates one admin token,
+prints it once and keeps it in `<data dir>/admin-token` (mode 0600), and every later `epctl up` reuses
+that file instead of minting another token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import typer
 
+from app.cli.serve import claim_data_dir
 from app.core.config import ConfigError, Settings, load_settings
+from app.launchers.state_lock import DataDirInUseError
+from engine_agent.logs import configure_logging
 
 DEMO = "demo"
 DEMO_ENGINES = 2
@@ -30,7 +48,15 @@ def up(
         Path | None,
         typer.Option(help="where the SQLite file and agent logs live (default EPCTL_DATA_DIR or .data)"),
     ] = None,
-    engines: Annotated[int, typer.Option(help="engines of the demo deployment", min=1, max=8)] = DEMO_ENGINES,
+    engines: Annotated[
+        int | None,
+        typer.Option(
+            help=f"engines of the demo deployment when it starts afresh (default {DEMO_ENGINES}); a "
+            "deployment still running from an earlier `epctl up` is adopted as it is",
+            min=1,
+            max=8,
+        ),
+    ] = None,
 ) -> None:
     """Run the coordinator (SQLite) and a local deployment `demo` of reference engines."""
     overrides: dict[str, object] = {"host": "127.0.0.1", "port": port}
@@ -38,28 +64,64 @@ def up(
         overrides["data_dir"] = data_dir
     try:
         settings = load_settings(**overrides)
-    except ConfigError as exc:
+        # Before anything is touched: a second `epctl up` on this directory must leave the first alone.
+        claim_data_dir(settings, holder="epctl up")
+    except (ConfigError, DataDirInUseError) as exc:
         typer.echo(f"epctl up: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(2 if isinstance(exc, ConfigError) else 1) from None
+    configure_logging(settings.log_format, logging.WARNING)  # a terminal session: warnings and errors only
+    _forget_a_dead_run(settings)
     try:
         asyncio.run(_run(settings, engines))
     except KeyboardInterrupt:
         pass
     finally:
+        # The cleanup is bounded (SIGKILL after a grace); a second SIGTERM or SIGHUP must not cut it short.
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         _stop_engines(settings)
     typer.echo("epctl up: stopped the coordinator and its engines.", err=True)
 
 
-async def _run(settings: Settings, engines: int) -> None:
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _server_class() -> type[Any]:
+    import uvicorn
+
+    class UpServer(uvicorn.Server):
+        """uvicorn's server, but SIGINT, SIGTERM and SIGHUP only end `serve()`: uvicorn re-raises the
+        signal it caught once it has shut down, which would kill `epctl up` before it stops its
+        engines (they would outlive it, orphaned)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return UpServer
+
+
+ADMIN_TOKEN_FILE = "admin-token"
+
+
+async def _run(settings: Settings, engines: int | None) -> None:
     import uvicorn
 
     from app.main import create_app
 
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    token, first = await asyncio.to_thread(_session_admin_token, settings)
+    server = _server_class()(
+        uvicorn.Config(
+            create_app(settings), host=settings.host, port=settings.port, log_level="warning", log_config=None
+        )
     )
     serving = asyncio.create_task(server.serve())
-    setup = asyncio.create_task(_set_up(server, settings, engines))
+    setup = asyncio.create_task(_set_up(server, settings, engines, token, first))
     try:
         done, _ = await asyncio.wait({serving, setup}, return_when=asyncio.FIRST_COMPLETED)
         if setup in done and setup.exception() is not None:
@@ -72,47 +134,65 @@ async def _run(settings: Settings, engines: int) -> None:
             await setup
 
 
-async def _set_up(server: Any, settings: Settings, engines: int) -> None:
+async def _set_up(server: Any, settings: Settings, engines: int | None, token: str, first: bool) -> None:
     while not server.started:
         if server.should_exit:
             return
         await asyncio.sleep(0.05)
     url = f"http://{settings.host}:{settings.port}"
-    token = await asyncio.to_thread(_session_admin_token, settings)
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30.0) as api:
-        found = await api.get(f"/v1/deployments/{DEMO}")
-        if found.status_code == 404:
-            created = await api.post(
-                "/v1/deployments",
-                json={"name": DEMO, "launcher": "local", "min_dp_size": 1, "max_dp_size": 8},
-            )
-            created.raise_for_status()
-            deployment = created.json()
-        else:
-            found.raise_for_status()
-            deployment = found.json()
-        if deployment["current_dp_size"] != engines:
-            typer.echo(f"epctl up: starting {engines} reference engines for deployment {DEMO} ...", err=True)
-            started = time.monotonic()
-            requested = await api.post(
-                "/v1/reconfigurations",
-                json={"deployment": DEMO, "target_dp_size": engines, "source": "cli", "reason": "epctl up"},
-            )
-            if requested.status_code == 409 and requested.json().get("active_job_id"):
-                job_id = requested.json()["active_job_id"]
-            else:
-                requested.raise_for_status()
-                job_id = requested.json()["id"]
+        deployment = await _demo_deployment(api)
+        if deployment["active_job_id"]:
+            # A job the previous run left: this coordinator reconciles it; whatever its outcome, the
+            # engines that serve stay up (a restart never takes the deployment down).
+            job_id = deployment["active_job_id"]
+            typer.echo(f"epctl up: finishing job {job_id} left by the previous run ...", err=True)
             job = await _wait(api, job_id)
-            if job["state"] != "succeeded":
-                raise RuntimeError(
-                    f"starting the engines failed: job {job_id} {job['state']}: {job.get('error')}"
-                )
+            typer.echo(f"epctl up: job {job_id} ended {job['state']}", err=True)
+            deployment = await _demo_deployment(api)
+        size = int(deployment["current_dp_size"])
+        if size > 0:
+            ignored = ""
+            if engines is not None and engines != size:
+                ignored = f"; --engines {engines} ignored (to resize: epctl scale {DEMO} {engines})"
             typer.echo(
-                f"epctl up: {engines} engines serving after {time.monotonic() - started:.1f} s", err=True
+                f"epctl up: adopted deployment {DEMO} as it runs: {size} engines, generation "
+                f"{deployment['generation']}, {deployment['status']}{ignored}",
+                err=True,
             )
-    _print_welcome(url, token, settings, engines)
+        else:
+            size = engines or DEMO_ENGINES
+            await _start_engines(api, size)
+    _print_welcome(url, token if first else None, settings, size)
+
+
+async def _demo_deployment(api: httpx.AsyncClient) -> dict[str, Any]:
+    """The demo deployment, created (size 0, local launcher) when it does not exist."""
+    found = await api.get(f"/v1/deployments/{DEMO}")
+    if found.status_code == 404:
+        created = await api.post(
+            "/v1/deployments", json={"name": DEMO, "launcher": "local", "min_dp_size": 1, "max_dp_size": 8}
+        )
+        created.raise_for_status()
+        return dict(created.json())
+    found.raise_for_status()
+    return dict(found.json())
+
+
+async def _start_engines(api: httpx.AsyncClient, engines: int) -> None:
+    typer.echo(f"epctl up: starting {engines} reference engines for deployment {DEMO} ...", err=True)
+    started = time.monotonic()
+    requested = await api.post(
+        "/v1/reconfigurations",
+        json={"deployment": DEMO, "target_dp_size": engines, "source": "cli", "reason": "epctl up"},
+    )
+    requested.raise_for_status()
+    job_id = requested.json()["id"]
+    job = await _wait(api, job_id)
+    if job["state"] != "succeeded":
+        raise RuntimeError(f"starting the engines failed: job {job_id} {job['state']}: {job.get('error')}")
+    typer.echo(f"epctl up: {engines} engines serving after {time.monotonic() - started:.1f} s", err=True)
 
 
 async def _wait(api: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
@@ -125,38 +205,72 @@ async def _wait(api: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
         await asyncio.sleep(0.2)
 
 
-def _session_admin_token(settings: Settings) -> str:
-    """An admin token for this session (the first admin token is shown only once, at first start)."""
-    if settings.admin_token is not None:
-        return settings.admin_token.get_secret_value()
+def admin_token_file(settings: Settings) -> Path:
+    return Path(settings.data_dir) / ADMIN_TOKEN_FILE
+
+
+def _session_admin_token(settings: Settings) -> tuple[str, bool]:
+    """(an admin token for this session, whether it is new and must be shown). Migrates the database and
+    makes its first admin token here, before the coordinator starts, so that exactly one is made and
+    printed: EPCTL_ADMIN_TOKEN if set, else the token kept in `<data dir>/admin-token`, else (first start)
+    a new one, written there. Never a new token per run."""
     from sqlmodel import Session
 
-    from app.core.db import make_engine
     from app.core.ids import new_ulid
+    from app.main import start_database
     from app.tokens.models import TokenRole
-    from app.tokens.service import create_token
+    from app.tokens.service import authenticate, create_token
 
-    engine = make_engine(settings.database_url)
+    engine, generated = start_database(settings)
     try:
+        if settings.admin_token is not None:
+            return settings.admin_token.get_secret_value(), False
+        path = admin_token_file(settings)
+        if generated is not None:
+            _write_secret(path, generated)
+            return generated, True
+        kept = path.read_text().strip() if path.exists() else ""
         with Session(engine) as session:
+            if kept and authenticate(session, secret=kept) is not None:
+                return kept, False
+            # No usable kept token (the database was made by `epctl serve`, or it was revoked): one new
+            # admin token, kept for the next runs.
             _, secret = create_token(
                 session, name=f"epctl-up-{new_ulid().lower()}", role=TokenRole.admin, created_by="epctl up"
             )
+        _write_secret(path, secret)
+        return secret, True
     finally:
         engine.dispose()
-    return secret
 
 
-def _print_welcome(url: str, token: str, settings: Settings, engines: int) -> None:
+def _write_secret(path: Path, secret: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+
+
+def _print_welcome(url: str, new_token: str | None, settings: Settings, engines: int) -> None:
+    """`new_token` is printed (once: it was just made); otherwise the welcome says where the token is."""
     bigger = min(engines * 2, 8)
     curl = 'curl -s -H "Authorization: Bearer $EPCTL_TOKEN"'
+    if settings.admin_token is not None:
+        token_lines = ["  export EPCTL_TOKEN=$EPCTL_ADMIN_TOKEN"]
+    elif new_token is not None:
+        token_lines = [
+            f"  export EPCTL_TOKEN={new_token}",
+            f"  # admin token, shown once; kept for later `epctl up` runs in {admin_token_file(settings)}",
+        ]
+    else:
+        token_lines = [f"  export EPCTL_TOKEN=$(cat {admin_token_file(settings)})"]
     lines = [
         "",
         f"  epctl up: coordinator at {url} (database {settings.database_url})",
-        f"  deployment {DEMO}: {engines} reference engines serving; dashboard {url}/ui",
+        f"  deployment {DEMO}: {engines} reference engines serving; dashboard {url}/ui/",
         "",
         f"  export EPCTL_URL={url}",
-        f"  export EPCTL_TOKEN={token}",
+        *token_lines,
         "",
         f"  # scale {DEMO} to {bigger} engines (202 + Location of the job):",
         f"  {curl} -X POST $EPCTL_URL/v1/reconfigurations -H 'Content-Type: application/json' \\",
@@ -174,6 +288,29 @@ def _print_welcome(url: str, token: str, settings: Settings, engines: int) -> No
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
+def _state_dir(settings: Settings) -> Path:
+    from app.runner.settings import load_runner_settings
+
+    with contextlib.suppress(Exception):  # bad runner settings: the default directory
+        return Path(load_runner_settings().state_dir or settings.data_dir)
+    return Path(settings.data_dir)
+
+
+def _forget_a_dead_run(settings: Settings) -> None:
+    """A previous run whose agents are all gone (it was killed, and they exited when nobody adopted
+    them): record its deployments as stopped, so this run starts them afresh instead of adopting a
+    deployment that no engine serves. Agents still alive are adopted instead (see `_set_up`)."""
+    from app.launchers.local import LocalLauncher, is_agent_process
+
+    records = LocalLauncher(_state_dir(settings)).records()
+    if not records:
+        return
+    if any(is_agent_process(int(entry.get("pid") or 0), engine_id) for engine_id, entry in records.items()):
+        return
+    typer.echo("epctl up: the engines of the previous run are gone; starting afresh.", err=True)
+    _stop_engines(settings)
+
+
 def _stop_engines(settings: Settings) -> None:
     """Stop every agent the local launcher started and record the demo deployment as stopped."""
     from sqlmodel import Session, select
@@ -182,13 +319,9 @@ def _stop_engines(settings: Settings) -> None:
     from app.core.db import make_engine
     from app.deployments.models import Deployment
     from app.engines.models import Engine, EngineState
-    from app.jobs.runner import load_runner_settings
     from app.launchers.local import LocalLauncher
 
-    state_dir = settings.data_dir
-    with contextlib.suppress(Exception):  # bad runner settings: the default directory
-        state_dir = load_runner_settings().state_dir or settings.data_dir
-    stopped = LocalLauncher(Path(state_dir)).stop_all()
+    stopped = LocalLauncher(_state_dir(settings)).stop_all()
     engine = make_engine(settings.database_url)
     try:
         with Session(engine) as session:

@@ -1,4 +1,4 @@
-"""`epctl webhooks list|create|delete|deliveries`."""
+"""`epctl webhooks list|create|delete|deliveries|rotate-secret|replay`."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ EVENT_TYPES = (
     "reconfiguration.rolled_back",
     "reconfiguration.cancelled",
     "reconfiguration.cleanup_failed",
+    "engine.unreachable",
 )
 
 
@@ -71,8 +72,11 @@ def create(
     target_url: Annotated[str, typer.Argument(metavar="URL", help="Where events are POSTed.")],
     event: Annotated[
         list[str] | None,
-        typer.Option("--event", "-e", help="An event type to send (repeatable; default: all). "
-                     "Short names work: succeeded, failed, ..."),
+        typer.Option(
+            "--event",
+            "-e",
+            help="An event type to send (repeatable; default: all). Short names work: succeeded, failed, ...",
+        ),
     ] = None,
     description: Annotated[str | None, typer.Option("--description", help="A note for operators.")] = None,
     url: UrlOption = DEFAULT_URL,
@@ -95,7 +99,7 @@ def create(
 
 
 def _event_type(name: str) -> str:
-    full = name if name.startswith("reconfiguration.") else f"reconfiguration.{name}"
+    full = name if "." in name else f"reconfiguration.{name}"  # `-e failed` or a full type
     if full not in EVENT_TYPES:
         raise typer.BadParameter(f"unknown event {name!r}; one of: {', '.join(EVENT_TYPES)}")
     return full
@@ -147,5 +151,46 @@ def deliveries(
         ]
         for d in data
     ]
-    stdout.print(table(None, ["DELIVERY", "EVENT", "STATE", "ATTEMPTS", "LAST STATUS", "LAST ERROR", "WHEN"],
-                       rows))
+    stdout.print(
+        table(None, ["DELIVERY", "EVENT", "STATE", "ATTEMPTS", "LAST STATUS", "LAST ERROR", "WHEN"], rows)
+    )
+
+
+@app.command("rotate-secret")
+def rotate_secret(
+    webhook_id: Annotated[str, typer.Argument(help="Subscription id.")],
+    overlap_s: Annotated[
+        float | None,
+        typer.Option("--overlap", help="Seconds the old secret keeps signing too (default: a day; 0: none)."),
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """A new signing secret, shown once; the old one signs too until the overlap ends."""
+    with api_errors(), connect(url, token) as api:
+        result = api.post(f"/v1/webhooks/{webhook_id}/rotate-secret", params={"overlap_s": overlap_s})
+    if as_json:
+        print_json(result)
+        return
+    stdout.print(f"New secret (shown once): {result.get('secret')}")
+    if result.get("previous_secret_expires_at"):
+        stdout.print(f"The old secret signs too until {result['previous_secret_expires_at']}.")
+
+
+@app.command("replay")
+def replay(
+    webhook_id: Annotated[str, typer.Argument(help="Subscription id.")],
+    since: Annotated[str, typer.Option("--since", help="RFC 3339 time, e.g. 2026-12-01T12:00:00Z.")],
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Send every event since `--since` again, in order, with its original webhook-id."""
+    with api_errors(), connect(url, token) as api:
+        result = api.post(f"/v1/webhooks/{webhook_id}/replay", params={"since": since})
+    if as_json:
+        print_json(result)
+        return
+    more = " (more matched: replay again later)" if result.get("truncated") else ""
+    stdout.print(f"Queued {result.get('queued')} event(s) for {webhook_id}{more}.")

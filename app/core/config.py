@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -21,7 +22,12 @@ class ConfigError(RuntimeError):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="EPCTL_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="EPCTL_",
+        env_file=".env",
+        extra="ignore",
+        allow_inf_nan=False,  # no inf/nan durations
+    )
 
     data_dir: Path = Field(Path(".data"), description="where the default SQLite file lives")
     database_url: str = Field(
@@ -34,24 +40,43 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("EPCTL_ADMIN_TOKEN", "admin_token"),
         description="the first admin token; generated and printed once at first start when unset",
     )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text, or json: one JSON object per line with job_id/engine_id/deployment"
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     auto_migrate: bool = Field(True, description="upgrade the database to head at start-up")
     db_busy_timeout_ms: int = Field(5000, ge=0, description="SQLite: how long a writer waits for the lock")
-    agent_timeout_s: float = Field(10.0, gt=0, description="deadline of one coordinator -> agent call")
-    heartbeat_timeout_s: float = Field(15.0, gt=0, description="an engine silent this long is unreachable")
+    agent_timeout_s: float = Field(5.0, gt=0, description="deadline of one coordinator -> agent call")
+    heartbeat_timeout_s: float = Field(
+        15.0, gt=0, description="an engine silent this long is unreachable (its deployment degraded)"
+    )
     idempotency_in_flight_timeout_s: float = Field(
         60.0, gt=0, description="an Idempotency-Key still in flight after this long may be taken over"
     )
     job_lease_s: float = Field(30.0, gt=0, description="how long a coordinator's claim on a job lasts")
-    # Operators' surfaces (helper F): live events, outbound webhooks, inbound autoscaler hooks.
+    # Operators' surfaces: live events, outbound webhooks, inbound autoscaler hooks.
     events_poll_s: float = Field(0.25, gt=0, description="SSE: how often a live stream polls the job log")
     webhook_worker_enabled: bool = Field(True, description="run the outbound webhook delivery worker")
     webhook_poll_s: float = Field(0.5, gt=0, description="how often the delivery worker looks for work")
     webhook_timeout_s: float = Field(10.0, gt=0, description="deadline of one delivery attempt")
-    webhook_retry_base_s: float = Field(2.0, gt=0, description="first retry delay; doubles per attempt")
-    webhook_retry_max_s: float = Field(600.0, gt=0, description="longest delay between two attempts")
-    webhook_max_attempts: int = Field(12, ge=1, description="attempts before a delivery is failed")
+    # Retries: 5 s doubling to at most 10 h, 16 attempts: about 31 h in all (Standard Webhooks suggests
+    # days), each delay spread by +/- the jitter so that a fleet of failed deliveries does not stampede.
+    webhook_retry_base_s: float = Field(5.0, gt=0, description="first retry delay; doubles per attempt")
+    webhook_retry_max_s: float = Field(36000.0, gt=0, description="longest delay between two attempts")
+    webhook_max_attempts: int = Field(16, ge=1, description="attempts before a delivery is failed")
+    webhook_retry_jitter: float = Field(
+        0.2, ge=0, lt=1, description="each retry delay is spread by up to this fraction either way"
+    )
+    webhook_ordered: bool = Field(
+        True, description="one delivery in flight per subscription, oldest event first (in order)"
+    )
+    webhook_rotation_overlap_s: float = Field(
+        86400.0, ge=0, le=30 * 86400, description="a rotated-out secret keeps signing this long"
+    )
+    webhook_disabled_backlog: int = Field(
+        1000, ge=0, description="events queued for a disabled subscription, at most (replay fills gaps)"
+    )
     webhook_claim_lease_s: float = Field(
         60.0, gt=0, description="a claimed delivery is retried by any coordinator after this long"
     )
@@ -66,6 +91,50 @@ class Settings(BaseSettings):
     )
     hooks_dedupe_window_s: float = Field(
         86400.0, gt=0, description="how long an accepted Alertmanager notification dedupes its repeats"
+    )
+    # Concurrency (helper hostile): every request's database work runs in a worker thread holding one
+    # pooled connection for that call only; at most `db_request_concurrency` such calls run at once, so
+    # they never wait for a connection while background workers keep the rest of the pool.
+    db_pool_size: int = Field(10, ge=1, le=1000, description="database connections kept open")
+    db_max_overflow: int = Field(10, ge=0, le=1000, description="extra connections opened under load")
+    db_pool_timeout_s: float = Field(10.0, gt=0, description="longest wait for a free connection")
+    db_request_concurrency: int = Field(
+        4, ge=1, le=1000, description="request database calls running at once (the rest queue)"
+    )
+    auth_cache_s: float = Field(
+        2.0, ge=0, description="how long a valid token is trusted without a database lookup (0: always)"
+    )
+    events_max_streams_per_token: int = Field(
+        64, ge=1, description="SSE streams one token may hold open at once (429 beyond)"
+    )
+    events_max_streams: int = Field(
+        4096, ge=1, description="SSE streams the coordinator holds open at once (503 beyond)"
+    )
+    # Input limits, checked before a body is parsed or a caller authenticated (4xx problem+json beyond).
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body accepted")
+    max_json_depth: int = Field(32, ge=2, le=500, description="deepest nesting of a JSON body")
+    max_url_bytes: int = Field(8192, ge=256, description="longest path + query string accepted")
+    max_active_requests: int = Field(
+        16, ge=1, description="requests processed at once; the others wait their turn (healthz never)"
+    )
+    max_waiting_requests: int = Field(8192, ge=1, description="requests waiting their turn (503 beyond)")
+    # Retention: rows older than these are pruned every `retention_interval_s`.
+    retention_interval_s: float = Field(3600.0, gt=0, description="how often old records are pruned")
+    retention_hook_requests_s: float = Field(
+        30 * 86400.0, gt=0, description="age after which inbound hook records are pruned"
+    )
+    retention_webhook_deliveries_s: float = Field(
+        30 * 86400.0,
+        gt=0,
+        description="age after which finished deliveries, their attempts and their outbox events are pruned",
+    )
+    retention_left_engines_s: float = Field(
+        7 * 86400.0, gt=0, description="age after which engines that left are removed from the registry"
+    )
+    retention_idempotency_s: float = Field(
+        86400.0,
+        gt=0,
+        description="age after which Idempotency-Key records are pruned (the key may be reused)",
     )
 
     @field_validator("database_url")
@@ -91,10 +160,44 @@ class Settings(BaseSettings):
             raise ValueError("EPCTL_ADMIN_TOKEN must be at least 16 characters")
         return token
 
+    @field_validator("hooks_inbound_secret")
+    @classmethod
+    def _non_empty_hook_secret(cls, secret: SecretStr | None) -> SecretStr | None:
+        if secret is not None and not secret.get_secret_value().strip():
+            raise ValueError("EPCTL_HOOKS_INBOUND_SECRET is set but empty: give a whsec_ secret or unset it")
+        return secret
+
+    @field_validator("hooks_inbound_secrets")
+    @classmethod
+    def _non_empty_hook_secrets(cls, secrets: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        empty = sorted(name for name, secret in secrets.items() if not secret.get_secret_value().strip())
+        if empty:
+            raise ValueError(f"EPCTL_HOOKS_INBOUND_SECRETS has an empty secret for {', '.join(empty)}")
+        return secrets
+
     @model_validator(mode="after")
     def _default_database(self) -> Settings:
         if not self.database_url:
             self.database_url = f"sqlite:///{self.data_dir / 'epctl.db'}"
+        return self
+
+    @model_validator(mode="after")
+    def _consistent_limits(self) -> Settings:
+        if self.db_request_concurrency >= self.db_pool_size + self.db_max_overflow:
+            raise ValueError(
+                f"db_request_concurrency ({self.db_request_concurrency}) must be below db_pool_size + "
+                f"db_max_overflow ({self.db_pool_size + self.db_max_overflow}): background workers need "
+                "connections too"
+            )
+        # Replay and dedupe checks read the hook records of these windows: keep them at least that long.
+        needed = max(self.hooks_dedupe_window_s, 2.0 * self.hooks_signature_tolerance_s)
+        if self.retention_hook_requests_s < needed:
+            raise ValueError(
+                f"retention_hook_requests_s ({self.retention_hook_requests_s:g}) must be at least {needed:g} "
+                "(the Alertmanager dedupe window and twice the signature tolerance)"
+            )
+        if self.retention_idempotency_s < self.idempotency_in_flight_timeout_s:
+            raise ValueError("retention_idempotency_s must be at least idempotency_in_flight_timeout_s")
         return self
 
     @property

@@ -6,7 +6,6 @@ its transaction at the first write, so a read-then-write sequence does not hold 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,10 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Dialect, Engine, make_url
-from sqlmodel import Session, create_engine
+from sqlmodel import create_engine
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-MIGRATIONS_DIR = ROOT / "migrations"
+# Inside the package (package data), so an installed wheel can migrate its database.
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
 class UTCDateTime(sa.types.TypeDecorator[datetime]):
@@ -43,13 +42,26 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def make_engine(database_url: str, *, busy_timeout_ms: int = 5000) -> Engine:
+def make_engine(
+    database_url: str,
+    *,
+    busy_timeout_ms: int = 5000,
+    pool_size: int = 5,
+    max_overflow: int = 10,
+    pool_timeout_s: float = 30.0,
+) -> Engine:
+    """The engine. Pool sizes matter with concurrency: see `app.api.database.Database`, which bounds the
+    request threads that use it below `pool_size + max_overflow`."""
     url = make_url(database_url)
+    pool = {"pool_size": pool_size, "max_overflow": max_overflow, "pool_timeout": pool_timeout_s}
     if url.get_backend_name() == "sqlite":
         if url.database and url.database != ":memory:":
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        memory = not url.database or url.database == ":memory:"
         engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000}
+            url,
+            connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000},
+            **({} if memory else pool),
         )
 
         @sa.event.listens_for(engine, "connect")
@@ -62,17 +74,15 @@ def make_engine(database_url: str, *, busy_timeout_ms: int = 5000) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
-
-
-def session_scope(engine: Engine) -> Iterator[Session]:
-    with Session(engine, expire_on_commit=False) as session:
-        yield session
+    return create_engine(url, pool_pre_ping=True, **pool)
 
 
 def alembic_config(database_url: str) -> Config:
-    config = Config(str(ROOT / "alembic.ini")) if (ROOT / "alembic.ini").exists() else Config()
+    """Alembic configured in code (no alembic.ini needed): the migrations in the package, `database_url`,
+    and the caller's logging left alone."""
+    config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("path_separator", "os")
     # '%' is ConfigParser's interpolation character; URLs may contain it (escaped options).
     config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
     config.attributes["configure_logging"] = False

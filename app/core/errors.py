@@ -52,3 +52,11 @@ class UnavailableError(DomainError):
 
     code = "unavailable"
     title = "Service unavailable"
+
+
+class TooManyRequestsError(DomainError):
+    """The caller holds or sends more than its share (429, with `Retry-After`)."""
+
+    code = "too-many-requests"
+    title = "Too many requests"
+    retry_after_s = 1

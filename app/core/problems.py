@@ -1,18 +1,16 @@
-"""RFC 9457 problem details for every error the API returns, routing and validation errors included."""
+"""RFC 9457 problem details for every error the API returns, routing and validation errors included.
+
+The body, the media type, the OpenAPI entries and the routing/validation handlers are shared with the
+agents (`engine_agent.problems`, torch-free, which also states the error-code style: kebab-case). This
+module adds what only the coordinator has: its domain errors, database refusals and the catch-all."""
 
 from __future__ import annotations
 
 import logging
-from http import HTTPStatus
-from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy import exc as sa_exc
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.core.errors import (
     AuthenticationError,
@@ -21,11 +19,28 @@ from app.core.errors import (
     InvalidRequestError,
     NotFoundError,
     PermissionDeniedError,
+    TooManyRequestsError,
     UnavailableError,
 )
+from engine_agent import problems as shared
+from engine_agent.problems import (
+    PROBLEM_MEDIA_TYPE,
+    TYPE_PREFIX,
+    Problem,
+    problem_response,
+    problem_responses,
+)
 
-PROBLEM_MEDIA_TYPE = "application/problem+json"
-TYPE_PREFIX = "urn:epctl:problem:"
+__all__ = [
+    "PROBLEM_MEDIA_TYPE",
+    "TYPE_PREFIX",
+    "Problem",
+    "install_problem_handlers",
+    "problem_response",
+    "problem_responses",
+    "status_of",
+]
+
 log = logging.getLogger(__name__)
 
 _STATUS_OF: list[tuple[type[DomainError], int]] = [
@@ -35,42 +50,8 @@ _STATUS_OF: list[tuple[type[DomainError], int]] = [
     (AuthenticationError, 401),
     (PermissionDeniedError, 403),
     (UnavailableError, 503),
+    (TooManyRequestsError, 429),
 ]
-
-
-class Problem(BaseModel):
-    """application/problem+json (RFC 9457). `code` repeats the type's last part; extra members vary."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: str = Field(examples=["urn:epctl:problem:active-job-exists"])
-    title: str
-    status: int
-    detail: str | None = None
-    instance: str | None = None
-    code: str
-
-
-def problem_response(
-    request: Request,
-    *,
-    status: int,
-    code: str,
-    detail: str | None,
-    title: str | None = None,
-    headers: dict[str, str] | None = None,
-    **extra: Any,
-) -> JSONResponse:
-    body = {
-        "type": TYPE_PREFIX + code,
-        "title": title or HTTPStatus(status).phrase,
-        "status": status,
-        "detail": detail,
-        "instance": request.url.path,
-        "code": code,
-        **jsonable_encoder(extra),
-    }
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 
 def status_of(error: DomainError) -> int:
@@ -83,6 +64,8 @@ def status_of(error: DomainError) -> int:
 async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, DomainError)
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthenticationError) else None
+    if isinstance(exc, TooManyRequestsError | UnavailableError):
+        headers = {"Retry-After": str(getattr(exc, "retry_after_s", 1))}
     return problem_response(
         request,
         status=status_of(exc),
@@ -91,40 +74,6 @@ async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
         title=exc.title,
         headers=headers,
         **exc.extra,
-    )
-
-
-_CODE_OF_STATUS = {404: "not-found", 405: "method-not-allowed", 401: "unauthenticated", 403: "forbidden"}
-
-
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    status = exc.status_code
-    code = _CODE_OF_STATUS.get(status) or HTTPStatus(status).phrase.lower().replace(" ", "-")
-    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    if status == 404 and detail == "Not Found":
-        detail = f"no route {request.method} {request.url.path}"
-    if status == 405:
-        detail = f"{request.method} is not allowed on {request.url.path}"
-    return problem_response(
-        request, status=status, code=code, detail=detail, headers=dict(exc.headers) if exc.headers else None
-    )
-
-
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    errors = [
-        {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
-        for err in exc.errors()
-    ]
-    summary = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:5])
-    return problem_response(
-        request,
-        status=422,
-        code="validation-error",
-        title="Request validation failed",
-        detail=summary or "the request is malformed",
-        errors=errors,
     )
 
 
@@ -141,6 +90,30 @@ async def _unstorable_input(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _integer_overflow(request: Request, exc: Exception) -> Response:
+    # SQLite's driver refuses integers beyond 64 bits with a bare OverflowError (not a DBAPI error).
+    # The API's models bound every stored integer, so this is a last line: a 422, never a 500.
+    if "SQLite INTEGER" not in str(exc):
+        return await _unexpected_error(request, exc)
+    return await _unstorable_input(request, exc)
+
+
+async def _database_busy(request: Request, exc: Exception) -> Response:
+    # The pool had no free connection in time, or SQLite's write lock stayed taken past its busy
+    # timeout: the coordinator is overloaded, not broken. 503 with Retry-After, and nothing changed.
+    busy = isinstance(exc, sa_exc.TimeoutError) or "database is locked" in str(exc)
+    if not busy:
+        return await _unexpected_error(request, exc)
+    log.warning("database busy on %s %s: %s", request.method, request.url.path, exc)
+    return problem_response(
+        request,
+        status=503,
+        code="database-busy",
+        detail="the database is busy; retry shortly",
+        headers={"Retry-After": "1"},
+    )
+
+
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return problem_response(
@@ -152,20 +125,10 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_problem_handlers(app: FastAPI) -> None:
+    shared.install_problem_handlers(app)
     app.add_exception_handler(DomainError, _domain_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(sa_exc.DataError, _unstorable_input)
+    app.add_exception_handler(OverflowError, _integer_overflow)
+    app.add_exception_handler(sa_exc.TimeoutError, _database_busy)
+    app.add_exception_handler(sa_exc.OperationalError, _database_busy)
     app.add_exception_handler(Exception, _unexpected_error)
-
-
-def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=` entries declaring problem+json for these statuses."""
-    return {
-        status: {
-            "model": Problem,
-            "description": HTTPStatus(status).phrase,
-            "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
-        }
-        for status in statuses
-    }

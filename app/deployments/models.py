@@ -7,15 +7,35 @@ from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic import Field as ApiField
 from sqlmodel import Field, SQLModel
 
+from app.backends.vllm.models import VllmConfig, VllmPublic, VllmUpdate
 from app.core.clock import utc_now
-from app.core.db import UTCDateTime
+from app.core.db import NullableJSON, UTCDateTime
+from app.launchers.ray_settings import RaySettings
 from engine_agent.protocol import EngineConfig, Strategy
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+# Largest cooldown accepted: a year. Bounded (and finite: JSON has no Infinity) so that it means the same
+# on every database and is shown as given.
+MAX_COOLDOWN_S = 365 * 86400.0
+INT64_MAX = 2**63 - 1
+
+
+class EngineConfigSpec(EngineConfig):
+    """The engine config as the API accepts it: the agent's own model with bounds a real engine can run,
+    and no unknown fields (a misspelt one would otherwise be dropped silently)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_logical_experts: int = ApiField(16, ge=1, le=4096, strict=True)
+    num_redundant_experts: int = ApiField(0, ge=0, le=4096, strict=True)
+    hidden_size: int = ApiField(64, ge=1, le=65536, strict=True)
+    intermediate_size: int = ApiField(128, ge=1, le=262144, strict=True)
+    top_k: int = ApiField(2, ge=1, le=64, strict=True)
+    seed: int = ApiField(0, ge=0, le=INT64_MAX, strict=True)
 
 
 class WarmupPolicyChoice(StrEnum):
@@ -27,11 +47,53 @@ class WarmupPolicyChoice(StrEnum):
 class LauncherKind(StrEnum):
     local = "local"  # the coordinator starts agent processes on this machine
     static = "static"  # agents register themselves; the pool is what registered
+    ray = "ray"  # each engine is a detached actor on a Ray cluster (settings in `ray`)
 
 
 class DeploymentStatus(StrEnum):
     ready = "ready"
     degraded = "degraded"
+
+
+class OnEngineLoss(StrEnum):
+    """What the coordinator does by itself when a member engine is lost (`app.runner.selfheal`)."""
+
+    shrink = "shrink"  # a new generation on the survivors
+    replace = "replace"  # type: ignore[assignment]  # shrink, then launch engines and grow back
+    none = "none"  # only report it (degraded); the operator acts
+
+
+def effective_on_engine_loss(on_engine_loss: str | None, launcher: str) -> OnEngineLoss:
+    """The setting, or its default: `replace` where the launcher can start engines, else `shrink`."""
+    if on_engine_loss:
+        return OnEngineLoss(on_engine_loss)
+    return OnEngineLoss.shrink if launcher == "static" else OnEngineLoss.replace
+
+
+class EngineBackend(StrEnum):
+    """What the coordinator drives: its own agents (`reference`), or a vLLM API server's own elastic EP
+    endpoint (`vllm`)."""
+
+    reference = "reference"
+    vllm = "vllm"
+
+
+class StatusDetail(BaseModel):
+    """Why a deployment is degraded, and what to do about it."""
+
+    reason: str = ApiField(description="kebab-case, e.g. engine-unreachable, engine-stuck-scaling")
+    message: str
+    hint: str | None = ApiField(None, description="the remediation, e.g. restart the engine")
+    since: datetime | None = None
+    job_id: str | None = ApiField(None, description="the job that found it, if one did")
+
+
+# The downtime budget's bounds (`max_downtime_ms`, deployment and request): 1 ms to one hour.
+MAX_DOWNTIME_BUDGET_MS = 3_600_000
+DOWNTIME_BUDGET_DESCRIPTION = (
+    "the downtime budget: a commit window that would run longer ends on the old generation "
+    "(rolled_back, downtime-budget-exceeded); null: none"
+)
 
 
 class Deployment(SQLModel, table=True):
@@ -45,17 +107,46 @@ class Deployment(SQLModel, table=True):
     warmup_policy: str = Field(sa_type=sa.String(16))
     strategy: str = Field(sa_type=sa.String(16))
     launcher: str = Field(sa_type=sa.String(16))
+    # The launcher's own settings (`launcher: ray`: `RaySettings`); NULL for local and static.
+    launcher_options: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     current_dp_size: int = 0
     generation: int = 0
     status: str = Field(default=DeploymentStatus.ready.value, sa_type=sa.String(16))
     autoscale_cooldown_s: float = 60.0
+    backend: str = Field(
+        default=EngineBackend.reference.value,
+        sa_type=sa.String(16),
+        sa_column_kwargs={"server_default": EngineBackend.reference.value},
+    )
+    backend_config: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
+    backend_secret: str | None = Field(default=None, max_length=512, description="e.g. vLLM's API key")
+    status_detail: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
+    # NULL: the launcher's default (`effective_on_engine_loss`).
+    on_engine_loss: str | None = Field(default=None, sa_type=sa.String(16))
+    # Self-healing's memory (app/runner/selfheal.py): the engines written off since the deployment was
+    # last whole, and (`replace`) the size to grow back to.
+    heal_lost: str | None = Field(default=None, max_length=1000)
+    heal_target_dp_size: int | None = None
+    # When the loss happened, as far as the coordinator can tell (the lost engine's last heartbeat, or
+    # when its group was found broken): the recovery jobs' figures count from it.
+    heal_loss_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    max_downtime_ms: int | None = Field(default=None, description="the downtime budget; NULL: none")
+    # The size autoscalers last asked for (hooks, Alertmanager, the /scale PUT): reconciled toward by
+    # the runner when no job is active and the cooldown allows (`app.scale.desired`).
+    desired_dp_size: int | None = None
+    desired_source: str | None = Field(default=None, max_length=32)
+    desired_requester: str | None = Field(default=None, max_length=128)
+    desired_reason: str | None = Field(default=None, max_length=1000)
+    desired_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
 
 
 class DeploymentLimits(BaseModel):
-    min_dp_size: int = ApiField(1, ge=1, le=1024)
-    max_dp_size: int = ApiField(8, ge=1, le=1024)
+    model_config = ConfigDict(extra="forbid")
+
+    min_dp_size: int = ApiField(1, ge=1, le=1024, strict=True)
+    max_dp_size: int = ApiField(8, ge=1, le=1024, strict=True)
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> DeploymentLimits:
@@ -64,58 +155,159 @@ class DeploymentLimits(BaseModel):
         return self
 
 
+def _check_launcher_settings(launcher: LauncherKind | str, ray: RaySettings | None) -> None:
+    if ray is not None and launcher != LauncherKind.ray:
+        raise ValueError(f"`ray` settings apply to launcher ray only, not {LauncherKind(launcher).value}")
+
+
 class DeploymentCreate(DeploymentLimits):
     name: str = ApiField(pattern=NAME_PATTERN, description="a DNS-label style slug, unique")
-    engine: EngineConfig = ApiField(default_factory=EngineConfig)
+    backend: EngineBackend = ApiField(
+        EngineBackend.reference, description="reference: epctl's agents; vllm: a vLLM API server"
+    )
+    engine: EngineConfigSpec = ApiField(
+        default_factory=EngineConfigSpec, description="the reference engine's layout"
+    )
+    vllm: VllmConfig | None = ApiField(None, description="required with backend vllm")
     launcher: LauncherKind = LauncherKind.local
+    ray: RaySettings | None = ApiField(
+        None, description="launcher ray: the cluster and each engine's resources (default settings if absent)"
+    )
     warmup_policy: WarmupPolicyChoice = WarmupPolicyChoice.auto
     strategy: Strategy = Strategy.background
-    autoscale_cooldown_s: float = ApiField(60.0, ge=0)
+    autoscale_cooldown_s: float = ApiField(60.0, ge=0, le=MAX_COOLDOWN_S, allow_inf_nan=False, strict=True)
+    on_engine_loss: OnEngineLoss | None = ApiField(
+        None,
+        description="when a member engine is lost: shrink (a new generation on the survivors), replace "
+        "(shrink, then launch engines and grow back) or none (report only); default replace where the "
+        "launcher can start engines (local, ray), else shrink",
+    )
+    max_downtime_ms: int | None = ApiField(
+        None, ge=1, le=MAX_DOWNTIME_BUDGET_MS, strict=True, description=DOWNTIME_BUDGET_DESCRIPTION
+    )
+
+    @model_validator(mode="after")
+    def _backend_settings_match(self) -> DeploymentCreate:
+        if self.backend is EngineBackend.vllm:
+            if self.vllm is None:
+                raise ValueError("backend vllm needs `vllm` settings (at least `url`, or `model` to launch)")
+            if self.launcher is LauncherKind.static and not self.vllm.url:
+                raise ValueError("a vllm deployment with launcher static needs `vllm.url` (the API server)")
+            if self.launcher is LauncherKind.local and not self.vllm.model:
+                raise ValueError("a vllm deployment with launcher local needs `vllm.model` to serve")
+        elif self.vllm is not None:
+            raise ValueError("`vllm` settings are only for backend vllm")
+        return self
+
+    @model_validator(mode="after")
+    def _launcher_settings(self) -> DeploymentCreate:
+        _check_launcher_settings(self.launcher, self.ray)
+        if self.launcher == LauncherKind.ray and self.ray is None:
+            self.ray = RaySettings()
+        return self
+
+    def launcher_options(self) -> dict[str, Any] | None:
+        return self.ray.model_dump(mode="json") if self.ray is not None else None
 
 
 class DeploymentUpdate(BaseModel):
     """Only the fields given change. Limits are checked against each other after merging."""
 
-    min_dp_size: int | None = ApiField(None, ge=1, le=1024)
-    max_dp_size: int | None = ApiField(None, ge=1, le=1024)
+    model_config = ConfigDict(extra="forbid")
+
+    min_dp_size: int | None = ApiField(None, ge=1, le=1024, strict=True)
+    max_dp_size: int | None = ApiField(None, ge=1, le=1024, strict=True)
     warmup_policy: WarmupPolicyChoice | None = None
     strategy: Strategy | None = None
-    autoscale_cooldown_s: float | None = ApiField(None, ge=0)
+    autoscale_cooldown_s: float | None = ApiField(
+        None, ge=0, le=MAX_COOLDOWN_S, allow_inf_nan=False, strict=True
+    )
+    on_engine_loss: OnEngineLoss | None = None
+    max_downtime_ms: int | None = ApiField(
+        None,
+        ge=1,
+        le=MAX_DOWNTIME_BUDGET_MS,
+        strict=True,
+        description="the downtime budget (an explicit null turns it off)",
+    )
+    vllm: VllmUpdate | None = ApiField(None, description="backend vllm only")
+    ray: RaySettings | None = ApiField(
+        None,
+        description="launcher ray: replaces the Ray settings (used by the next launch); the address and "
+        "namespace change only while the deployment has no engines",
+    )
+
+
+class DesiredSize(BaseModel):
+    """What the autoscalers asked for last, and when the coordinator may act on it."""
+
+    dp_size: int | None = ApiField(None, description="the size last asked for (clamped to the limits)")
+    source: str | None = ApiField(None, description="alertmanager, generic or scale-subresource")
+    requester: str | None = None
+    reason: str | None = None
+    requested_at: datetime | None = None
+    pending: bool = ApiField(
+        False, description="not yet acted on: the reconciler starts a job once nothing blocks it"
+    )
+    blocked_by: str | None = ApiField(None, description="active-job, cooldown or job-refused, while pending")
+    next_scale_at: datetime | None = ApiField(
+        None,
+        description="when the cooldown lets the next job start (null: now, or once the active job ends "
+        "and its cooldown has passed)",
+    )
 
 
 class DeploymentPublic(BaseModel):
     id: str
     name: str
+    backend: EngineBackend
     engine: EngineConfig
+    vllm: VllmPublic | None = None
     launcher: LauncherKind
+    ray: RaySettings | None = None
     min_dp_size: int
     max_dp_size: int
     warmup_policy: WarmupPolicyChoice
     strategy: Strategy
     autoscale_cooldown_s: float
+    max_downtime_ms: int | None = None
     current_dp_size: int
     generation: int
     status: DeploymentStatus
+    status_detail: StatusDetail | None = None
+    on_engine_loss: OnEngineLoss = ApiField(description="in effect (the setting, or the launcher's default)")
     active_job_id: str | None = None
+    desired: DesiredSize = ApiField(default_factory=DesiredSize)
     created_at: datetime
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: Deployment, *, active_job_id: str | None = None) -> DeploymentPublic:
+    def from_row(
+        cls, row: Deployment, *, active_job_id: str | None = None, desired: DesiredSize | None = None
+    ) -> DeploymentPublic:
         return cls(
             id=row.id,
             name=row.name,
+            backend=EngineBackend(row.backend),
             engine=EngineConfig.model_validate(row.engine_config),
+            vllm=VllmPublic.from_stored(row.backend_config, api_key_set=bool(row.backend_secret))
+            if row.backend == EngineBackend.vllm
+            else None,
             launcher=LauncherKind(row.launcher),
+            ray=ray_settings_of(row),
             min_dp_size=row.min_dp_size,
             max_dp_size=row.max_dp_size,
             warmup_policy=WarmupPolicyChoice(row.warmup_policy),
             strategy=Strategy(row.strategy),
             autoscale_cooldown_s=row.autoscale_cooldown_s,
+            max_downtime_ms=row.max_downtime_ms,
             current_dp_size=row.current_dp_size,
             generation=row.generation,
             status=DeploymentStatus(row.status),
+            on_engine_loss=effective_on_engine_loss(row.on_engine_loss, row.launcher),
+            status_detail=StatusDetail.model_validate(row.status_detail) if row.status_detail else None,
             active_job_id=active_job_id,
+            desired=desired or DesiredSize(),
             created_at=row.created_at,
             updated_at=row.updated_at,
         )
@@ -124,3 +316,10 @@ class DeploymentPublic(BaseModel):
 class DeploymentList(BaseModel):
     data: list[DeploymentPublic]
     count: int
+
+
+def ray_settings_of(row: Deployment) -> RaySettings | None:
+    """The stored Ray settings of a `launcher: ray` deployment (None for other launchers)."""
+    if row.launcher != LauncherKind.ray.value:
+        return None
+    return RaySettings.model_validate(row.launcher_options or {})

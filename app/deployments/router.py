@@ -1,8 +1,12 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+import anyio.to_thread
+from fastapi import APIRouter, Request, Response, status
+from sqlmodel import Session
 
-from app.api.deps import Admin, Reader, SessionDep
+from app.api.deps import Admin, DatabaseDep, Reader
+from app.api.params import DeploymentRefPath
+from app.backends.vllm import engine_service as vllm_engines
 from app.core.problems import problem_responses
 from app.deployments import service
 from app.deployments.models import (
@@ -11,44 +15,91 @@ from app.deployments.models import (
     DeploymentList,
     DeploymentPublic,
     DeploymentUpdate,
+    EngineBackend,
 )
+from app.engines import service as engine_service
+from app.jobs import service as jobs
+from app.launchers.base import DeletedDeployment, EngineHandle
+from app.scale.desired import desired_public
+from engine_agent.protocol import EngineConfig
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"], responses=problem_responses(401, 403, 422))
 
 
-def _public(session: SessionDep, deployment: Deployment) -> DeploymentPublic:
+def _public(session: Session, deployment: Deployment) -> DeploymentPublic:
     return DeploymentPublic.from_row(
-        deployment, active_job_id=service.active_job_id(session, deployment_id=deployment.id)
+        deployment,
+        active_job_id=jobs.active_job_id(session, deployment_id=deployment.id),
+        desired=desired_public(session, deployment),
     )
 
 
 @router.post("", name="create", status_code=status.HTTP_201_CREATED, responses=problem_responses(409))
-def create_deployment(
-    body: DeploymentCreate, session: SessionDep, _: Admin, response: Response
+async def create_deployment(
+    body: DeploymentCreate, db: DatabaseDep, _: Admin, response: Response
 ) -> DeploymentPublic:
-    deployment = service.create_deployment(session, data=body)
-    response.headers["Location"] = f"/v1/deployments/{deployment.name}"
-    return _public(session, deployment)
+    """`backend: vllm` with a `vllm.url`: the server is asked for its DP size right away (an unreachable
+    one leaves the deployment `degraded`, saying why). With launcher `local`, start it with
+    `POST /v1/deployments/{name}/engine/restart`."""
+    created = await db.run(lambda session: service.create_deployment(session, data=body))
+    if created.backend == EngineBackend.vllm:
+        await vllm_engines.observe_new_deployment(db.engine, created.name)
+    public = await db.run(lambda session: _public(session, service.get_deployment(session, ref=created.name)))
+    response.headers["Location"] = f"/v1/deployments/{public.name}"
+    return public
 
 
 @router.get("", name="list")
-def list_deployments(session: SessionDep, _: Reader) -> DeploymentList:
-    rows = service.list_deployments(session)
-    return DeploymentList(data=[_public(session, row) for row in rows], count=len(rows))
+async def list_deployments(db: DatabaseDep, _: Reader) -> DeploymentList:
+    def work(session: Session) -> DeploymentList:
+        rows = service.list_deployments(session)
+        return DeploymentList(data=[_public(session, row) for row in rows], count=len(rows))
+
+    return await db.run(work)
 
 
 @router.get("/{name}", name="get", responses=problem_responses(404))
-def get_deployment(name: str, session: SessionDep, _: Reader) -> DeploymentPublic:
-    return _public(session, service.get_deployment(session, ref=name))
+async def get_deployment(name: DeploymentRefPath, db: DatabaseDep, _: Reader) -> DeploymentPublic:
+    return await db.run(lambda session: _public(session, service.get_deployment(session, ref=name)))
 
 
 @router.patch("/{name}", name="update", responses=problem_responses(404))
-def update_deployment(name: str, body: DeploymentUpdate, session: SessionDep, _: Admin) -> DeploymentPublic:
-    return _public(session, service.update_deployment(session, ref=name, data=body))
+async def update_deployment(
+    name: DeploymentRefPath, body: DeploymentUpdate, db: DatabaseDep, _: Admin
+) -> DeploymentPublic:
+    def work(session: Session) -> DeploymentPublic:
+        active = None
+        if body.ray is not None:  # new Ray settings check for a job that may be launching engines
+            active = jobs.active_job_id(session, deployment_id=service.get_deployment(session, ref=name).id)
+        return _public(session, service.update_deployment(session, ref=name, data=body, active_job_id=active))
+
+    return await db.run(work)
 
 
 @router.delete(
     "/{name}", name="delete", status_code=status.HTTP_204_NO_CONTENT, responses=problem_responses(404, 409)
 )
-def delete_deployment(name: str, session: SessionDep, _: Admin) -> None:
-    service.delete_deployment(session, ref=name)
+async def delete_deployment(name: DeploymentRefPath, db: DatabaseDep, request: Request, _: Admin) -> None:
+    """Only when no job is active. Its engines are stopped by the launcher that started them (a
+    static pool's are left running), and a vLLM server the local launcher runs for it too."""
+
+    def work(session: Session) -> DeletedDeployment:
+        deployment = service.get_deployment(session, ref=name)
+        engines = engine_service.available_engines(session, deployment_id=deployment.id)
+        deleted = DeletedDeployment(
+            name=deployment.name,
+            backend=deployment.backend,
+            launcher=deployment.launcher,
+            engine=EngineConfig.model_validate(deployment.engine_config),
+            engines=tuple(EngineHandle(engine_id=e.id, url=e.url) for e in engines),
+        )
+        jobs.delete_deployment(session, ref=name)
+        return deleted
+
+    deployment = await db.run(work)
+    runner = getattr(request.app.state, "job_runner", None)
+    if runner is not None:
+        await runner.release_deleted_deployment(deployment)
+    launcher = getattr(request.app.state, "vllm_launcher", None)
+    if launcher is not None and deployment.backend == EngineBackend.vllm:
+        await anyio.to_thread.run_sync(launcher.stop, deployment.name)  # waits for the server to exit

@@ -1,4 +1,7 @@
-"""Deployment CRUD, HTTP-free (the API, the CLI, the runner and tests call these)."""
+"""Deployment CRUD, HTTP-free (the API, the CLI, the runner and tests call these).
+
+Deployments know nothing of jobs: a deployment's active job and its deletion with its job history are
+`app.jobs.service`'s (`active_job_id`, `delete_deployment`)."""
 
 from __future__ import annotations
 
@@ -9,10 +12,16 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, InvalidRequestError, NotFoundError
 from app.core.ids import new_id
-from app.deployments.models import Deployment, DeploymentCreate, DeploymentUpdate
-from app.engines.models import Engine
-from app.jobs.models import JobEvent, ReconfigurationJob
-from app.jobs.states import ACTIVE_STATES
+from app.deployments.models import (
+    Deployment,
+    DeploymentCreate,
+    DeploymentStatus,
+    DeploymentUpdate,
+    EngineBackend,
+    LauncherKind,
+    ray_settings_of,
+)
+from app.engines.models import Engine, EngineState
 
 DEPLOYMENT_ID_PREFIX = "dep"
 
@@ -22,6 +31,20 @@ class DeploymentNotFoundError(NotFoundError):
 
 
 def create_deployment(session: Session, *, data: DeploymentCreate) -> Deployment:
+    """A vLLM deployment starts with DP size 0 (unknown) until its server is observed (the router does
+    that right after); one that the local launcher runs is degraded until its server is started."""
+    vllm = data.vllm if data.backend is EngineBackend.vllm else None
+    status, detail = DeploymentStatus.ready.value, None
+    if vllm is not None and not vllm.url:
+        status = DeploymentStatus.degraded.value
+        detail = {
+            "reason": "engine-not-started",
+            "message": "the local launcher has not started this deployment's vLLM server yet",
+            "hint": f"POST /v1/deployments/{data.name}/engine/restart "
+            f"(`epctl deployments restart-engine {data.name}`)",
+            "since": utc_now().isoformat(),
+            "job_id": None,
+        }
     deployment = Deployment(
         id=new_id(DEPLOYMENT_ID_PREFIX),
         name=data.name,
@@ -31,7 +54,15 @@ def create_deployment(session: Session, *, data: DeploymentCreate) -> Deployment
         warmup_policy=data.warmup_policy.value,
         strategy=data.strategy.value,
         launcher=data.launcher.value,
+        launcher_options=data.launcher_options(),
         autoscale_cooldown_s=data.autoscale_cooldown_s,
+        on_engine_loss=data.on_engine_loss.value if data.on_engine_loss else None,
+        max_downtime_ms=data.max_downtime_ms,
+        backend=data.backend.value,
+        backend_config=vllm.stored() if vllm else None,
+        backend_secret=vllm.api_key.get_secret_value() if vllm and vllm.api_key else None,
+        status=status,
+        status_detail=detail,
     )
     session.add(deployment)
     try:
@@ -58,18 +89,18 @@ def get_deployment(session: Session, *, ref: str) -> Deployment:
     return deployment
 
 
-def active_job_id(session: Session, *, deployment_id: str) -> str | None:
-    return session.exec(
-        select(ReconfigurationJob.id).where(
-            ReconfigurationJob.deployment_id == deployment_id,
-            col(ReconfigurationJob.state).in_([s.value for s in ACTIVE_STATES]),
-        )
-    ).first()
-
-
-def update_deployment(session: Session, *, ref: str, data: DeploymentUpdate) -> Deployment:
+def update_deployment(
+    session: Session, *, ref: str, data: DeploymentUpdate, active_job_id: str | None = None
+) -> Deployment:
+    """Only the fields given change. `active_job_id`: the deployment's active job, if any (the caller
+    knows jobs; a Ray cluster or namespace does not move under one)."""
     deployment = get_deployment(session, ref=ref)
-    changes = data.model_dump(exclude_unset=True, exclude_none=True, mode="json")
+    changes = data.model_dump(exclude_unset=True, exclude_none=True, mode="json", exclude={"vllm", "ray"})
+    if data.vllm is not None:
+        _update_vllm(deployment, data)
+    if data.ray is not None:
+        _check_ray_update(session, deployment, data, active_job_id)
+        deployment.launcher_options = data.ray.model_dump(mode="json")
     min_dp = changes.get("min_dp_size", deployment.min_dp_size)
     max_dp = changes.get("max_dp_size", deployment.max_dp_size)
     if min_dp > max_dp:
@@ -78,33 +109,66 @@ def update_deployment(session: Session, *, ref: str, data: DeploymentUpdate) -> 
         )
     for field, value in changes.items():
         setattr(deployment, field, value)
+    if "max_downtime_ms" in data.model_fields_set:  # null is a value here: no budget
+        deployment.max_downtime_ms = data.max_downtime_ms
     deployment.updated_at = utc_now()
     session.add(deployment)
     session.commit()
     return deployment
 
 
-def delete_deployment(session: Session, *, ref: str) -> None:
-    """Only when idle (no active job). Removes its engines and its job history with it."""
-    deployment = get_deployment(session, ref=ref)
-    active = active_job_id(session, deployment_id=deployment.id)
-    if active is not None:
-        raise ConflictError(
-            f"deployment {deployment.name!r} has an active reconfiguration {active}; cancel it or wait",
-            code="deployment-busy",
-            active_job_id=active,
+def _check_ray_update(
+    session: Session, deployment: Deployment, data: DeploymentUpdate, active_job_id: str | None
+) -> None:
+    """New Ray settings apply to the next launch; moving the actors' cluster or namespace would lose
+    the engines already running there (or being launched by the active job), so that waits until
+    there are none."""
+    assert data.ray is not None
+    if deployment.launcher != LauncherKind.ray.value:
+        raise InvalidRequestError(
+            f"deployment {deployment.name!r} uses launcher {deployment.launcher}; "
+            "`ray` settings apply to launcher ray only",
+            code="launcher-mismatch",
         )
-    job_ids = select(ReconfigurationJob.id).where(ReconfigurationJob.deployment_id == deployment.id)
-    session.execute(sa.delete(JobEvent).where(col(JobEvent.job_id).in_(job_ids)))
-    session.execute(
-        sa.delete(ReconfigurationJob).where(col(ReconfigurationJob.deployment_id) == deployment.id)
-    )
+    current = ray_settings_of(deployment)
+    assert current is not None
+    moves = current.address != data.ray.address or current.namespace != data.ray.namespace
+    if not moves:
+        return
+    engines = session.exec(
+        select(Engine.id).where(Engine.deployment_id == deployment.id, Engine.state != EngineState.left.value)
+    ).all()
+    if engines or active_job_id is not None:
+        raise ConflictError(
+            f"deployment {deployment.name!r} still has {len(engines)} engine(s) on its Ray cluster; "
+            "its engines must be gone before the Ray address or namespace can change",
+            code="ray-engines-running",
+            engines=list(engines),
+        )
+
+
+def delete_deployment_rows(session: Session, deployment: Deployment) -> None:
+    """Delete the deployment and its engines, and commit. The caller removes what refers to it first
+    (its job history: `app.jobs.service.delete_deployment`, which also refuses while a job is active).
+    Raises `IntegrityError` if something still refers to it."""
     session.execute(sa.delete(Engine).where(col(Engine.deployment_id) == deployment.id))
     session.delete(deployment)
-    try:
-        session.commit()
-    except IntegrityError:  # a job was created between our check and the delete
-        session.rollback()
-        raise ConflictError(
-            f"deployment {deployment.name!r} became busy while deleting", code="deployment-busy"
-        ) from None
+    session.commit()
+
+
+def _update_vllm(deployment: Deployment, data: DeploymentUpdate) -> None:
+    assert data.vllm is not None
+    if deployment.backend != EngineBackend.vllm:
+        raise InvalidRequestError(
+            f"deployment {deployment.name!r} runs backend {deployment.backend}: `vllm` settings do not apply",
+            code="backend-mismatch",
+        )
+    given = data.vllm.model_dump(exclude_unset=True, exclude={"api_key"}, mode="json")
+    if deployment.launcher == LauncherKind.local and "url" in given:
+        raise InvalidRequestError(
+            "the local launcher sets the url of the server it starts", code="url-set-by-launcher"
+        )
+    if "api_key" in data.vllm.model_fields_set:
+        key = data.vllm.api_key.get_secret_value() if data.vllm.api_key else ""
+        deployment.backend_secret = key or None
+    deployment.backend_config = {**(deployment.backend_config or {}), **given}

@@ -6,12 +6,16 @@ from datetime import datetime
 from enum import StrEnum
 
 import sqlalchemy as sa
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
+from pydantic import Field as ApiField
 from sqlmodel import Field, SQLModel
 
+from app.api.params import ENGINE_ID_PATTERN, INT32_MAX, INT64_MAX, REF_PATTERN
 from app.core.clock import utc_now
 from app.core.db import UTCDateTime
-from engine_agent.protocol import Platform
+from app.core.urls import PRINTABLE_HTTP_URL_PATTERN, HttpUrlText
+from app.deployments.models import EngineConfigSpec
+from engine_agent.protocol import AgentHeartbeat, AgentRegistration, Platform
 
 
 class EngineState(StrEnum):
@@ -39,6 +43,34 @@ class Engine(SQLModel, table=True):
     launched_by: str = Field(sa_type=sa.String(16))
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
+
+
+class EngineRegistration(AgentRegistration):
+    """`POST /v1/engines`: the agent's registration with the limits the coordinator stores (the same on
+    SQLite and Postgres) and no unknown fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine_id: str = ApiField(pattern=ENGINE_ID_PATTERN, description="1-128 of [A-Za-z0-9._:-]")
+    deployment: str = ApiField(pattern=REF_PATTERN, description="the deployment's name or id")
+    url: HttpUrlText = ApiField(min_length=1, max_length=512, pattern=PRINTABLE_HTTP_URL_PATTERN)
+    device: str = ApiField(min_length=1, max_length=64, pattern=r"^[!-~]+$")
+    engine: EngineConfigSpec
+    generation: int = ApiField(0, ge=0, le=INT32_MAX, strict=True)
+    rank: int | None = ApiField(None, ge=0, le=INT32_MAX, strict=True)
+
+
+class EngineHeartbeat(AgentHeartbeat):
+    """`POST /v1/engines/{engine_id}/heartbeat`, with the stored columns' limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    generation: int = ApiField(ge=0, le=INT32_MAX, strict=True)
+    rank: int | None = ApiField(None, ge=0, le=INT32_MAX, strict=True)
+    world_size: int = ApiField(0, ge=0, le=INT32_MAX, strict=True)
+    serving_steps: int = ApiField(
+        0, ge=0, le=INT64_MAX, strict=True, description="real serving steps so far (the last step's number)"
+    )
 
 
 class EnginePublic(BaseModel):

@@ -1,53 +1,85 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
+from sqlmodel import Session
 
-from app.api.deps import EngineAgent, Reader, SessionDep
+from app.api.deps import DatabaseDep, EngineAgent, Reader
+from app.api.params import DeploymentFilterQuery, EngineIdPath
 from app.core.problems import problem_responses
 from app.engines import service
-from app.engines.models import Engine, EngineList, EnginePublic, EngineState
-from engine_agent.protocol import AgentHeartbeat, AgentRegistration
+from app.engines.models import (
+    Engine,
+    EngineHeartbeat,
+    EngineList,
+    EnginePublic,
+    EngineRegistration,
+    EngineState,
+)
 
 router = APIRouter(prefix="/v1/engines", tags=["engines"], responses=problem_responses(401, 403, 422))
 
 
-def _public(session: SessionDep, engine: Engine) -> EnginePublic:
+def _public(session: Session, engine: Engine) -> EnginePublic:
     names = service.deployment_names(session, {engine.deployment_id})
     return EnginePublic.from_row(engine, deployment_name=names.get(engine.deployment_id, ""))
 
 
-@router.post("", name="register", status_code=status.HTTP_201_CREATED, responses=problem_responses(404, 409))
-def register_engine(
-    body: AgentRegistration, session: SessionDep, _: EngineAgent, response: Response
+@router.post(
+    "",
+    name="register",
+    status_code=status.HTTP_201_CREATED,
+    responses={
+        **problem_responses(404, 409),
+        200: {"model": EnginePublic, "description": "registered again"},
+    },
+)
+async def register_engine(
+    body: EngineRegistration, db: DatabaseDep, _: EngineAgent, response: Response
 ) -> EnginePublic:
-    """An agent announces itself. Registering the same engine_id again updates it (200)."""
-    engine, created = service.register_engine(session, registration=body)
+    """An agent announces itself. Registering the same engine_id again updates it (200).
+    Engine ids are 1-128 characters: letters, digits, `.`, `_`, `:` and `-`, starting with a letter or
+    digit."""
+
+    def work(session: Session) -> tuple[EnginePublic, bool]:
+        engine, created = service.register_engine(session, registration=body)
+        return _public(session, engine), created
+
+    public, created = await db.run(work)
     if not created:
         response.status_code = status.HTTP_200_OK
-    response.headers["Location"] = f"/v1/engines/{engine.id}"
-    return _public(session, engine)
+    response.headers["Location"] = f"/v1/engines/{public.id}"
+    return public
 
 
-@router.get("", name="list")
-def list_engines(
-    session: SessionDep, _: Reader, deployment: str | None = None, state: EngineState | None = None
+@router.get("", name="list", responses=problem_responses(404))
+async def list_engines(
+    db: DatabaseDep, _: Reader, deployment: DeploymentFilterQuery = None, state: EngineState | None = None
 ) -> EngineList:
-    rows = service.list_engines(session, deployment=deployment, state=state)
-    names = service.deployment_names(session, {row.deployment_id for row in rows})
-    return EngineList(
-        data=[EnginePublic.from_row(r, deployment_name=names.get(r.deployment_id, "")) for r in rows],
-        count=len(rows),
-    )
+    def work(session: Session) -> EngineList:
+        rows = service.list_engines(session, deployment=deployment, state=state)
+        names = service.deployment_names(session, {row.deployment_id for row in rows})
+        return EngineList(
+            data=[EnginePublic.from_row(r, deployment_name=names.get(r.deployment_id, "")) for r in rows],
+            count=len(rows),
+        )
+
+    return await db.run(work)
 
 
 @router.get("/{engine_id}", name="get", responses=problem_responses(404))
-def get_engine(engine_id: str, session: SessionDep, _: Reader) -> EnginePublic:
-    return _public(session, service.get_engine(session, engine_id=engine_id))
+async def get_engine(engine_id: EngineIdPath, db: DatabaseDep, _: Reader) -> EnginePublic:
+    return await db.run(lambda session: _public(session, service.get_engine(session, engine_id=engine_id)))
 
 
 @router.post("/{engine_id}/heartbeat", name="heartbeat", responses=problem_responses(404, 409))
-def heartbeat(engine_id: str, body: AgentHeartbeat, session: SessionDep, _: EngineAgent) -> EnginePublic:
-    return _public(session, service.record_heartbeat(session, engine_id=engine_id, heartbeat=body))
+async def heartbeat(
+    engine_id: EngineIdPath, body: EngineHeartbeat, db: DatabaseDep, _: EngineAgent
+) -> EnginePublic:
+    return await db.run(
+        lambda session: _public(
+            session, service.record_heartbeat(session, engine_id=engine_id, heartbeat=body)
+        )
+    )
 
 
 @router.delete(
@@ -56,6 +88,6 @@ def heartbeat(engine_id: str, body: AgentHeartbeat, session: SessionDep, _: Engi
     status_code=status.HTTP_204_NO_CONTENT,
     responses=problem_responses(404),
 )
-def deregister_engine(engine_id: str, session: SessionDep, _: EngineAgent) -> None:
+async def deregister_engine(engine_id: EngineIdPath, db: DatabaseDep, _: EngineAgent) -> None:
     """The engine is kept, marked `left`, and never picked for a job again."""
-    service.deregister_engine(session, engine_id=engine_id)
+    await db.run(lambda session: service.deregister_engine(session, engine_id=engine_id))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Collection
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -10,10 +12,14 @@ from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, NotFoundError
-from app.deployments.models import Deployment
+from app.core.ids import new_id
+from app.deployments.models import Deployment, DeploymentStatus
 from app.deployments.service import get_deployment
-from app.engines.models import Engine, EngineState
+from app.engines.models import Engine, EnginePublic, EngineState
+from app.webhooks.models import OUTBOX_ID_PREFIX, EventType, OutboxEvent
 from engine_agent.protocol import AgentHeartbeat, AgentRegistration, EngineConfig
+
+log = logging.getLogger(__name__)
 
 
 class EngineNotFoundError(NotFoundError):
@@ -23,8 +29,15 @@ class EngineNotFoundError(NotFoundError):
 def register_engine(session: Session, *, registration: AgentRegistration) -> tuple[Engine, bool]:
     """Create or update (same engine_id: idempotent). Returns (engine, created)."""
     deployment = get_deployment(session, ref=registration.deployment)
+    if deployment.backend != "reference":
+        raise ConflictError(
+            f"deployment {deployment.name!r} runs backend {deployment.backend}: its engines are not epctl "
+            "agents and do not register",
+            code="backend-mismatch",
+            engine_id=registration.engine_id,
+        )
     expected = EngineConfig.model_validate(deployment.engine_config)
-    if registration.engine != expected:
+    if registration.engine.model_dump() != expected.model_dump():
         raise ConflictError(
             f"engine {registration.engine_id} runs another engine config than deployment "
             f"{deployment.name!r}: {registration.engine.model_dump()} != {expected.model_dump()}",
@@ -79,6 +92,8 @@ def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartb
             f"engine {engine_id} has left; register it again", code="engine-left", engine_id=engine_id
         )
     now = utc_now()
+    if heartbeat.group_error and engine.state != heartbeat.state.value:
+        log.warning("engine %s left generation %s: %s", engine_id, engine.generation, heartbeat.group_error)
     engine.state = EngineState(heartbeat.state.value).value
     engine.generation = heartbeat.generation
     engine.dp_rank = heartbeat.rank
@@ -99,6 +114,18 @@ def deregister_engine(session: Session, *, engine_id: str) -> Engine:
     session.add(engine)
     session.commit()
     return engine
+
+
+def prune_left_engines(session: Session, *, older_than: datetime) -> int:
+    """Delete engines that left (scaled away, written off, deregistered) before `older_than`; returns how
+    many. Jobs name their engines by id in their own records, so the history survives this."""
+    result = session.execute(
+        sa.delete(Engine).where(
+            col(Engine.state) == EngineState.left.value, col(Engine.updated_at) < older_than
+        )
+    )
+    session.commit()
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 def get_engine(session: Session, *, engine_id: str) -> Engine:
@@ -130,27 +157,75 @@ def available_engines(session: Session, *, deployment_id: str) -> list[Engine]:
     )
 
 
-def mark_unreachable(session: Session, *, silent_since: datetime) -> list[str]:
-    """Engines whose last heartbeat is older than `silent_since` become `unreachable`; returns their ids."""
+def mark_unreachable(
+    session: Session, *, silent_since: datetime, only: Collection[str] | None = None
+) -> list[EnginePublic]:
+    """Engines whose last heartbeat is older than `silent_since` (of `only`, when given: engines found
+    gone some other way) become `unreachable`. One that served
+    its deployment's current generation leaves the deployment `degraded` (the EP group cannot run a
+    collective without it); each is announced as an `engine.unreachable` webhook event, in the same
+    transaction. Returns the engines as they are now.
+
+    A deployment stays degraded until a reconfiguration commits a new generation (which sets it
+    `ready`): the engine's return alone does not prove the group whole."""
     live = [
         EngineState.registered.value,
         EngineState.serving.value,
         EngineState.idle.value,
         EngineState.paused.value,
     ]
-    stale = list(
-        session.exec(
-            select(Engine.id).where(col(Engine.state).in_(live), col(Engine.last_heartbeat_at) < silent_since)
-        ).all()
-    )
-    if stale:
-        session.execute(
+    query = select(Engine).where(col(Engine.state).in_(live), col(Engine.last_heartbeat_at) < silent_since)
+    if only is not None:
+        query = query.where(col(Engine.id).in_(list(only)))
+    stale = list(session.exec(query).all())
+    now = utc_now()
+    expired = []
+    for engine in stale:
+        # Compare-and-set: a heartbeat that just arrived, or another coordinator's expiry, wins.
+        marked = session.execute(
             sa.update(Engine)
-            .where(col(Engine.id).in_(stale))
-            .values(state=EngineState.unreachable.value, updated_at=utc_now())
+            .where(
+                col(Engine.id) == engine.id,
+                col(Engine.state).in_(live),
+                col(Engine.last_heartbeat_at) < silent_since,
+            )
+            .values(state=EngineState.unreachable.value, updated_at=now)
         )
-        session.commit()
-    return stale
+        if marked.rowcount != 1:  # type: ignore[attr-defined]
+            continue
+        session.refresh(engine)
+        deployment = session.get(Deployment, engine.deployment_id)
+        member = (
+            deployment is not None
+            and deployment.current_dp_size > 0
+            and engine.dp_rank is not None
+            and engine.generation == deployment.generation
+        )
+        if deployment is not None and member:
+            deployment.status = DeploymentStatus.degraded.value
+            deployment.updated_at = now
+            session.add(deployment)
+        public = EnginePublic.from_row(engine, deployment_name=deployment.name if deployment else "")
+        expired.append(public)
+        session.add(
+            OutboxEvent(
+                id=new_id(OUTBOX_ID_PREFIX),
+                type=EventType.engine_unreachable.value,
+                deployment_id=engine.deployment_id,
+                payload={
+                    "type": EventType.engine_unreachable.value,
+                    "timestamp": now.isoformat(),
+                    "data": {
+                        **public.model_dump(mode="json"),
+                        "member": member,
+                        "deployment_status": deployment.status if deployment else None,
+                    },
+                },
+                created_at=now,
+            )
+        )
+    session.commit()
+    return expired
 
 
 def deployment_names(session: Session, deployment_ids: set[str]) -> dict[str, str]:

@@ -1,15 +1,20 @@
 """Prometheus Alertmanager webhook (payload version 4) -> scale intents.
 
 Alertmanager sends one notification per alert group; it repeats it every `repeat_interval` while the
-group fires and retries any 5xx. So this module turns a payload into at most one intent per deployment,
-each with a dedupe key built from the group key and the identity of the alerts behind it
-(`fingerprint@startsAt`: a repeat of the same firing episode dedupes, a new episode of the same alert
-does not). Alerts that cannot be acted on are returned with the reason, never raised.
+group fires, re-sends it when an alert joins or leaves the group, and retries any 5xx. So this module
+turns a payload into at most one intent per deployment, each with a dedupe key built from the group
+key and the group's firing episode (the earliest `startsAt` among the group's alerts for that
+deployment): a repeat, or a second per-instance alert joining a firing group, dedupes; a new episode
+after the group resolved does not. Alerts that cannot be acted on are returned with the reason (and
+whether they were merely resolved), never raised.
 
-Labels and annotations an alert uses (alert-level values override the common ones):
-- `deployment` (label): the deployment to scale;
-- `target_dp_size` (label or annotation): an absolute target;
-- or `step` (`+1`, `-2`, `2`) and/or `scale` (`up` | `down`): relative to the current size.
+Labels and annotations an alert uses (alert-level values override the common ones); the README's
+"Alertmanager" section lists them too:
+- `deployment` (label, required): the deployment to scale;
+- `target_dp_size` (label or annotation): an absolute target, 1..1024;
+- or `step` (`+1`, `-2`, `2`) and/or `scale` (`up` | `down`): relative to the size the deployment is
+  heading to (an active job's target, else the current size); `scale` alone is a step of 1.
+- `alertname` (label): named in the recorded reason. Every other label is ignored.
 """
 
 from __future__ import annotations
@@ -27,7 +32,12 @@ TARGET_KEY = "target_dp_size"
 STEP_KEY = "step"
 SCALE_KEY = "scale"
 
-_STEP_RE = re.compile(r"^\s*([+-]?)\s*(\d+)\s*$")
+MAX_DP_SIZE = 1024  # no size, target or step beyond this is meaningful (the API's own limit)
+# ASCII digits only: `str.isdigit` and `\d` accept "²" or "٣", which int() then refuses (a 500, once).
+_STEP_RE = re.compile(r"^\s*([+-]?)\s*([0-9]{1,4})\s*$", re.ASCII)
+_TARGET_RE = re.compile(r"^[0-9]{1,4}$", re.ASCII)
+_GROUP_KEY_LIMIT = 8192
+_TEXT_LIMIT = 8192
 
 
 class AlertmanagerAlert(BaseModel):
@@ -39,7 +49,7 @@ class AlertmanagerAlert(BaseModel):
     startsAt: datetime | None = None
     endsAt: datetime | None = None
     generatorURL: str = ""
-    fingerprint: str = ""
+    fingerprint: str = Field("", max_length=256)
 
 
 class AlertmanagerPayload(BaseModel):
@@ -48,10 +58,10 @@ class AlertmanagerPayload(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     version: Literal["4"]
-    groupKey: str = Field(min_length=1)
+    groupKey: str = Field(min_length=1, max_length=_GROUP_KEY_LIMIT)
     truncatedAlerts: int = 0
     status: Literal["firing", "resolved"]
-    receiver: str = ""
+    receiver: str = Field("", max_length=_TEXT_LIMIT)
     groupLabels: dict[str, str] = Field(default_factory=dict)
     commonLabels: dict[str, str] = Field(default_factory=dict)
     commonAnnotations: dict[str, str] = Field(default_factory=dict)
@@ -82,6 +92,7 @@ class SkippedAlert:
     deployment: str | None
     reason: str
     fingerprints: tuple[str, ...] = ()
+    resolved: bool = False  # merely resolved (ignored); otherwise its labels are unusable (rejected)
 
 
 @dataclass
@@ -100,8 +111,10 @@ def alert_identity(alert: AlertmanagerAlert) -> str:
 
 
 def dedupe_key(group_key: str, deployment: str, alerts: list[AlertmanagerAlert]) -> str:
-    identities = sorted(alert_identity(a) for a in alerts)
-    material = "\n".join([group_key, deployment, *identities])
+    """One key per group and firing episode: the episode starts at the group's earliest `startsAt`."""
+    starts = sorted(a.startsAt.isoformat() for a in alerts if a.startsAt is not None)
+    episode = starts[0] if starts else "\n".join(sorted(alert_identity(a) for a in alerts))
+    material = "\n".join([group_key, deployment, episode])
     return "am:" + hashlib.sha256(material.encode()).hexdigest()
 
 
@@ -109,10 +122,12 @@ def parse_step(text: str) -> int:
     """`+2`, `-1`, `2` -> signed int; raises ValueError on anything else (zero included)."""
     match = _STEP_RE.match(text)
     if not match:
-        raise ValueError(f"step {text!r} is not a signed integer such as +1 or -1")
+        raise ValueError(f"step {text[:40]!r} is not a signed integer from -{MAX_DP_SIZE} to +{MAX_DP_SIZE}")
     value = int(match.group(2)) * (-1 if match.group(1) == "-" else 1)
     if value == 0:
         raise ValueError("step must not be zero")
+    if abs(value) > MAX_DP_SIZE:
+        raise ValueError(f"step {value:+d} is beyond {MAX_DP_SIZE} either way")
     return value
 
 
@@ -125,8 +140,8 @@ def _intent_of(labels: dict[str, str], annotations: dict[str, str]) -> tuple[int
 
     target_text = lookup(TARGET_KEY)
     if target_text is not None:
-        if not target_text.isdigit() or int(target_text) < 1:
-            return f"{TARGET_KEY} {target_text!r} is not a positive integer"
+        if not _TARGET_RE.match(target_text) or not 1 <= int(target_text) <= MAX_DP_SIZE:
+            return f"{TARGET_KEY} {target_text[:40]!r} is not a positive integer (at most {MAX_DP_SIZE})"
         return int(target_text), None
     step_text = lookup(STEP_KEY)
     scale_text = lookup(SCALE_KEY)
@@ -134,7 +149,7 @@ def _intent_of(labels: dict[str, str], annotations: dict[str, str]) -> tuple[int
     if scale_text is not None:
         lowered = scale_text.lower()
         if lowered not in ("up", "down"):
-            return f"{SCALE_KEY} {scale_text!r} is neither 'up' nor 'down'"
+            return f"{SCALE_KEY} {scale_text[:40]!r} is neither 'up' nor 'down'"
         direction = 1 if lowered == "up" else -1
     if step_text is not None:
         try:
@@ -145,7 +160,7 @@ def _intent_of(labels: dict[str, str], annotations: dict[str, str]) -> tuple[int
         if direction is not None and unsigned:
             step = abs(step) * direction
         elif direction is not None and (step > 0) != (direction > 0):
-            return f"{STEP_KEY} {step_text!r} contradicts {SCALE_KEY} {scale_text!r}"
+            return f"{STEP_KEY} {step_text[:40]!r} contradicts {SCALE_KEY} {(scale_text or '')[:40]!r}"
         return None, step
     if direction is not None:
         return None, direction
@@ -163,7 +178,9 @@ def plan(payload: AlertmanagerPayload) -> AlertmanagerPlan:
         identity = (alert_identity(alert),)
         if alert.status != "firing":
             result.skipped.append(
-                SkippedAlert(deployment, "alert resolved: resolved alerts never scale", identity)
+                SkippedAlert(
+                    deployment, "alert resolved: resolved alerts never scale", identity, resolved=True
+                )
             )
             continue
         if deployment is None:
@@ -177,6 +194,12 @@ def plan(payload: AlertmanagerPayload) -> AlertmanagerPlan:
 
     for deployment, entries in by_deployment.items():
         alerts = [alert for alert, _ in entries]
+        # The episode counts every alert of the group naming the deployment, resolved ones included.
+        episode = [
+            a
+            for a in payload.alerts
+            if {**payload.commonLabels, **a.labels}.get(DEPLOYMENT_LABEL, "").strip() == deployment
+        ]
         wanted = {parsed for _, parsed in entries}
         identities = tuple(sorted(alert_identity(a) for a in alerts))
         if len(wanted) > 1:
@@ -194,7 +217,7 @@ def plan(payload: AlertmanagerPayload) -> AlertmanagerPlan:
                 target_dp_size=target,
                 step=step,
                 reason=reason,
-                dedupe_key=dedupe_key(payload.groupKey, deployment, alerts),
+                dedupe_key=dedupe_key(payload.groupKey, deployment, episode),
             )
         )
     return result

@@ -2,41 +2,35 @@
 
 - `POST /v1/hooks/scale`: a generic JSON body (`ScaleRequest`), authenticated by a Standard Webhooks
   signature (per-deployment or global inbound secret) or by a bearer token with role autoscaler/operator.
-  202 + `Location` when a job was created, 200 when recorded and ignored (cooldown, active job, ...).
+  202 + `Location` when a job was created, 200 when recorded and deferred (cooldown, active job: the
+  desired size is kept and acted on later) or ignored (duplicate, already at size).
 - `POST /v1/hooks/alertmanager`: Prometheus Alertmanager's webhook (version 4), bearer token
-  (Alertmanager's `http_config.authorization`). 200 with one result per deployment for any readable,
-  authenticated payload, whatever was decided: Alertmanager retries non-2xx answers, and retrying a
-  decision changes nothing.
+  (Alertmanager's `http_config.authorization`). 200 with one result per deployment when every alert
+  was usable (accepted, deferred or ignored); 404 (`unknown-deployment`) or 422 (`unusable-labels`)
+  problem+json, with every result, when an alert names no known deployment or no usable size:
+  Alertmanager logs a 4xx and does not retry it, so the mistake shows where the operator looks.
+  The usable alerts of such a payload are still acted on.
 
 Bad input is 4xx problem+json and creates no job: 401 (missing/bad/stale signature, bad token),
 403 (role), 409 (replayed webhook-id), 404 (unknown deployment), 422 (malformed body). Never 5xx.
+Requests that fail authentication are counted, not recorded; every authenticated one is recorded once.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 
-from app.api.deps import Reader, SessionDep, SettingsDep
-from app.core.auth import Permission, Principal, authorize
-from app.core.errors import AuthenticationError, DomainError, InvalidRequestError, NotFoundError
+from app.api.deps import DatabaseDep, Reader, SettingsDep
+from app.api.params import DeploymentFilterQuery, Offset
+from app.core.errors import InvalidRequestError, NotFoundError
 from app.core.problems import problem_responses
-from app.hooks import service
+from app.hooks import intake, service
 from app.hooks.alertmanager import AlertmanagerPayload
-from app.hooks.models import HookDecision, HookSource
-from app.tokens.models import TokenRole
-from app.tokens.service import authenticate
-from app.webhooks import signing
+from app.hooks.models import AlertmanagerOutcome, HookDecision, HookSource
 
 router = APIRouter(prefix="/v1/hooks", tags=["hooks"], responses=problem_responses(401, 403, 422))
-
-
-async def raw_body(request: Request) -> bytes:
-    return await request.body()
-
-
-RawBody = Annotated[bytes, Depends(raw_body)]
 
 
 def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
@@ -66,33 +60,24 @@ def _json_body(model: type[Any]) -> dict[str, Any]:
     }
 
 
-def _bearer_caller(session: SessionDep, authorization: str, source: HookSource) -> service.Caller:
-    scheme, _, secret = authorization.strip().partition(" ")
-    unknown = service.Caller(source, requester=None)
-    if scheme.lower() != "bearer" or not secret.strip():
-        raise service.reject(
-            session,
-            unknown,
-            AuthenticationError("send `Authorization: Bearer <token>`", code="missing-token"),
-        )
-    token = authenticate(session, secret=secret.strip())
-    if token is None:
-        raise service.reject(
-            session, unknown, AuthenticationError("unknown or revoked token", code="invalid-token")
-        )
-    caller = service.Caller(source, requester=token.name)
-    try:
-        authorize(Principal(token_id=token.id, name=token.name, role=TokenRole(token.role)), Permission.scale)
-    except DomainError as exc:
-        raise service.reject(session, caller, exc) from None
-    return caller
-
-
 def _raise_if_rejected(outcome: service.HookOutcome) -> None:
     if outcome.decision is not HookDecision.rejected:
         return
     error_type = NotFoundError if outcome.code == "unknown-deployment" else InvalidRequestError
     raise error_type(outcome.reason, code=outcome.code, request_id=outcome.request_id)
+
+
+def _raise_if_any_rejected(outcome: AlertmanagerOutcome) -> None:
+    rejected = [r for r in outcome.results if r.decision is HookDecision.rejected]
+    if not rejected:
+        return
+    unknown = all(r.code == "unknown-deployment" for r in rejected)
+    error_type = NotFoundError if unknown else InvalidRequestError
+    raise error_type(
+        "; ".join(f"{r.deployment or '(no deployment)'}: {r.reason}" for r in rejected)[:2000],
+        code="unknown-deployment" if unknown else "unusable-labels",
+        results=[r.model_dump(mode="json") for r in outcome.results],
+    )
 
 
 @router.post(
@@ -105,43 +90,15 @@ def _raise_if_rejected(outcome: service.HookOutcome) -> None:
         **problem_responses(404, 409),
     },
 )
-def scale_hook(
-    request: Request, body: RawBody, session: SessionDep, settings: SettingsDep, response: Response
+async def scale_hook(
+    request: Request, db: DatabaseDep, settings: SettingsDep, response: Response
 ) -> service.HookOutcome:
     """A generic scale request: `{deployment, target_dp_size | step, reason}`, signed (Standard Webhooks:
     `webhook-id`, `webhook-timestamp`, `webhook-signature`) or sent with an autoscaler/operator token."""
-    authorization = request.headers.get("authorization", "").strip()
-    if authorization:
-        caller = _bearer_caller(session, authorization, HookSource.generic)
-    else:
-        try:
-            named = service.deployment_named_in(service.parse_json(body))
-        except DomainError:
-            named = None  # unreadable: only the global secret can vouch for it; 422 comes after
-        if not signing.has_signature_headers(request.headers):
-            raise service.reject(
-                session,
-                service.Caller(HookSource.generic, requester=None),
-                AuthenticationError(
-                    "send a Standard Webhooks signature (webhook-id, webhook-timestamp, webhook-signature) "
-                    "or `Authorization: Bearer <token>`",
-                    code="missing-credentials",
-                ),
-                deployment_name=named,
-            )
-        caller = service.verify_signature(
-            session, settings, headers=request.headers, body=body, deployment_name=named
-        )
-    try:
-        scale_request = service.parse_scale_request(service.parse_json(body))
-    except DomainError as exc:
-        raise service.reject(session, caller, exc) from None
-    outcome = service.decide(
-        session,
-        caller,
-        scale_request.intent(),
-        settings=settings,
-        details={"body": scale_request.model_dump()},
+    body = await request.body()
+    headers = dict(request.headers)
+    outcome = await db.run(
+        lambda session: intake.scale_request(session, settings, headers=headers, body=body)
     )
     _raise_if_rejected(outcome)
     if outcome.decision is HookDecision.accepted:
@@ -155,43 +112,38 @@ def scale_hook(
     "/alertmanager",
     name="alertmanager",
     openapi_extra=_json_body(AlertmanagerPayload),
+    responses=problem_responses(404),
 )
-def alertmanager_hook(
-    request: Request, body: RawBody, session: SessionDep, settings: SettingsDep
-) -> service.AlertmanagerOutcome:
+async def alertmanager_hook(request: Request, db: DatabaseDep, settings: SettingsDep) -> AlertmanagerOutcome:
     """Prometheus Alertmanager's webhook (version 4). Firing alerts whose labels name a `deployment` and a
     `target_dp_size` (label or annotation), a `step` (+N/-N) or `scale: up|down` scale it; resolved alerts
     and repeats of a notification already acted on (same group key, fingerprints and start times) are
-    recorded as ignored. 200 for every readable, authenticated payload."""
-    authorization = request.headers.get("authorization", "").strip()
-    if not authorization:
-        raise service.reject(
-            session,
-            service.Caller(HookSource.alertmanager, requester=None),
-            AuthenticationError(
-                "configure Alertmanager's webhook with `http_config.authorization` (an autoscaler token)",
-                code="missing-token",
-            ),
-        )
-    caller = _bearer_caller(session, authorization, HookSource.alertmanager)
-    try:
-        payload = service.parse_alertmanager(service.parse_json(body))
-    except DomainError as exc:
-        raise service.reject(session, caller, exc) from None
-    return service.handle_alertmanager(session, caller, payload, settings=settings)
+    recorded as ignored; a request refused for an active job or the cooldown is deferred (acted on when
+    that ends). 404/422 problem+json (with every result) when an alert names an unknown deployment or
+    carries unusable labels; the usable alerts are still acted on."""
+    body = await request.body()
+    headers = dict(request.headers)
+    outcome = await db.run(
+        lambda session: intake.alertmanager_request(session, settings, headers=headers, body=body)
+    )
+    _raise_if_any_rejected(outcome)
+    return outcome
 
 
 @router.get("/requests", name="requests")
-def list_hook_requests(
-    session: SessionDep,
+async def list_hook_requests(
+    db: DatabaseDep,
     _: Reader,
-    deployment: str | None = None,
+    deployment: DeploymentFilterQuery = None,
     decision: HookDecision | None = None,
     source: HookSource | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> service.HookRequestList:
-    """Every inbound request, newest first, with the decision and why."""
-    return service.list_requests(
-        session, deployment=deployment, decision=decision, source=source, limit=limit, offset=offset
+    """Every recorded inbound request (authenticated callers only), newest first, with the decision and
+    why."""
+    return await db.run(
+        lambda session: service.list_requests(
+            session, deployment=deployment, decision=decision, source=source, limit=limit, offset=offset
+        )
     )

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 import sqlalchemy as sa
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, StringConstraints
 from pydantic import Field as ApiField
 from sqlmodel import Field, SQLModel
 
+from app.api.params import ENGINE_ID_PATTERN, REF_PATTERN
 from app.core.clock import utc_now
 from app.core.db import NullableJSON, UTCDateTime
-from app.deployments.models import WarmupPolicyChoice
+from app.deployments.models import MAX_DOWNTIME_BUDGET_MS, WarmupPolicyChoice
 from app.jobs.states import TERMINAL_STATES, JobState
-from engine_agent.protocol import Strategy, WarmupPolicy
+from engine_agent.protocol import CommitMode, Strategy, WarmupPolicy
 
 JOB_ID_PREFIX = "rcfg"
 
@@ -31,6 +32,8 @@ class RequestSource(StrEnum):
     autoscaler = "autoscaler"
     webhook = "webhook"  # an inbound hook (Alertmanager, generic signed body)
     system = "system"  # the coordinator itself (reconciliation)
+    scale_subresource = "scale-subresource"  # PUT /v1/deployments/{name}/scale (Kubernetes convention)
+    self_heal = "self-heal"  # the coordinator, after losing an engine (app.runner.selfheal)
 
 
 class CleanupState(StrEnum):
@@ -68,7 +71,7 @@ class ReconfigurationJob(SQLModel, table=True):
     to_dp_size: int
     from_generation: int
     to_generation: int
-    requested_by: str = Field(sa_type=sa.String(16))
+    requested_by: str = Field(sa_type=sa.String(32))
     requester: str | None = Field(default=None, max_length=128, description="the token name")
     reason: str | None = Field(default=None, max_length=1000)
     warmup_policy: str | None = Field(
@@ -76,16 +79,39 @@ class ReconfigurationJob(SQLModel, table=True):
     )
     warmup_policy_requested: str = Field(sa_type=sa.String(16))
     strategy: str = Field(sa_type=sa.String(16))
+    commit_mode: str = Field(
+        default=CommitMode.coordinator.value,
+        sa_type=sa.String(16),
+        sa_column_kwargs={"server_default": CommitMode.coordinator.value},
+        description="engines|coordinator; rows from before the column ran the coordinator's commit",
+    )
+    max_downtime_ms: int | None = Field(default=None, description="the downtime budget in force; NULL: none")
     progress_step: str | None = Field(default=None, max_length=200)
     progress_percent: float = 0.0
     phases: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
     engine_results: list[Any] = Field(default_factory=list, sa_type=sa.JSON)
     downtime_ms: float | None = None
     downtime: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
+    client_downtime_ms: float | None = Field(
+        default=None, description="the canary probe's longest window with no successful canary"
+    )
+    probe: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     error: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     cleanup_state: str = Field(default=CleanupState.none.value, sa_type=sa.String(16))
     cleanup: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     cancel_requested: bool = False
+    retire: list[str] | None = Field(
+        default=None, sa_type=NullableJSON, description="engines the operator chose to leave"
+    )
+    placement: dict[str, Any] | None = Field(
+        default=None,
+        sa_type=NullableJSON,
+        description="the plan's rank map (old -> new) and what the new placement moves",
+    )
+    # Self-heal jobs (app/runner/selfheal.py): when the loss happened and how long recovery took.
+    loss_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    time_to_detect_ms: float | None = None
+    time_to_serving_ms: float | None = None
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     idempotency_key: str | None = Field(default=None, max_length=255)
@@ -117,7 +143,10 @@ class IdempotencyRecord(SQLModel, table=True):
     """An Idempotency-Key seen on a create request, scoped to the token that sent it."""
 
     __tablename__ = "idempotency_keys"
-    __table_args__ = (sa.UniqueConstraint("scope", "key", name="uq_idempotency_keys_scope_key"),)
+    __table_args__ = (
+        sa.UniqueConstraint("scope", "key", name="uq_idempotency_keys_scope_key"),
+        sa.Index("ix_idempotency_keys_created_at", "created_at"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     scope: str = Field(max_length=128)
@@ -134,12 +163,35 @@ class IdempotencyRecord(SQLModel, table=True):
 
 
 class ReconfigurationCreate(BaseModel):
-    deployment: str = ApiField(description="the deployment's name")
-    target_dp_size: int = ApiField(ge=1, le=1024)
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422 naming it, never ignored
+
+    deployment: str = ApiField(pattern=REF_PATTERN, description="the deployment's name")
+    target_dp_size: int = ApiField(ge=1, le=1024, strict=True)
     warmup_policy: WarmupPolicyChoice | None = ApiField(None, description="default: the deployment's")
     strategy: Strategy | None = ApiField(None, description="default: the deployment's")
+    commit: CommitMode | None = ApiField(
+        None,
+        description="who picks the switch boundary: `engines` (the coordinator arms them and they agree "
+        "on it through their per-step collective; nothing from the coordinator inside the window) or "
+        "`coordinator` (pause everywhere, then switch everywhere). Default: engines (coordinator for the "
+        "blocking strategy, which does prepare's work inside the pause)",
+    )
+    max_downtime_ms: int | None = ApiField(
+        None,
+        ge=1,
+        le=MAX_DOWNTIME_BUDGET_MS,
+        strict=True,
+        description="the downtime budget for this job (default: the deployment's): a commit window that "
+        "would run longer ends on the old generation (rolled_back, downtime-budget-exceeded)",
+    )
     reason: str | None = ApiField(None, max_length=1000)
     source: RequestSource | None = ApiField(None, description="api (default), cli or autoscaler")
+    retire: list[Annotated[str, StringConstraints(pattern=ENGINE_ID_PATTERN)]] | None = ApiField(
+        None,
+        max_length=1024,
+        description="scale-down only: the engines that leave (as many as the size shrinks by), instead "
+        "of the highest ranks; the others are renumbered compactly",
+    )
 
 
 class JobError(BaseModel):
@@ -147,6 +199,10 @@ class JobError(BaseModel):
     engine_id: str | None = None
     type: str
     message: str
+    http_status: int | None = ApiField(
+        None, description="the engine's HTTP answer, for engines driven over their own API (vLLM)"
+    )
+    hint: str | None = ApiField(None, description="what to do about it, when there is something to do")
 
 
 class PhaseTimes(BaseModel):
@@ -199,15 +255,44 @@ class JobPublic(BaseModel):
     warmup_policy: WarmupPolicy | None
     warmup_policy_requested: WarmupPolicyChoice
     strategy: Strategy
+    commit: CommitMode
+    max_downtime_ms: int | None = None
     progress: Progress
     phases: dict[str, PhaseTimes]
     engine_results: list[Any]
     downtime_ms: float | None
     downtime: dict[str, Any] | None
+    client_downtime_ms: float | None = ApiField(
+        None,
+        description="measured from outside by the canary probe: the longest window in which no canary "
+        "request succeeded (vLLM jobs: its 503 window)",
+    )
+    probe: dict[str, Any] | None = ApiField(
+        None, description="the canary probe's figures: canaries sent/failed, latencies, per-phase gaps"
+    )
     error: JobError | None
     cleanup_state: CleanupState
     cleanup: dict[str, Any] | None
     cancel_requested: bool
+    retire: list[str] | None = ApiField(None, description="engines the operator chose to leave")
+    placement: dict[str, Any] | None = ApiField(
+        None,
+        description="rank_map (engine id -> {old, new} rank; new is null for a leaver), copies_moved, "
+        "bytes_moved, lower_bound (copies), balance (worst layer, mean/max rank load) and its fresh value",
+    )
+    loss_at: datetime | None = ApiField(
+        None,
+        description="self-heal jobs: when the engine loss they recover from happened, as far as the "
+        "coordinator can tell (the lost engine's last heartbeat, or when its group was found broken)",
+    )
+    time_to_detect_ms: float | None = ApiField(
+        None, description="self-heal jobs: from `loss_at` to this job's creation (the loss detected)"
+    )
+    time_to_serving_ms: float | None = ApiField(
+        None,
+        description="self-heal jobs: from `loss_at` to this job's new generation serving (a shrink: "
+        "serving again on the survivors; a grow-back: back to full size)",
+    )
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None
@@ -232,15 +317,24 @@ class JobPublic(BaseModel):
             warmup_policy=WarmupPolicy(row.warmup_policy) if row.warmup_policy else None,
             warmup_policy_requested=WarmupPolicyChoice(row.warmup_policy_requested),
             strategy=Strategy(row.strategy),
+            commit=CommitMode(row.commit_mode),
+            max_downtime_ms=row.max_downtime_ms,
             progress=Progress(step=row.progress_step, percent=row.progress_percent),
             phases={name: PhaseTimes.model_validate(times) for name, times in (row.phases or {}).items()},
             engine_results=list(row.engine_results or []),
             downtime_ms=row.downtime_ms,
             downtime=row.downtime,
+            client_downtime_ms=row.client_downtime_ms,
+            probe=row.probe,
             error=JobError.model_validate(row.error) if row.error else None,
             cleanup_state=CleanupState(row.cleanup_state),
             cleanup=row.cleanup,
             cancel_requested=row.cancel_requested,
+            retire=row.retire,
+            placement=row.placement,
+            loss_at=row.loss_at,
+            time_to_detect_ms=row.time_to_detect_ms,
+            time_to_serving_ms=row.time_to_serving_ms,
             created_at=row.created_at,
             updated_at=row.updated_at,
             started_at=row.started_at,
@@ -254,9 +348,12 @@ class JobDetail(JobPublic):
 
 class JobList(BaseModel):
     data: list[JobPublic]
-    count: int = ApiField(
-        description="jobs matching the filters, over all pages: counted on the first page (no cursor); "
-        "later pages repeat the first page's figure, carried in the cursor"
+    count: int | None = ApiField(
+        description="jobs matching the filters, over all pages: counted on the first page (no cursor) as "
+        "`?count=` asks (null for `none`); later pages repeat the first page's figure, carried in the cursor"
+    )
+    count_exact: bool = ApiField(
+        True, description="false when `count` is a lower bound (the capped count stopped at its cap)"
     )
     next_cursor: str | None = ApiField(
         description="pass as `cursor` for the next (older) page; null at the end"

@@ -1,13 +1,15 @@
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Query, Response, status
+from sqlmodel import Session
 
-from app.api.deps import Canceller, Reader, Scaler, SessionDep, SettingsDep
+from app.api.deps import Canceller, DatabaseDep, Reader, Scaler, SettingsDep
+from app.api.job_requests import IdempotencyKeyHeader, idempotency_of, point_at_job
+from app.api.params import DeploymentFilterQuery, JobIdPath, UtcDateTime
 from app.core.problems import problem_responses
-from app.jobs import service
+from app.jobs import listing, service
 from app.jobs.models import JobDetail, JobList, JobPublic, ReconfigurationCreate, RequestSource
 from app.jobs.states import JobState
 from app.tokens.models import TokenRole
@@ -18,16 +20,13 @@ router = APIRouter(
 
 
 @router.post("", name="create", status_code=status.HTTP_202_ACCEPTED, responses=problem_responses(404, 409))
-def create_reconfiguration(
+async def create_reconfiguration(
     body: ReconfigurationCreate,
-    session: SessionDep,
+    db: DatabaseDep,
     settings: SettingsDep,
     principal: Scaler,
     response: Response,
-    idempotency_key: Annotated[
-        str | None,
-        Header(max_length=255, description="retries with the same key and body return the same job"),
-    ] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> JobPublic:
     """Ask for a new DP size. Answers 202 with the pending job; follow `Location` for its progress."""
     source = body.source or RequestSource.api
@@ -35,55 +34,66 @@ def create_reconfiguration(
         source = RequestSource.autoscaler
     if source not in (RequestSource.api, RequestSource.cli, RequestSource.autoscaler):
         source = RequestSource.api
-    outcome = service.create_reconfiguration(
-        session,
-        request=body,
-        requested_by=source,
-        requester=principal.name,
-        idempotency_key=idempotency_key,
-        idempotency_scope=principal.token_id,
-        idempotency_timeout_s=settings.idempotency_in_flight_timeout_s,
-    )
-    response.headers["Location"] = f"/v1/reconfigurations/{outcome.job.id}"
-    if outcome.replayed:
-        response.headers["Idempotent-Replayed"] = "true"
-    return service.job_public(session, outcome.job)
+
+    def work(session: Session) -> tuple[JobPublic, bool]:
+        outcome = service.create_reconfiguration(
+            session,
+            request=body,
+            requested_by=source,
+            requester=principal.name,
+            idempotency=idempotency_of(idempotency_key, principal, settings),
+        )
+        return service.job_public(session, outcome.job), outcome.replayed
+
+    public, replayed = await db.run(work)
+    point_at_job(response, public.id, replayed=replayed)
+    return public
 
 
-@router.get("", name="list")
-def list_reconfigurations(
-    session: SessionDep,
+@router.get("", name="list", responses=problem_responses(404))
+async def list_reconfigurations(
+    db: DatabaseDep,
     _: Reader,
-    deployment: str | None = None,
+    deployment: DeploymentFilterQuery = None,
     state: JobState | None = None,
     source: RequestSource | None = None,
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
-    limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE_SIZE)] = service.DEFAULT_PAGE_SIZE,
-    cursor: str | None = None,
+    created_after: UtcDateTime | None = None,
+    created_before: UtcDateTime | None = None,
+    limit: Annotated[int, Query(ge=1, le=listing.MAX_PAGE_SIZE)] = listing.DEFAULT_PAGE_SIZE,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    count: Annotated[
+        listing.CountMode,
+        Query(
+            description="`capped` (default): exact up to 1,000 matches, else 1,000 with "
+            "`count_exact: false`; `exact`: count every match (slower on large histories); `none`: no count"
+        ),
+    ] = listing.CountMode.capped,
 ) -> JobList:
     """Newest first, `limit` per page; pass `next_cursor` back as `cursor` for the next page.
 
-    `count` is the number of jobs matching the filters, counted exactly on the first page (no `cursor`).
-    Later pages repeat that figure, carried in `next_cursor`, rather than counting again: it is the
-    total as of the first page and does not follow jobs created or changing state since. Start again
-    without a cursor for a fresh count."""
-    return service.list_jobs(
-        session,
-        deployment=deployment,
-        state=state,
-        source=source,
-        created_after=created_after,
-        created_before=created_before,
-        limit=limit,
-        cursor=cursor,
+    `count` is the number of jobs matching the filters, counted on the first page (no `cursor`) as
+    the `count` parameter asks. Later pages repeat that figure, carried in `next_cursor`, rather than
+    counting again: it is the total as of the first page and does not follow jobs created or changing
+    state since. Start again without a cursor for a fresh count."""
+    return await db.run(
+        lambda session: listing.list_jobs(
+            session,
+            deployment=deployment,
+            state=state,
+            source=source,
+            created_after=created_after,
+            created_before=created_before,
+            limit=limit,
+            cursor=cursor,
+            count_mode=count,
+        )
     )
 
 
 @router.get("/{job_id}", name="get", responses=problem_responses(404))
-def get_reconfiguration(job_id: str, session: SessionDep, _: Reader) -> JobDetail:
+async def get_reconfiguration(job_id: JobIdPath, db: DatabaseDep, _: Reader) -> JobDetail:
     """The job with its phases, per-engine results, downtime, error, cleanup outcome and transition log."""
-    return service.job_detail(session, job_id=job_id)
+    return await db.run(lambda session: service.job_detail(session, job_id=job_id))
 
 
 @router.post(
@@ -94,12 +104,17 @@ def get_reconfiguration(job_id: str, session: SessionDep, _: Reader) -> JobDetai
         202: {"description": "cancel requested; the job rolls back", "model": JobPublic},
     },
 )
-def cancel_reconfiguration(
-    job_id: str, session: SessionDep, principal: Canceller, response: Response
+async def cancel_reconfiguration(
+    job_id: JobIdPath, db: DatabaseDep, principal: Canceller, response: Response
 ) -> JobPublic:
     """Pending: cancelled now (200). Preparing or syncing: cancel requested (202); the job rolls back and
     ends `cancelled`. Committing or later: 409."""
-    outcome = service.cancel_job(session, job_id=job_id, requester=principal.name)
-    if not outcome.immediate:
+
+    def work(session: Session) -> tuple[JobPublic, bool]:
+        outcome = service.cancel_job(session, job_id=job_id, requester=principal.name)
+        return service.job_public(session, outcome.job), outcome.immediate
+
+    public, immediate = await db.run(work)
+    if not immediate:
         response.status_code = status.HTTP_202_ACCEPTED
-    return service.job_public(session, outcome.job)
+    return public

@@ -1,53 +1,48 @@
-"""Reconfiguration jobs: create (validated, idempotent), read, list, cancel. HTTP-free.
+"""Reconfiguration jobs: create (validated, idempotent), read, cancel; a deployment's active job and
+the deletion of a deployment with its job history. HTTP-free. Listing: `app.jobs.listing`.
 
-State changes after creation go through `app.jobs.states.transition` / `append_event` only.
+State changes after creation go through `app.jobs.transitions.transition` / `append_event` only.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import NoReturn
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, func, select
+from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, InvalidRequestError
 from app.core.ids import new_id
-from app.deployments.models import Deployment, LauncherKind
-from app.deployments.service import active_job_id, get_deployment
+from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind
+from app.deployments.service import delete_deployment_rows, get_deployment
 from app.engines.service import available_engines
 from app.jobs.cleanup import check_no_unresolved_cleanup
+from app.jobs.idempotency import IdempotencyKey, TakenOver, claim_key, complete_key, forget_key, request_hash
 from app.jobs.models import (
     JOB_ID_PREFIX,
-    IdempotencyRecord,
     JobDetail,
     JobEvent,
     JobEventPublic,
-    JobList,
     JobPublic,
     ReconfigurationCreate,
     ReconfigurationJob,
     RequestSource,
 )
+from app.jobs.retire import validate_retire
 from app.jobs.states import (
+    ACTIVE_STATES,
     CANCELLABLE_STATES,
     TERMINAL_STATES,
     JobNotFoundError,
     JobState,
     StaleTransitionError,
-    append_event,
-    transition,
 )
-
-DEFAULT_PAGE_SIZE = 50
-MAX_PAGE_SIZE = 200
+from app.jobs.transitions import append_event, transition
+from engine_agent.protocol import CommitMode, Strategy
 
 
 class ActiveJobConflictError(ConflictError):
@@ -75,28 +70,30 @@ def create_reconfiguration(
     request: ReconfigurationCreate,
     requested_by: RequestSource,
     requester: str | None = None,
-    idempotency_key: str | None = None,
-    idempotency_scope: str | None = None,
-    idempotency_timeout_s: float = 60.0,
+    idempotency: IdempotencyKey | None = None,
+    on_created: Callable[[Session, ReconfigurationJob], None] | None = None,
 ) -> CreateOutcome:
     """Validate and insert a pending job (with its first log row). With an Idempotency-Key: the same key
     and body return the first job (`replayed`), another body raises 422, a retry while the first
-    request is in flight raises 409. Any refusal writes nothing."""
-    if idempotency_key is None:
-        return CreateOutcome(_create(session, request, requested_by, requester, None, None), False)
-    scope = idempotency_scope or requester or ""
-    request_hash = _request_hash(request, requested_by)
-    record, replay = _claim_key(session, scope, idempotency_key, request_hash, idempotency_timeout_s)
+    request is in flight raises 409. Any refusal writes nothing. `on_created(session, job)` may add
+    rows that must commit with the job (and only with it), such as the record of a hook's decision."""
+    if idempotency is None:
+        job = _create(session, request, requested_by, requester, None, None, on_created)
+        return CreateOutcome(job, False)
+    body_hash = request_hash(request, requested_by)
+    try:
+        record, replay = claim_key(
+            session, idempotency.scope, idempotency.key, body_hash, idempotency.in_flight_timeout_s
+        )
+    except TakenOver as taken:
+        record, replay = taken.record, None
     if replay is not None:
         return CreateOutcome(replay, True)
     assert record is not None and record.id is not None
     try:
-        job = _create(session, request, requested_by, requester, idempotency_key, record.id)
+        job = _create(session, request, requested_by, requester, idempotency.key, record.id, on_created)
     except BaseException:
-        # A refused request leaves no trace: the same key may be used again once the cause is fixed.
-        session.rollback()
-        session.execute(sa.delete(IdempotencyRecord).where(col(IdempotencyRecord.id) == record.id))
-        session.commit()
+        forget_key(session, record.id)
         raise
     return CreateOutcome(job, False)
 
@@ -108,11 +105,16 @@ def _create(
     requester: str | None,
     idempotency_key: str | None,
     idempotency_record_id: int | None,
+    on_created: Callable[[Session, ReconfigurationJob], None] | None = None,
 ) -> ReconfigurationJob:
     deployment = get_deployment(session, ref=request.deployment)
+    if request.retire is not None:  # bad input first (422), before conflicts with the state (409)
+        validate_retire(session, deployment, request.target_dp_size, request.retire)
     _validate_target(session, deployment, request.target_dp_size)
     check_no_unresolved_cleanup(session, deployment.id, deployment.name)
     warmup_requested = request.warmup_policy.value if request.warmup_policy else deployment.warmup_policy
+    strategy = request.strategy or Strategy(deployment.strategy)
+    commit = _commit_mode(request.commit, strategy)
     now = utc_now()
     job = ReconfigurationJob(
         id=new_id(JOB_ID_PREFIX),
@@ -128,8 +130,11 @@ def _create(
         # `auto` is resolved by the runner once it knows the participants' platforms.
         warmup_policy=None if warmup_requested == "auto" else warmup_requested,
         warmup_policy_requested=warmup_requested,
-        strategy=request.strategy.value if request.strategy else deployment.strategy,
+        strategy=strategy.value,
+        commit_mode=commit.value,
+        max_downtime_ms=request.max_downtime_ms or deployment.max_downtime_ms,
         idempotency_key=idempotency_key,
+        retire=list(request.retire) if request.retire is not None else None,
         last_event_seq=1,
         created_at=now,
         updated_at=now,
@@ -151,11 +156,9 @@ def _create(
         )
     )
     if idempotency_record_id is not None:
-        session.execute(
-            sa.update(IdempotencyRecord)
-            .where(col(IdempotencyRecord.id) == idempotency_record_id)
-            .values(state="completed", job_id=job.id, response_status=202, updated_at=now)
-        )
+        complete_key(session, idempotency_record_id, job.id, now)
+    if on_created is not None:
+        on_created(session, job)
     try:
         session.commit()
     except IntegrityError:
@@ -167,13 +170,30 @@ def _raise_active_job_conflict(session: Session, deployment: Deployment) -> NoRe
     """The database's one-active-job index refused our insert: another request or coordinator won."""
     session.rollback()
     active = active_job_id(session, deployment_id=deployment.id)
-    if active is None:
-        raise
+    if active is None:  # the job that won has already ended (or its insert rolled back): ask for a retry
+        raise ConflictError(
+            f"deployment {deployment.name!r} changed while this request was creating its job; retry",
+            code="concurrent-change",
+            deployment=deployment.name,
+        ) from None
     raise ActiveJobConflictError(
         f"deployment {deployment.name!r} already has an active reconfiguration {active}",
         active_job_id=active,
         deployment=deployment.name,
     ) from None
+
+
+def _commit_mode(requested: CommitMode | None, strategy: Strategy) -> CommitMode:
+    """The job's commit: engine-agreed by default; the blocking strategy does prepare's work inside
+    the pause, which only the coordinator's two-step commit drives."""
+    if requested is None:
+        return CommitMode.coordinator if strategy == Strategy.blocking else CommitMode.engines
+    if requested == CommitMode.engines and strategy == Strategy.blocking:
+        raise InvalidRequestError(
+            "commit 'engines' needs the background strategy (blocking runs prepare inside the pause)",
+            code="commit-mode-unsupported",
+        )
+    return requested
 
 
 def _validate_target(session: Session, deployment: Deployment, target: int) -> None:
@@ -185,13 +205,25 @@ def _validate_target(session: Session, deployment: Deployment, target: int) -> N
             min_dp_size=deployment.min_dp_size,
             max_dp_size=deployment.max_dp_size,
         )
-    if target == deployment.current_dp_size:
+    if deployment.backend == EngineBackend.vllm and deployment.current_dp_size == 0:
+        raise ConflictError(
+            f"deployment {deployment.name!r}: the DP size of its vLLM server is not known yet; start it "
+            f"(POST /v1/deployments/{deployment.name}/engine/restart) or reconcile it "
+            f"(POST /v1/deployments/{deployment.name}/engine/reconcile)",
+            code="engine-size-unknown",
+        )
+    # A degraded deployment may be re-formed at its size (its group broke: a new generation on the
+    # engines there are, or fresh ones), by an operator or by self-healing.
+    reformable = (
+        deployment.status == DeploymentStatus.degraded.value and deployment.backend == EngineBackend.reference
+    )
+    if target == deployment.current_dp_size and not reformable:
         raise ConflictError(
             f"deployment {deployment.name!r} already runs at DP size {target}",
             code="already-at-target",
             current_dp_size=deployment.current_dp_size,
         )
-    if deployment.launcher == LauncherKind.static:
+    if deployment.launcher == LauncherKind.static and deployment.backend == EngineBackend.reference:
         known = len(available_engines(session, deployment_id=deployment.id))
         if target > known:
             raise ConflictError(
@@ -200,57 +232,6 @@ def _validate_target(session: Session, deployment: Deployment, target: int) -> N
                 code="not-enough-engines",
                 known_engines=known,
             )
-
-
-def _request_hash(request: ReconfigurationCreate, requested_by: RequestSource) -> str:
-    body = {**request.model_dump(mode="json"), "requested_by": requested_by.value}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def _claim_key(
-    session: Session, scope: str, key: str, request_hash: str, timeout_s: float
-) -> tuple[IdempotencyRecord | None, ReconfigurationJob | None]:
-    """Insert the key as in flight (ours to complete), or answer from the existing record."""
-    record = IdempotencyRecord(scope=scope, key=key, request_hash=request_hash, state="in_flight")
-    session.add(record)
-    try:
-        session.commit()
-        return record, None
-    except IntegrityError:
-        session.rollback()
-    existing = session.exec(
-        select(IdempotencyRecord).where(IdempotencyRecord.scope == scope, IdempotencyRecord.key == key)
-    ).first()
-    if existing is None:  # deleted meanwhile (the first request was refused): try once more
-        return _claim_key(session, scope, key, request_hash, timeout_s)
-    session.refresh(existing)
-    if existing.request_hash != request_hash:
-        raise InvalidRequestError(
-            f"Idempotency-Key {key!r} was already used with a different request body",
-            code="idempotency-key-reused",
-        )
-    if existing.state == "completed" and existing.job_id is not None:
-        return None, get_job(session, job_id=existing.job_id)
-    if utc_now() - existing.updated_at < timedelta(seconds=timeout_s):
-        raise ConflictError(
-            f"a request with Idempotency-Key {key!r} is still in flight; retry later",
-            code="idempotency-key-in-flight",
-        )
-    # The first request died in flight long ago: take the key over (compare-and-set on updated_at).
-    taken = session.execute(
-        sa.update(IdempotencyRecord)
-        .where(
-            col(IdempotencyRecord.id) == existing.id, col(IdempotencyRecord.updated_at) == existing.updated_at
-        )
-        .values(updated_at=utc_now())
-    )
-    session.commit()
-    if taken.rowcount != 1:  # type: ignore[attr-defined]
-        raise ConflictError(
-            f"a request with Idempotency-Key {key!r} is still in flight; retry later",
-            code="idempotency-key-in-flight",
-        )
-    return existing, None
 
 
 # --- read ---------------------------------------------------------------------------------------------
@@ -284,95 +265,19 @@ def job_detail(session: Session, *, job_id: str) -> JobDetail:
     return JobDetail(**job_public(session, job).model_dump(), events=events)
 
 
+def active_job_id(session: Session, *, deployment_id: str) -> str | None:
+    """The deployment's one non-terminal job, if any."""
+    return session.exec(
+        select(ReconfigurationJob.id).where(
+            ReconfigurationJob.deployment_id == deployment_id,
+            col(ReconfigurationJob.state).in_([s.value for s in ACTIVE_STATES]),
+        )
+    ).first()
+
+
 def active_job(session: Session, *, deployment_id: str) -> ReconfigurationJob | None:
     job_id = active_job_id(session, deployment_id=deployment_id)
     return None if job_id is None else get_job(session, job_id=job_id)
-
-
-def list_jobs(
-    session: Session,
-    *,
-    deployment: str | None = None,
-    state: JobState | None = None,
-    source: RequestSource | None = None,
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
-    limit: int = DEFAULT_PAGE_SIZE,
-    cursor: str | None = None,
-) -> JobList:
-    """Newest first. `cursor` is the `next_cursor` of the previous page.
-
-    `count` is exact on the first page (no cursor); the cursor carries it on, so later pages repeat the
-    first page's figure instead of counting every matching row again. A cursor without a count (or one
-    made under other filters) counts afresh."""
-    limit = max(1, min(limit, MAX_PAGE_SIZE))
-    filters: list[sa.ColumnElement[bool]] = []
-    deployment_id: str | None = None
-    if deployment is not None:
-        deployment_id = get_deployment(session, ref=deployment).id
-        filters.append(col(ReconfigurationJob.deployment_id) == deployment_id)
-    if state is not None:
-        filters.append(col(ReconfigurationJob.state) == state.value)
-    if source is not None:
-        filters.append(col(ReconfigurationJob.requested_by) == source.value)
-    if created_after is not None:
-        filters.append(col(ReconfigurationJob.created_at) >= created_after)
-    if created_before is not None:
-        filters.append(col(ReconfigurationJob.created_at) < created_before)
-    filter_key = _filter_key(deployment_id, state, source, created_after, created_before)
-    position = _decode_cursor(cursor, filter_key) if cursor is not None else None
-    count = position.count if position is not None else None
-    if count is None:
-        count = session.exec(select(func.count()).select_from(ReconfigurationJob).where(*filters)).one()
-    page = select(ReconfigurationJob).where(*filters)
-    if position is not None:
-        page = page.where(col(ReconfigurationJob.id) < position.after_id)
-    rows = list(session.exec(page.order_by(col(ReconfigurationJob.id).desc()).limit(limit + 1)).all())
-    more = len(rows) > limit
-    rows = rows[:limit]
-    names = dict(session.exec(select(Deployment.id, Deployment.name)).all())
-    return JobList(
-        data=[JobPublic.from_row(r, deployment_name=names.get(r.deployment_id, "")) for r in rows],
-        count=count,
-        next_cursor=_encode_cursor(rows[-1].id, count, filter_key) if more and rows else None,
-    )
-
-
-@dataclass(frozen=True)
-class _CursorPosition:
-    after_id: str  # the last job id of the previous page
-    count: int | None  # the first page's count, when the cursor carries one for these filters
-
-
-def _filter_key(*filters: object) -> str:
-    """A short digest of the filters, so a count is carried only to pages of the same query."""
-    text = "|".join(
-        "" if f is None else (f.isoformat() if isinstance(f, datetime) else str(f)) for f in filters
-    )
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def _encode_cursor(job_id: str, count: int, filter_key: str) -> str:
-    # "<job id>~<count>~<filter key>"; job ids are Crockford base32, never "~".
-    payload = f"{job_id}~{count}~{filter_key}"
-    return base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str, filter_key: str) -> _CursorPosition:
-    """Accepts this version's cursors and the bare job id of earlier ones (which carry no count)."""
-    try:
-        payload = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        payload = ""
-    job_id, *extra = payload.split("~")
-    count: int | None = None
-    if len(extra) == 2 and extra[0].isdigit() and extra[1] == filter_key:
-        count = int(extra[0])
-    if not job_id.startswith(JOB_ID_PREFIX + "_") or len(extra) not in (0, 2):
-        raise InvalidRequestError(
-            "malformed cursor: pass a next_cursor value unchanged", code="invalid-cursor"
-        )
-    return _CursorPosition(after_id=job_id, count=count)
 
 
 # --- cancel -------------------------------------------------------------------------------------------
@@ -380,7 +285,10 @@ def _decode_cursor(cursor: str, filter_key: str) -> _CursorPosition:
 
 def cancel_job(session: Session, *, job_id: str, requester: str | None = None) -> CancelOutcome:
     """Pending: cancelled at once. Preparing/syncing: `cancel_requested` is set and the runner rolls the job
-    back and ends it `cancelled`. Committing or later: refused (commit cannot be undone halfway)."""
+    back and ends it `cancelled`; the record refuses to move a job into `committing` over a pending
+    cancel, so an accepted cancel is always honoured. Committing or later (including a job that moved
+    there while this request was decided): refused, 409 `not-cancellable` (commit cannot be undone
+    halfway)."""
     who = f" by {requester}" if requester else ""
     for _ in range(3):  # the runner may move the job while we decide; re-read and decide again
         job = get_job(session, job_id=job_id)
@@ -422,3 +330,30 @@ def cancel_job(session: Session, *, job_id: str, requester: str | None = None) -
             state=state.value,
         )
     raise ConflictError(f"reconfiguration {job_id} keeps changing state; retry", code="not-cancellable")
+
+
+# --- delete a deployment with its history -------------------------------------------------------------
+
+
+def delete_deployment(session: Session, *, ref: str) -> None:
+    """Only when idle (no active job). Removes its job history, then its engines and itself."""
+    deployment = get_deployment(session, ref=ref)
+    active = active_job_id(session, deployment_id=deployment.id)
+    if active is not None:
+        raise ConflictError(
+            f"deployment {deployment.name!r} has an active reconfiguration {active}; cancel it or wait",
+            code="deployment-busy",
+            active_job_id=active,
+        )
+    job_ids = select(ReconfigurationJob.id).where(ReconfigurationJob.deployment_id == deployment.id)
+    session.execute(sa.delete(JobEvent).where(col(JobEvent.job_id).in_(job_ids)))
+    session.execute(
+        sa.delete(ReconfigurationJob).where(col(ReconfigurationJob.deployment_id) == deployment.id)
+    )
+    try:
+        delete_deployment_rows(session, deployment)  # commits
+    except IntegrityError:  # a job was created between our check and the delete
+        session.rollback()
+        raise ConflictError(
+            f"deployment {deployment.name!r} became busy while deleting", code="deployment-busy"
+        ) from None

@@ -17,7 +17,7 @@ from engine_agent.protocol import EngineConfig
 class LaunchError(Exception):
     """Engines could not be made available; `engine_id` names the one that failed, when known."""
 
-    type = "launch_failed"
+    type = "launch-failed"
 
     def __init__(self, message: str, engine_id: str | None = None, *, type_: str | None = None) -> None:
         super().__init__(message)
@@ -35,7 +35,6 @@ class LaunchSpec:
     engine: EngineConfig
     coordinator_url: str | None = None  # agents announce themselves here
     token: str | None = None  # the bearer token agents register with
-    platform: str | None = None  # cpu | cuda | rocm; None: the agent detects it
     extra_args: tuple[str, ...] = ()
 
 
@@ -46,6 +45,17 @@ class EngineHandle:
     engine_id: str
     url: str
     pid: int | None = None
+
+
+@dataclass(frozen=True)
+class DeletedDeployment:
+    """A deployment just deleted, with the engines it still had (what its launcher should stop)."""
+
+    name: str
+    backend: str
+    launcher: str
+    engine: EngineConfig
+    engines: tuple[EngineHandle, ...]
 
 
 class Launcher(ABC):
@@ -67,6 +77,16 @@ class Launcher(ABC):
         """Give back engines the deployment no longer uses (leavers after a scale-down, joiners of a
         rolled-back job). Returns the ids of the engines that no longer exist (the coordinator forgets
         them); engines kept alive (a static pool) are not listed."""
+
+    async def explain(self, spec: LaunchSpec, engine_ids: Sequence[str]) -> dict[str, str]:
+        """Why engines stopped answering, in the launcher's own terms (a cluster launcher asks its
+        cluster: "actor killed", "node lost"), by engine id; {} when it cannot tell. For the job's error
+        when an engine it started is lost after its launch."""
+        return {}
+
+    async def release_lost(self, engines: Sequence[EngineHandle]) -> None:  # noqa: B027 - optional hook
+        """Stop engines the coordinator wrote off (lost: silent past the heartbeat timeout), wherever
+        they still run, so a frozen one cannot come back into a group. Default: nothing to stop."""
 
     async def shutdown(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Stop everything this launcher started (coordinator shutdown)."""

@@ -1,10 +1,13 @@
 """The local launcher: `epctl-agent` processes on this machine (the embedded default).
 
 Each agent starts with `--port 0 --ready-file F` (the agent binds a free port and writes its URL to F
-once it serves), `--coordinator/--deployment/--token` so it registers itself, and the deployment's
-engine options. Pids are recorded in `<state_dir>/local-agents.json`, so a coordinator restarted after
-a crash can still stop the agents its predecessor started. Agents run in their own session: a
-coordinator that dies does not take its engines down with it (the restarted one reconciles from them).
+once it serves), `--coordinator/--deployment` so it registers itself (its token in the environment,
+`EPCTL_TOKEN`, never on the command line), and the deployment's engine options. Pids are recorded
+in `<state_dir>/local-agents.json`, so a coordinator restarted after a crash can still stop the agents
+its predecessor started. Agents run in their own session, so a signal to the coordinator's terminal
+does not reach them, and watch the coordinator (`--parent-pid`): once it is gone they wait
+`orphan_grace_s` for a restarted coordinator to answer their heartbeats (it adopts them and reconciles
+from them), and exit otherwise. No engine outlives a coordinator that is not coming back.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.launchers.agent_args import deployment_agent_args
 from app.launchers.base import EngineHandle, Launcher, LaunchError, LaunchSpec
+from app.launchers.processes import ProcessRecords, is_alive, start_detached
 
 PIDS_FILE = "local-agents.json"
 STOP_GRACE_S = 3.0
+ORPHAN_GRACE_S = 15.0  # how long agents wait for a restarted coordinator before they exit
 
 
 def agent_executable() -> list[str]:
@@ -41,10 +47,18 @@ def agent_executable() -> list[str]:
 
 
 def agent_command(
-    spec: LaunchSpec, engine_id: str, ready_file: Path, executable: Sequence[str] | None = None
+    spec: LaunchSpec,
+    engine_id: str,
+    ready_file: Path,
+    executable: Sequence[str] | None = None,
+    *,
+    orphan_grace_s: float | None = None,
 ) -> list[str]:
-    engine = spec.engine
-    args = [
+    watch: list[str] = []
+    if orphan_grace_s is not None:
+        # The agent watches us: it exits once we are gone, unless a restarted coordinator adopts it.
+        watch = ["--parent-pid", str(os.getpid()), "--orphan-grace-s", str(orphan_grace_s)]
+    return [
         *(executable or agent_executable()),
         "--host",
         "127.0.0.1",
@@ -54,29 +68,21 @@ def agent_command(
         str(ready_file),
         "--engine-id",
         engine_id,
-        "--num-logical-experts",
-        str(engine.num_logical_experts),
-        "--num-redundant-experts",
-        str(engine.num_redundant_experts),
-        "--hidden-size",
-        str(engine.hidden_size),
-        "--intermediate-size",
-        str(engine.intermediate_size),
-        "--top-k",
-        str(engine.top_k),
-        "--dtype",
-        engine.dtype,
-        "--seed",
-        str(engine.seed),
+        *deployment_agent_args(spec, watch),
     ]
-    if spec.coordinator_url:
-        args += ["--coordinator", spec.coordinator_url, "--deployment", spec.deployment]
-        if spec.token:
-            args += ["--token", spec.token]
-    if spec.platform:
-        args += ["--platform", spec.platform]
-    args += list(spec.extra_args)
-    return args
+
+
+AGENT_TOKEN_ENV = "EPCTL_TOKEN"
+
+
+def agent_environment(spec: LaunchSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The agent's environment: ours, with its bearer token in EPCTL_TOKEN (readable only by the same
+    user, unlike argv) or without one when the spec has none."""
+    env = dict(os.environ if base is None else base)
+    env.pop(AGENT_TOKEN_ENV, None)
+    if spec.coordinator_url and spec.token:
+        env[AGENT_TOKEN_ENV] = spec.token
+    return env
 
 
 def read_ready_file(path: Path) -> dict[str, Any] | None:
@@ -102,21 +108,6 @@ def read_ready_file(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); reap it if it is ours.
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    return True
-
-
 def is_agent_process(pid: int, engine_id: str) -> bool:
     """Whether `pid` is still the agent we started (a recorded pid may have been reused since)."""
     try:
@@ -136,13 +127,13 @@ def stop_pid(pid: int, grace_s: float = STOP_GRACE_S) -> None:
         return
     give_up = time.monotonic() + grace_s
     while time.monotonic() < give_up:
-        if not _alive(pid):
+        if not is_alive(pid):
             return
         time.sleep(0.02)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     give_up = time.monotonic() + 2.0
-    while time.monotonic() < give_up and _alive(pid):
+    while time.monotonic() < give_up and is_alive(pid):
         time.sleep(0.02)
 
 
@@ -150,40 +141,25 @@ class LocalLauncher(Launcher):
     name = "local"
 
     def __init__(
-        self, state_dir: Path, *, ready_timeout_s: float = 30.0, executable: Sequence[str] | None = None
+        self,
+        state_dir: Path,
+        *,
+        ready_timeout_s: float = 30.0,
+        executable: Sequence[str] | None = None,
+        orphan_grace_s: float | None = ORPHAN_GRACE_S,
     ) -> None:
         self.state_dir = Path(state_dir)
+        self.orphan_grace_s = orphan_grace_s
         self.executable = list(executable) if executable else None  # default: epctl-agent
         self.ready_timeout_s = ready_timeout_s
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = asyncio.Lock()
+        self._records = ProcessRecords(self.state_dir / PIDS_FILE)
 
     # --- the pid record ---------------------------------------------------------------------------
 
-    @property
-    def pids_file(self) -> Path:
-        return self.state_dir / PIDS_FILE
-
     def records(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = json.loads(self.pids_file.read_text())
-        except (FileNotFoundError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    def _write_records(self, records: dict[str, dict[str, Any]]) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.pids_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(records, indent=2, sort_keys=True))
-        tmp.replace(self.pids_file)
-
-    def _record(self, engine_id: str, entry: dict[str, Any] | None) -> None:
-        records = self.records()
-        if entry is None:
-            records.pop(engine_id, None)
-        else:
-            records[engine_id] = entry
-        self._write_records(records)
+        return self._records.read()
 
     # --- the interface ----------------------------------------------------------------------------
 
@@ -214,6 +190,11 @@ class LocalLauncher(Launcher):
         await asyncio.to_thread(self._stop_ids, ours)
         return ours
 
+    async def release_lost(self, engines: Sequence[EngineHandle]) -> None:
+        records = self.records()
+        ours = [e.engine_id for e in engines if e.engine_id in records or e.engine_id in self._processes]
+        await asyncio.to_thread(self._stop_ids, ours)  # SIGTERM, then SIGKILL: a frozen one too
+
     async def shutdown(self) -> None:
         await asyncio.to_thread(self.stop_all)
 
@@ -237,17 +218,12 @@ class LocalLauncher(Launcher):
         ready_file = run_dir / f"{engine_id}.ready"
         ready_file.unlink(missing_ok=True)
         log_path = run_dir / f"{engine_id}.log"
-        command = agent_command(spec, engine_id, ready_file, self.executable)
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # survives a coordinator crash; stopped explicitly
-            )
+        command = agent_command(
+            spec, engine_id, ready_file, self.executable, orphan_grace_s=self.orphan_grace_s
+        )
+        process = start_detached(command, env=agent_environment(spec), log_path=log_path)
         self._processes[engine_id] = process
-        self._record(
+        self._records.set(
             engine_id,
             {
                 "pid": process.pid,
@@ -268,7 +244,7 @@ class LocalLauncher(Launcher):
                 url = str(data["url"]).rstrip("/")
                 entry = self.records().get(engine_id, {})
                 entry.update({"url": url, "pid": process.pid})
-                self._record(engine_id, entry)
+                self._records.set(engine_id, entry)
                 return EngineHandle(engine_id=str(data.get("engine_id", engine_id)), url=url, pid=process.pid)
             code = process.poll()
             if code is not None:
@@ -292,4 +268,4 @@ class LocalLauncher(Launcher):
             if process is not None:
                 with contextlib.suppress(Exception):
                     process.wait(timeout=1.0)
-            self._record(engine_id, None)
+            self._records.set(engine_id, None)

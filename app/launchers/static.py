@@ -16,7 +16,7 @@ class StaticLauncher(Launcher):
         if len(idle) < count:
             raise LaunchError(
                 f"deployment {spec.deployment} needs {count} idle registered engines, {len(idle)} available",
-                type_="not_enough_engines",
+                type_="not-enough-engines",
             )
         return list(idle[:count])
 

@@ -6,7 +6,7 @@ from datetime import datetime
 from enum import StrEnum
 
 import sqlalchemy as sa
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from pydantic import Field as ApiField
 from sqlmodel import Field, SQLModel
 
@@ -36,6 +36,8 @@ class ApiToken(SQLModel, table=True):
 
 
 class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     name: str = ApiField(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@-]+$")
     role: TokenRole
 

@@ -93,22 +93,12 @@ def authenticate(session: Session, *, secret: str) -> ApiToken | None:
 
 
 def ensure_first_admin(session: Session, *, env_secret: str | None) -> str | None:
-    """Make sure an admin can get in. EPCTL_ADMIN_TOKEN, when set, is always accepted (added if new).
-    Without it, the first start generates one admin token and returns its secret (to print once);
-    later starts return None."""
+    """Make sure an admin can get in. EPCTL_ADMIN_TOKEN, when set, is always accepted: it is added if new,
+    made live again if it was revoked (unset the variable to retire it), and a changed value replaces the
+    previous env token. Without it, the first start generates one admin token and returns its secret (to
+    print once); later starts return None."""
     if env_secret is not None:
-        if (
-            session.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(env_secret))).first()
-            is None
-        ):
-            with suppress(ConflictError):  # another coordinator started at the same moment and added it
-                create_token(
-                    session,
-                    name=ENV_ADMIN_NAME,
-                    role=TokenRole.admin,
-                    secret=env_secret,
-                    created_by="EPCTL_ADMIN_TOKEN",
-                )
+        _ensure_env_admin(session, env_secret)
         return None
     if session.exec(select(ApiToken.id)).first() is not None:
         return None
@@ -119,3 +109,35 @@ def ensure_first_admin(session: Session, *, env_secret: str | None) -> str | Non
     except ConflictError:
         return None  # another coordinator generated it first
     return secret
+
+
+def _ensure_env_admin(session: Session, env_secret: str) -> None:
+    wanted = hash_token(env_secret)
+    token = session.exec(select(ApiToken).where(ApiToken.token_hash == wanted)).first()
+    if token is not None:
+        if token.revoked_at is not None or token.role != TokenRole.admin.value:
+            token.revoked_at = None  # documented: the env admin token is always accepted
+            token.role = TokenRole.admin.value
+            session.add(token)
+            session.commit()
+        return
+    previous = session.exec(select(ApiToken).where(ApiToken.name == ENV_ADMIN_NAME)).first()
+    if previous is not None:  # EPCTL_ADMIN_TOKEN changed: the new value replaces the old one
+        previous.token_hash = wanted
+        previous.token_prefix = env_secret[:12]
+        previous.revoked_at = None
+        previous.role = TokenRole.admin.value
+        session.add(previous)
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()
+        return
+    with suppress(ConflictError):  # another coordinator started at the same moment and added it
+        create_token(
+            session,
+            name=ENV_ADMIN_NAME,
+            role=TokenRole.admin,
+            secret=env_secret,
+            created_by="EPCTL_ADMIN_TOKEN",
+        )

@@ -2,22 +2,22 @@
 
 Two steps, each safe with several coordinators on one database:
 
-1. **Dispatch**: an outbox event (written in the same transaction as the job change) is claimed with
-   `UPDATE outbox_events SET dispatched_at = now WHERE id = :id AND dispatched_at IS NULL`; the winner
-   creates one delivery per matching active subscription in the same transaction. A crash before the
-   commit leaves the event undispatched, so the next worker (after a restart, or another coordinator)
-   dispatches it: no event is lost.
+1. **Dispatch** (`app.webhooks.dispatch`): outbox event -> one delivery per subscription, numbered per
+   deployment (`data.sequence`); disabled subscriptions queue up to a bound.
 2. **Attempt**: a due delivery is claimed with a compare-and-set that pushes `next_attempt_at` one lease
    into the future (`... WHERE id = :id AND state = 'pending' AND next_attempt_at <= now`): the lease row
    without an extra column. A worker killed mid-attempt leaves the delivery due again when the lease
    ends, and it is attempted again with the same `webhook-id` (the outbox event id), so a receiver that
    saw the first try dedupes the second. The claim counts the attempt and writes its log row as
    "in flight"; the result fills that row in (a row left in flight is marked abandoned at the next
-   claim), so the log keeps every attempt, even one its worker did not survive.
+   claim), so the log keeps every attempt, even one its worker did not survive. With `ordered` (the
+   default) only a subscription's oldest pending delivery is claimed: events arrive in order.
 
-Retries back off exponentially (`retry_base_s * 2^(n-1)`, capped at `retry_max_s`); a `Retry-After` on
-the response (seconds or an HTTP date) replaces the backoff. `410 Gone` disables the subscription and
-fails the delivery; other deliveries of a disabled subscription wait (pending) until it is re-enabled.
+Every attempt is signed with the subscription's secret, and during a rotation's overlap also with the
+secret it replaced (two `v1,` entries in `webhook-signature`). Retries back off exponentially with
+jitter (`app.webhooks.policy`); a `Retry-After` on the response (seconds or an HTTP date) replaces the
+backoff. `410 Gone` disables the subscription; that delivery and every later one wait (pending) and go
+out, in order, when it is re-enabled.
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -42,56 +40,24 @@ from sqlmodel import Session, col, select
 from app import metrics
 from app.core.clock import utc_now
 from app.core.config import Settings
-from app.core.ids import new_id
 from app.webhooks import signing
+from app.webhooks.dispatch import Dispatcher
 from app.webhooks.models import (
     DeliveryState,
-    EventType,
     OutboxEvent,
     WebhookDelivery,
     WebhookDeliveryAttempt,
     WebhookSubscription,
 )
-from app.webhooks.service import DELIVERY_ID_PREFIX, subscription_wants
+from app.webhooks.policy import DeliveryPolicy, parse_retry_after
+from app.webhooks.service import signing_secrets
 
 log = logging.getLogger(__name__)
 
 USER_AGENT = "epctl-webhooks/1"
-# A receiver may ask for a long pause, but not for longer than a day.
-MAX_RETRY_AFTER_S = 86400.0
 _ERROR_LIMIT = 2000
 ATTEMPT_IN_FLIGHT = "in flight"
 ATTEMPT_ABANDONED = "no result: the coordinator stopped (or its claim lease ran out) during this attempt"
-TERMINAL_EVENT_TYPES = frozenset(
-    {EventType.succeeded, EventType.failed, EventType.rolled_back, EventType.cancelled}
-)
-
-
-@dataclass(frozen=True)
-class DeliveryPolicy:
-    poll_s: float = 0.5
-    timeout_s: float = 10.0
-    retry_base_s: float = 2.0
-    retry_max_s: float = 600.0
-    max_attempts: int = 12
-    claim_lease_s: float = 60.0
-    concurrency: int = 8
-    dispatch_batch: int = 100
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> DeliveryPolicy:
-        return cls(
-            poll_s=settings.webhook_poll_s,
-            timeout_s=settings.webhook_timeout_s,
-            retry_base_s=settings.webhook_retry_base_s,
-            retry_max_s=settings.webhook_retry_max_s,
-            max_attempts=settings.webhook_max_attempts,
-            # A lease shorter than an attempt would let a second worker retry a delivery still in flight.
-            claim_lease_s=max(settings.webhook_claim_lease_s, settings.webhook_timeout_s + 1.0),
-        )
-
-    def backoff_s(self, attempts_made: int) -> float:
-        return float(min(self.retry_base_s * 2 ** max(attempts_made - 1, 0), self.retry_max_s))
 
 
 @dataclass(frozen=True)
@@ -101,7 +67,7 @@ class ClaimedDelivery:
     event_type: str
     subscription_id: str
     url: str
-    secret: str
+    secrets: tuple[str, ...]  # the current secret, then one in its rotation overlap
     body: bytes
     attempt: int  # the number of the attempt about to be made (1-based)
     attempt_row_id: int  # its row in the attempt log, written at claim time as "in flight"
@@ -131,24 +97,6 @@ class AttemptResult:
         return "failed" if self.status_code is not None else "error"
 
 
-def parse_retry_after(value: str | None, now: datetime) -> float | None:
-    """`Retry-After` as seconds from `now`: delta-seconds or an HTTP date; None when absent or unreadable."""
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    if text.isdigit():
-        seconds = float(text)
-    else:
-        try:
-            when = parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            return None
-        seconds = (when - now).total_seconds()
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
-
-
 def encode_payload(payload: dict[str, Any]) -> bytes:
     """The exact bytes sent and signed; stable for every attempt of one event."""
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode()
@@ -168,61 +116,9 @@ class DeliveryWorker:
         self.transport = transport
         self.clock = clock
 
-    # -- step 1: outbox -> deliveries ------------------------------------------------------------------
-
     def dispatch_outbox(self) -> int:
-        """Create the deliveries of every undispatched outbox event; return how many events were taken."""
-        with Session(self.engine, expire_on_commit=False) as session:
-            candidates = session.exec(
-                select(OutboxEvent.id)
-                .where(col(OutboxEvent.dispatched_at).is_(None))
-                .order_by(col(OutboxEvent.created_at), col(OutboxEvent.id))
-                .limit(self.policy.dispatch_batch)
-            ).all()
-        taken = 0
-        for event_id in candidates:
-            if self._dispatch_one(event_id):
-                taken += 1
-        return taken
-
-    def _dispatch_one(self, event_id: str) -> bool:
-        now = self.clock()
-        with Session(self.engine, expire_on_commit=False) as session:
-            claimed = session.execute(
-                sa.update(OutboxEvent)
-                .where(col(OutboxEvent.id) == event_id, col(OutboxEvent.dispatched_at).is_(None))
-                .values(dispatched_at=now)
-            )
-            if claimed.rowcount != 1:  # type: ignore[attr-defined]
-                session.rollback()
-                return False
-            event = session.get(OutboxEvent, event_id)
-            assert event is not None
-            subscriptions = session.exec(
-                select(WebhookSubscription).where(col(WebhookSubscription.active).is_(True))
-            ).all()
-            for subscription in subscriptions:
-                if subscription_wants(subscription, event.type):
-                    session.add(
-                        WebhookDelivery(
-                            id=new_id(DELIVERY_ID_PREFIX),
-                            event_id=event.id,
-                            subscription_id=subscription.id,
-                            state=DeliveryState.pending.value,
-                            next_attempt_at=now,
-                            last_status_code=None,
-                            last_error=None,
-                            delivered_at=None,
-                            created_at=now,
-                            updated_at=now,
-                        )
-                    )
-            event_type, payload = event.type, dict(event.payload or {})
-            session.commit()
-        # Each outbox event is dispatched exactly once across coordinators: count finished jobs here.
-        if event_type in TERMINAL_EVENT_TYPES:
-            _observe_finished_job(payload.get("data") or {})
-        return True
+        """Step 1 (`app.webhooks.dispatch`): the deliveries of every undispatched outbox event."""
+        return Dispatcher(self.engine, self.policy, self.clock).dispatch_outbox()
 
     # -- step 2: attempts ------------------------------------------------------------------------------
 
@@ -232,17 +128,20 @@ class DeliveryWorker:
         now = self.clock()
         next_at = col(WebhookDelivery.next_attempt_at)
         due = sa.or_(next_at.is_(None), next_at <= now)
+        conditions = [
+            col(WebhookDelivery.state) == DeliveryState.pending.value,
+            col(WebhookSubscription.active).is_(True),
+            due,
+        ]
+        if self.policy.ordered:
+            conditions.append(sa.not_(_older_pending_exists()))
         with Session(self.engine, expire_on_commit=False) as session:
             candidates = session.exec(
                 select(WebhookDelivery.id)
                 .join(
                     WebhookSubscription, col(WebhookSubscription.id) == col(WebhookDelivery.subscription_id)
                 )
-                .where(
-                    col(WebhookDelivery.state) == DeliveryState.pending.value,
-                    col(WebhookSubscription.active).is_(True),
-                    due,
-                )
+                .where(*conditions)
                 .order_by(col(WebhookDelivery.next_attempt_at), col(WebhookDelivery.id))
                 .limit(limit)
             ).all()
@@ -304,7 +203,7 @@ class DeliveryWorker:
                     event_type=event.type,
                     subscription_id=subscription.id,
                     url=subscription.url,
-                    secret=subscription.secret,
+                    secrets=tuple(signing_secrets(subscription, now)),
                     body=encode_payload(event.payload),
                     attempt=delivery.attempt_count,
                     attempt_row_id=attempt_row.id,
@@ -313,7 +212,7 @@ class DeliveryWorker:
         return claimed
 
     async def attempt(self, client: httpx.AsyncClient, claimed: ClaimedDelivery) -> AttemptResult:
-        headers = signing.signature_headers(claimed.secret, claimed.event_id, int(time.time()), claimed.body)
+        headers = signing.signature_headers(claimed.secrets, claimed.event_id, int(time.time()), claimed.body)
         headers["content-type"] = "application/json"
         headers["user-agent"] = USER_AGENT
         started = time.perf_counter()
@@ -324,7 +223,9 @@ class DeliveryWorker:
         except httpx.TimeoutException:
             error = f"timed out after {self.policy.timeout_s:g} s"
             return AttemptResult(None, error, _ms_since(started), None)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            # InvalidURL: a URL stored before the API checked it (app/core/urls.py); recorded like any
+            # failed attempt, so the delivery is retried and given up on instead of erroring every poll.
             error = f"{type(exc).__name__}: {exc}"[:_ERROR_LIMIT]
             return AttemptResult(None, error, _ms_since(started), None)
         duration_ms = _ms_since(started)
@@ -346,11 +247,13 @@ class DeliveryWorker:
         if result.delivered:
             values.update(state=DeliveryState.succeeded.value, delivered_at=now, next_attempt_at=None)
         elif result.gone:
+            # The subscription is disabled; this delivery waits to go out first when it is re-enabled.
             disable_subscription = True
             values.update(
-                state=DeliveryState.failed.value,
-                next_attempt_at=None,
-                last_error=f"{result.error}; endpoint gone (410): subscription disabled"[:_ERROR_LIMIT],
+                next_attempt_at=now,
+                attempt_count=0,
+                last_error=f"{result.error}; endpoint gone (410): subscription disabled, this event is "
+                "sent again when it is re-enabled"[:_ERROR_LIMIT],
             )
         elif claimed.attempt >= self.policy.max_attempts:
             values.update(
@@ -430,6 +333,16 @@ class DeliveryWorker:
                 await asyncio.gather(*in_flight, return_exceptions=True)
 
 
+def _older_pending_exists() -> sa.Exists:
+    """A pending delivery of the same subscription for an earlier event (outbox ids sort by creation)."""
+    older = sa.orm.aliased(WebhookDelivery)
+    return sa.exists().where(
+        col(older.subscription_id) == col(WebhookDelivery.subscription_id),
+        col(older.state) == DeliveryState.pending.value,
+        col(older.event_id) < col(WebhookDelivery.event_id),
+    )
+
+
 def _finished(in_flight: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None]], None]:
     def done(task: asyncio.Task[None]) -> None:
         in_flight.discard(task)
@@ -441,26 +354,6 @@ def _finished(in_flight: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None
 
 def _ms_since(started: float) -> float:
     return round((time.perf_counter() - started) * 1000.0, 3)
-
-
-def _observe_finished_job(job: dict[str, Any]) -> None:
-    phase_durations: dict[str, float] = {}
-    for phase, times in (job.get("phases") or {}).items():
-        try:
-            started = datetime.fromisoformat(times["started_at"])
-            ended = datetime.fromisoformat(times["ended_at"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        seconds = (ended - started).total_seconds()
-        if math.isfinite(seconds):
-            phase_durations[phase] = seconds
-    downtime = job.get("downtime_ms")
-    metrics.observe_job_finished(
-        outcome=str(job.get("state", "unknown")),
-        requested_by=str(job.get("requested_by", "unknown")),
-        downtime_ms=float(downtime) if isinstance(downtime, int | float) else None,
-        phase_durations_s=phase_durations,
-    )
 
 
 @contextlib.asynccontextmanager

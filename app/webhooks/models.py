@@ -24,6 +24,9 @@ class EventType(StrEnum):
     rolled_back = "reconfiguration.rolled_back"
     cancelled = "reconfiguration.cancelled"
     cleanup_failed = "reconfiguration.cleanup_failed"
+    engine_unreachable = "engine.unreachable"  # heartbeats stopped (a member's deployment is degraded)
+    deployment_degraded = "deployment.degraded"  # its engines no longer all serve its generation
+    deployment_recovered = "deployment.recovered"  # every member serves its generation again
 
 
 class DeliveryState(StrEnum):
@@ -38,6 +41,9 @@ class WebhookSubscription(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=40)
     url: str = Field(max_length=2048)
     secret: str = Field(max_length=200, description="Standard Webhooks signing secret (whsec_...)")
+    # Rotation: the secret replaced last keeps signing (a second signature) until this time.
+    previous_secret: str | None = Field(default=None, max_length=200)
+    previous_secret_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     event_types: list[str] = Field(default_factory=list, sa_type=sa.JSON, description="empty: all")
     description: str | None = Field(default=None, max_length=500)
     active: bool = True
@@ -47,6 +53,7 @@ class WebhookSubscription(SQLModel, table=True):
 
 class OutboxEvent(SQLModel, table=True):
     __tablename__ = "outbox_events"
+    __table_args__ = (sa.Index("ix_outbox_events_created_at", "created_at"),)
 
     id: str = Field(primary_key=True, max_length=40)
     type: str = Field(max_length=64, index=True)
@@ -57,6 +64,18 @@ class OutboxEvent(SQLModel, table=True):
     dispatched_at: datetime | None = Field(
         default=None, sa_type=UTCDateTime, index=True, description="when deliveries were created for it"
     )
+    sequence: int | None = Field(
+        default=None, description="per deployment, from 1, given at dispatch; also `data.sequence`"
+    )
+
+
+class WebhookSequence(SQLModel, table=True):
+    """The last sequence number given to a deployment's events ('' for events of no deployment)."""
+
+    __tablename__ = "webhook_sequences"
+
+    deployment_id: str = Field(primary_key=True, max_length=40)
+    last_sequence: int = 0
 
 
 class WebhookDelivery(SQLModel, table=True):

@@ -1,70 +1,129 @@
-"""`/v1/webhooks`: outbound subscriptions (changes need admin, reads viewer) and their delivery log."""
+"""`/v1/webhooks`: outbound subscriptions (changes need admin, reads viewer) and their delivery log.
+
+Only an admin sees a subscription's full URL: for every other role the credentials a URL may carry
+(`user:password@`, and the values of its query string) are redacted."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
+from sqlmodel import Session
 
-from app.api.deps import Reader, SessionDep, WebhookAdmin
+from app.api.deps import DatabaseDep, Reader, SettingsDep, WebhookAdmin
+from app.api.params import Offset, TimeText, WebhookIdPath
+from app.core.auth import Permission, Principal
+from app.core.errors import InvalidRequestError
 from app.core.problems import problem_responses
 from app.webhooks import service
 from app.webhooks.models import DeliveryState
+from app.webhooks.replay import ReplayOutcome, replay
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=problem_responses(401, 403, 422))
 
 
+def _shown_to(principal: Principal, public: service.WebhookPublic) -> service.WebhookPublic:
+    if principal.can(Permission.webhooks):
+        return public
+    return public.model_copy(update={"url": service.redact_url(public.url)})
+
+
 @router.post("", name="create", status_code=status.HTTP_201_CREATED)
-def create_webhook(
-    body: service.WebhookCreate, session: SessionDep, _: WebhookAdmin, response: Response
+async def create_webhook(
+    body: service.WebhookCreate, db: DatabaseDep, _: WebhookAdmin, response: Response
 ) -> service.WebhookCreated:
     """Subscribe a URL to reconfiguration events. The signing secret (`whsec_...`) is shown here only."""
-    created = service.create_subscription(session, body)
+    created = await db.run(lambda session: service.create_subscription(session, body))
     response.headers["Location"] = f"/v1/webhooks/{created.id}"
     return created
 
 
 @router.get("", name="list")
-def list_webhooks(session: SessionDep, _: Reader) -> service.WebhookList:
-    return service.list_subscriptions(session)
+async def list_webhooks(db: DatabaseDep, principal: Reader) -> service.WebhookList:
+    """Every subscription. URLs are shown in full to admins only (credentials redacted for others)."""
+    listed = await db.run(service.list_subscriptions)
+    return listed.model_copy(update={"data": [_shown_to(principal, w) for w in listed.data]})
 
 
 @router.get("/{webhook_id}", name="get", responses=problem_responses(404))
-def get_webhook(webhook_id: str, session: SessionDep, _: Reader) -> service.WebhookPublic:
-    return service.WebhookPublic.from_row(service.get_subscription(session, webhook_id))
+async def get_webhook(webhook_id: WebhookIdPath, db: DatabaseDep, principal: Reader) -> service.WebhookPublic:
+    def work(session: Session) -> service.WebhookPublic:
+        return service.WebhookPublic.from_row(service.get_subscription(session, webhook_id))
+
+    return _shown_to(principal, await db.run(work))
 
 
 @router.patch("/{webhook_id}", name="update", responses=problem_responses(404))
-def update_webhook(
-    webhook_id: str, body: service.WebhookUpdate, session: SessionDep, _: WebhookAdmin
+async def update_webhook(
+    webhook_id: WebhookIdPath, body: service.WebhookUpdate, db: DatabaseDep, _: WebhookAdmin
 ) -> service.WebhookPublic:
     """Change the URL, event types or description; `active: true` re-enables a subscription (its pending
     deliveries then go out)."""
-    return service.update_subscription(session, webhook_id, body)
+    return await db.run(lambda session: service.update_subscription(session, webhook_id, body))
 
 
 @router.post("/{webhook_id}/rotate-secret", name="rotate-secret", responses=problem_responses(404))
-def rotate_webhook_secret(webhook_id: str, session: SessionDep, _: WebhookAdmin) -> service.WebhookCreated:
-    """A new signing secret, used from the next attempt on; shown in this response only."""
-    return service.rotate_secret(session, webhook_id)
+async def rotate_webhook_secret(
+    webhook_id: WebhookIdPath,
+    db: DatabaseDep,
+    settings: SettingsDep,
+    _: WebhookAdmin,
+    overlap_s: Annotated[
+        float | None,
+        Query(
+            ge=0, le=30 * 86400, description="how long the old secret keeps signing too (default: settings)"
+        ),
+    ] = None,
+) -> service.WebhookCreated:
+    """A new signing secret, used from the next attempt on; shown in this response only. Until
+    `previous_secret_expires_at` (`overlap_s`, default `EPCTL_WEBHOOK_ROTATION_OVERLAP_S`, a day) every
+    attempt carries a second signature made with the old secret, so receivers switch without a gap."""
+    overlap = settings.webhook_rotation_overlap_s if overlap_s is None else overlap_s
+    return await db.run(lambda session: service.rotate_secret(session, webhook_id, overlap_s=overlap))
+
+
+@router.post(
+    "/{webhook_id}/replay",
+    name="replay",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses=problem_responses(404),
+)
+async def replay_webhook(
+    webhook_id: WebhookIdPath,
+    db: DatabaseDep,
+    _: WebhookAdmin,
+    since: Annotated[
+        datetime, TimeText, Query(description="replay events created at or after this time (RFC 3339)")
+    ],
+) -> ReplayOutcome:
+    """Send the events created since `since` again, in order, with their original `webhook-id`, payload
+    and sequence number (also those a disabled subscription's full backlog did not queue)."""
+    if since.tzinfo is None:
+        raise InvalidRequestError(
+            "since needs a time zone, e.g. 2026-12-01T12:00:00Z", code="since-without-zone"
+        )
+    return await db.run(lambda session: replay(session, webhook_id, since=since))
 
 
 @router.delete(
     "/{webhook_id}", name="delete", status_code=status.HTTP_204_NO_CONTENT, responses=problem_responses(404)
 )
-def delete_webhook(webhook_id: str, session: SessionDep, _: WebhookAdmin) -> Response:
-    service.delete_subscription(session, webhook_id)
+async def delete_webhook(webhook_id: WebhookIdPath, db: DatabaseDep, _: WebhookAdmin) -> Response:
+    await db.run(lambda session: service.delete_subscription(session, webhook_id))
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.get("/{webhook_id}/deliveries", name="deliveries", responses=problem_responses(404))
-def list_webhook_deliveries(
-    webhook_id: str,
-    session: SessionDep,
+async def list_webhook_deliveries(
+    webhook_id: WebhookIdPath,
+    db: DatabaseDep,
     _: Reader,
     state: DeliveryState | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> service.DeliveryList:
     """The delivery log, newest first: one entry per event, with every attempt (status, error, duration)."""
-    return service.list_deliveries(session, webhook_id, state=state, limit=limit, offset=offset)
+    return await db.run(
+        lambda session: service.list_deliveries(session, webhook_id, state=state, limit=limit, offset=offset)
+    )

@@ -6,17 +6,18 @@ and `rotate_secret`; later reads never show it.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import sqlalchemy as sa
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.core.errors import NotFoundError
 from app.core.ids import new_id
+from app.core.urls import checked_http_url
 from app.webhooks import signing
 from app.webhooks.models import (
     DeliveryState,
@@ -28,39 +29,59 @@ from app.webhooks.models import (
 )
 
 SUBSCRIPTION_ID_PREFIX = "whk"
+URL_PATTERN = r"^https?://[^\s/?#@]+(@[^\s/?#]+)?([/?#]\S*)?$"  # absolute http(s), a host, no spaces
 DELIVERY_ID_PREFIX = "dlv"
 
 
-def _checked_url(url: str) -> str:
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("url must be an absolute http:// or https:// URL")
-    return url.strip()
+REDACTED = "***"
+
+
+def redact_url(url: str) -> str:
+    """The URL without what may authenticate it: user info, path and query values are replaced (a path
+    can be the credential itself, as in chat webhook URLs); scheme, host and port stay."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return REDACTED
+    netloc = (f"{REDACTED}@" if parts.username or parts.password else "") + host
+    if port is not None:
+        netloc += f":{port}"
+    path = "/" + REDACTED if parts.path not in ("", "/") else parts.path
+    query = "&".join(f"{pair.partition('=')[0]}={REDACTED}" for pair in parts.query.split("&") if pair)
+    return urlunsplit((parts.scheme, netloc, path, query, ""))
 
 
 class WebhookCreate(BaseModel):
-    url: str = Field(max_length=2048, description="where events are POSTed")
-    event_types: list[EventType] = Field(default_factory=list, description="empty: every event type")
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(max_length=2048, pattern=URL_PATTERN, description="where events are POSTed")
+    event_types: list[EventType] = Field(
+        default_factory=list, max_length=len(EventType), description="empty: every event type"
+    )
     description: str | None = Field(None, max_length=500)
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        return _checked_url(value)
+        return checked_http_url(value)
 
 
 class WebhookUpdate(BaseModel):
     """Only the fields given change; `active: true` re-enables a subscription disabled by a 410."""
 
-    url: str | None = Field(None, max_length=2048)
-    event_types: list[EventType] | None = None
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = Field(None, max_length=2048, pattern=URL_PATTERN)
+    event_types: list[EventType] | None = Field(None, max_length=len(EventType))
     description: str | None = Field(None, max_length=500)
-    active: bool | None = None
+    active: bool | None = Field(None, strict=True)
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        return None if value is None else _checked_url(value)
+        return None if value is None else checked_http_url(value)
 
 
 class WebhookPublic(BaseModel):
@@ -69,17 +90,22 @@ class WebhookPublic(BaseModel):
     event_types: list[EventType]
     description: str | None
     active: bool
+    previous_secret_expires_at: datetime | None = Field(
+        None, description="after a rotation: the old secret also signs (a second signature) until then"
+    )
     created_at: datetime
     updated_at: datetime
 
     @classmethod
     def from_row(cls, row: WebhookSubscription) -> WebhookPublic:
+        overlap_ends = row.previous_secret_expires_at
         return cls(
             id=row.id,
             url=row.url,
             event_types=[EventType(t) for t in row.event_types or []],
             description=row.description,
             active=row.active,
+            previous_secret_expires_at=overlap_ends if overlap_ends and overlap_ends > utc_now() else None,
             created_at=row.created_at,
             updated_at=row.updated_at,
         )
@@ -173,11 +199,18 @@ def update_subscription(session: Session, subscription_id: str, data: WebhookUpd
     return WebhookPublic.from_row(row)
 
 
-def rotate_secret(session: Session, subscription_id: str) -> WebhookCreated:
-    """A new secret, effective for the next attempt; shown once."""
+def rotate_secret(session: Session, subscription_id: str, *, overlap_s: float = 0.0) -> WebhookCreated:
+    """A new secret, signing from the next attempt on; shown once. For `overlap_s` the replaced secret
+    signs too (Standard Webhooks' signature list), so a receiver can switch keys without downtime."""
     row = get_subscription(session, subscription_id)
+    now = utc_now()
+    if overlap_s > 0:
+        row.previous_secret = row.secret
+        row.previous_secret_expires_at = now + timedelta(seconds=overlap_s)
+    else:
+        row.previous_secret, row.previous_secret_expires_at = None, None
     row.secret = signing.generate_secret()
-    row.updated_at = utc_now()
+    row.updated_at = now
     session.add(row)
     session.commit()
     return WebhookCreated(**WebhookPublic.from_row(row).model_dump(), secret=row.secret)
@@ -258,5 +291,61 @@ def list_deliveries(
     )
 
 
+def signing_secrets(row: WebhookSubscription, now: datetime) -> list[str]:
+    """The secrets that sign an attempt now: the current one, then the replaced one until its overlap ends."""
+    secrets = [row.secret]
+    if row.previous_secret and row.previous_secret_expires_at and row.previous_secret_expires_at > now:
+        secrets.append(row.previous_secret)
+    return secrets
+
+
 def subscription_wants(subscription: WebhookSubscription, event_type: str) -> bool:
     return not subscription.event_types or event_type in subscription.event_types
+
+
+PRUNE_BATCH = 2000
+
+
+def prune_deliveries(session: Session, *, older_than: datetime) -> tuple[int, int]:
+    """Retention: finished deliveries (succeeded or failed) last changed before `older_than`, with their
+    attempts, then dispatched outbox events created before it that no delivery refers to any more.
+    Pending deliveries and undispatched events are never pruned (they are still owed). Returns
+    (deliveries, events) deleted, in batches of PRUNE_BATCH rows per transaction."""
+    finished = [DeliveryState.succeeded.value, DeliveryState.failed.value]
+    deliveries = 0
+    while True:
+        ids = list(
+            session.exec(
+                select(WebhookDelivery.id)
+                .where(col(WebhookDelivery.state).in_(finished), col(WebhookDelivery.updated_at) < older_than)
+                .limit(PRUNE_BATCH)
+            ).all()
+        )
+        if not ids:
+            break
+        session.execute(
+            sa.delete(WebhookDeliveryAttempt).where(col(WebhookDeliveryAttempt.delivery_id).in_(ids))
+        )
+        session.execute(sa.delete(WebhookDelivery).where(col(WebhookDelivery.id).in_(ids)))
+        session.commit()
+        deliveries += len(ids)
+    events = 0
+    referenced = sa.exists().where(col(WebhookDelivery.event_id) == col(OutboxEvent.id))
+    while True:
+        ids = list(
+            session.exec(
+                select(OutboxEvent.id)
+                .where(
+                    col(OutboxEvent.created_at) < older_than,
+                    col(OutboxEvent.dispatched_at).is_not(None),
+                    ~referenced,
+                )
+                .limit(PRUNE_BATCH)
+            ).all()
+        )
+        if not ids:
+            break
+        session.execute(sa.delete(OutboxEvent).where(col(OutboxEvent.id).in_(ids)))
+        session.commit()
+        events += len(ids)
+    return deliveries, events

@@ -12,9 +12,10 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 SECRET_PREFIX = "whsec_"
 SIGNATURE_VERSION = "v1"
@@ -24,6 +25,8 @@ DEFAULT_TOLERANCE_S = 5 * 60
 HEADER_ID = "webhook-id"
 HEADER_TIMESTAMP = "webhook-timestamp"
 HEADER_SIGNATURE = "webhook-signature"
+MAX_MESSAGE_ID_LENGTH = 128  # stored (unique) to refuse replays
+_PRINTABLE_ASCII = re.compile(r"^[!-~]+$")
 
 
 class SignatureError(Exception):
@@ -34,6 +37,10 @@ class SignatureError(Exception):
 
 class MissingSignatureHeaders(SignatureError):
     reason = "missing-signature-headers"
+
+
+class InvalidMessageId(SignatureError):
+    reason = "invalid-webhook-id"
 
 
 class InvalidTimestamp(SignatureError):
@@ -80,12 +87,17 @@ def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
     return f"{SIGNATURE_VERSION},{base64.b64encode(digest).decode('ascii')}"
 
 
-def signature_headers(secret: str, message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
-    """The three headers a sender attaches to a signed message."""
+def signature_headers(
+    secret: str | Sequence[str], message_id: str, timestamp: int, body: bytes
+) -> dict[str, str]:
+    """The three headers a sender attaches to a signed message. Several secrets (a rotation's overlap)
+    give one space-separated `v1,<sig>` entry each, as the spec lists them; a receiver on either
+    secret verifies."""
+    keys = [secret] if isinstance(secret, str) else list(secret)
     return {
         HEADER_ID: message_id,
         HEADER_TIMESTAMP: str(int(timestamp)),
-        HEADER_SIGNATURE: sign(secret, message_id, timestamp, body),
+        HEADER_SIGNATURE: " ".join(sign(one, message_id, timestamp, body) for one in keys),
     }
 
 
@@ -115,6 +127,10 @@ def verify(
         raise MissingSignatureHeaders(
             f"a signed request needs the {HEADER_ID}, {HEADER_TIMESTAMP} and {HEADER_SIGNATURE} headers"
         )
+    if len(message_id) > MAX_MESSAGE_ID_LENGTH or not _PRINTABLE_ASCII.match(message_id):
+        raise InvalidMessageId(f"{HEADER_ID} must be 1-{MAX_MESSAGE_ID_LENGTH} printable ASCII characters")
+    if len(timestamp_text) > 20:
+        raise InvalidTimestamp(f"{HEADER_TIMESTAMP} must be integer Unix seconds")
     try:
         timestamp = int(timestamp_text)
     except ValueError as exc:

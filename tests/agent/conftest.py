@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,10 +28,11 @@ def spawn_agents(tmp_path: Path) -> Iterator[Callable[..., list[AgentProcess]]]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
+    outcome: Any = yield
     report = outcome.get_result()
+    funcargs: dict[str, Any] = getattr(item, "funcargs", {})
     if report.when == "call" and report.failed:
-        logs = sorted(Path(item.funcargs["tmp_path"]).glob("*.log")) if "tmp_path" in item.funcargs else []
+        logs = sorted(Path(funcargs["tmp_path"]).glob("*.log")) if "tmp_path" in funcargs else []
         for log in logs:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
             report.sections.append((f"agent log {log.name}", tail))

@@ -6,6 +6,7 @@ reconfiguration through their HTTP API exactly as the coordinator's runner must:
     participants = old members + joiners
     POST /v1/reconfig/prepare (same PrepareRequest to every participant)  -> poll until all `prepared`
     background: POST sync -> poll `synced`;  POST pause -> poll `paused`;  POST switch -> poll `committed`
+    background, commit="engines": POST sync -> poll `synced`;  POST arm -> poll `committed`
     blocking:   POST pause -> poll `paused`;  POST sync -> poll `synced`;  POST switch -> poll `committed`
     any participant `failed` before switch -> POST abort to all -> poll `aborted`
 """
@@ -13,9 +14,7 @@ reconfiguration through their HTTP API exactly as the coordinator's runner must:
 from __future__ import annotations
 
 import itertools
-import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -30,16 +29,18 @@ from engine_agent.placement import rebalance
 from engine_agent.protocol import (
     AgentInfo,
     EngineConfig,
-    LeavePolicy,
     Member,
     PrepareRequest,
     ReconfigPhase,
     ReconfigStatus,
+    Settlement,
     Strategy,
     Timeouts,
     TransferBackend,
     WarmupPolicy,
+    is_settled,
 )
+from tests.support import processes
 
 SMALL = EngineConfig(
     num_logical_experts=8, num_redundant_experts=2, hidden_size=32, intermediate_size=64, top_k=2, seed=7
@@ -93,6 +94,7 @@ def _engine_args(config: EngineConfig) -> list[str]:
         "--top-k", str(config.top_k),
         "--dtype", config.dtype,
         "--seed", str(config.seed),
+        "--num-moe-layers", str(config.num_moe_layers),
     ]  # fmt: skip
 
 
@@ -108,42 +110,21 @@ def start_agents(
     device: str | None = None,
     ready_timeout_s: float = 60.0,
 ) -> list[AgentProcess]:
-    """Start `count` agent processes at once and wait until every one serves HTTP."""
-    launched = []
-    for index in range(first, first + count):
-        engine_id = f"{prefix}{index}"
-        ready = workdir / f"{engine_id}.ready"
-        log_path = workdir / f"{engine_id}.log"
-        command = [
-            sys.executable, "-m", "engine_agent.main", "--host", "127.0.0.1", "--port", "0",
-            "--engine-id", engine_id, "--platform", platform, "--ready-file", str(ready),
-            "--log-level", "info",
-            *_engine_args(config), *extra_args,
-        ]  # fmt: skip
-        if device:
-            command += ["--device", device]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        launched.append((engine_id, ready, log_path, process))
-    agents: list[AgentProcess] = []
-    deadline = time.monotonic() + ready_timeout_s
-    try:
-        for engine_id, ready, log_path, process in launched:
-            while not ready.exists():
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log = log_path.read_text(errors="replace")
-                    raise RuntimeError(f"agent {engine_id} did not start:\n{log}")
-                time.sleep(0.05)
-            url = ready.read_text().strip()
-            client = httpx.Client(base_url=url, timeout=30.0)
-            agents.append(AgentProcess(engine_id, url, process, log_path, client))
-    except BaseException:
-        stop_agents(agents)
-        for _, _, _, process in launched:
-            process.kill()
-        raise
-    return agents
+    """Start `count` agent processes at once (the harness's) and wait until every one serves HTTP."""
+    flags = {"platform": platform, "log_level": "info", **({"device": device} if device else {})}
+    started = processes.start_agents(
+        [f"{prefix}{index}" for index in range(first, first + count)],
+        workdir,
+        flags=flags,
+        engine_args=[*_engine_args(config), *extra_args],
+        ready_timeout_s=ready_timeout_s,
+    )
+    return [
+        AgentProcess(
+            a.engine_id, a.url, a.child.popen, a.child.log_path, httpx.Client(base_url=a.url, timeout=30)
+        )
+        for a in started
+    ]
 
 
 def stop_agents(agents: Iterable[AgentProcess]) -> None:
@@ -212,7 +193,6 @@ class Driver:
         strategy: Strategy = Strategy.background,
         policy: WarmupPolicy = WarmupPolicy.eager,
         backend: TransferBackend = TransferBackend.gloo,
-        leave_policy: LeavePolicy = LeavePolicy.finish,
         timeouts: Timeouts | None = None,
     ) -> PrepareRequest:
         return PrepareRequest(
@@ -227,7 +207,6 @@ class Driver:
             warmup_policy=policy,
             strategy=strategy,
             transfer_backend=backend,
-            leave_policy=leave_policy,
             timeouts=timeouts or self.timeouts,
         )
 
@@ -243,9 +222,13 @@ class Driver:
         new_members: list[AgentProcess],
         *,
         during_prepare: Callable[[], None] | None = None,
+        commit: str = "coordinator",
+        arm_deadline_s: float = 10.0,
+        max_downtime_ms: int | None = None,
         **options: object,
     ) -> JobOutcome:
-        """One whole job; on failure before switch, abort everywhere and raise JobFailed."""
+        """One whole job; on failure before switch, abort everywhere and raise JobFailed. With
+        `commit="engines"` the engines are armed after sync and switch at the boundary they agree on."""
         request = self.prepare_request(new_members, **options)  # type: ignore[arg-type]
         everyone = self.participants(request, [*self.members, *new_members])
         job = {"job_id": request.job_id}
@@ -254,6 +237,13 @@ class Driver:
             if during_prepare is not None:
                 during_prepare()
             self.wait_phase(everyone, ReconfigPhase.prepared)
+            if request.strategy == Strategy.background and commit == "engines":
+                self.post_all(everyone, "/v1/reconfig/sync", job)
+                self.wait_phase(everyone, ReconfigPhase.synced)
+                arm = {**job, "deadline_s": arm_deadline_s, "max_downtime_ms": max_downtime_ms}
+                self.post_all(everyone, "/v1/reconfig/arm", arm)
+                statuses = self.wait_phase(everyone, ReconfigPhase.committed, timeout_s=arm_deadline_s + 30)
+                return self._committed(request, new_members, statuses)
             if request.strategy == Strategy.background:
                 self.post_all(everyone, "/v1/reconfig/sync", job)
                 self.wait_phase(everyone, ReconfigPhase.synced)
@@ -268,7 +258,11 @@ class Driver:
             self.abort(everyone, request.job_id)
             raise
         self.post_all(everyone, "/v1/reconfig/switch", job)
-        statuses = self.wait_phase(everyone, ReconfigPhase.committed)
+        return self._committed(request, new_members, self.wait_phase(everyone, ReconfigPhase.committed))
+
+    def _committed(
+        self, request: PrepareRequest, new_members: list[AgentProcess], statuses: dict[str, ReconfigStatus]
+    ) -> JobOutcome:
         self.generation = request.generation
         self.members = list(new_members)
         self.placement = request.placement
@@ -300,15 +294,17 @@ class Driver:
     def wait_phase(
         self, agents: list[AgentProcess], phase: ReconfigPhase, timeout_s: float = 30.0
     ) -> dict[str, ReconfigStatus]:
-        """Poll until every agent reports `phase`; raise JobFailed as soon as one is failed."""
+        """Poll until every agent's job reaches `phase`; raise JobFailed as soon as one cannot
+        (`protocol.is_settled`: a terminal phase not asked for, or an error outside the way back)."""
         deadline = time.monotonic() + timeout_s
         while True:
             statuses = {a.engine_id: a.status() for a in agents}
-            failed = {e: s for e, s in statuses.items() if s.phase == ReconfigPhase.failed}
-            if failed and phase != ReconfigPhase.failed:
-                detail = "; ".join(f"{e}: {s.error}" for e, s in failed.items())
+            settled = {e: is_settled(s, s.job_id, {phase}) for e, s in statuses.items()}
+            failed = {e: statuses[e] for e, state in settled.items() if state == Settlement.failed}
+            if failed:
+                detail = "; ".join(f"{e}: {s.phase} {s.error}" for e, s in failed.items())
                 raise JobFailed(f"failed while waiting for {phase}: {detail}", statuses)
-            if all(s.phase == phase for s in statuses.values()):
+            if all(state == Settlement.reached for state in settled.values()):
                 return statuses
             if time.monotonic() > deadline:
                 raise JobFailed(

@@ -16,7 +16,7 @@ def test_errors_are_problem_json_and_fault_injection_is_off_by_default(spawn_age
     (agent,) = spawn_agents(1, extra_args=())
     missing = agent.get("/v1/reconfig")
     assert missing.status_code == 404 and missing.headers["content-type"] == PROBLEM
-    assert missing.json()["code"] == "no_job" and missing.json()["instance"] == "/v1/reconfig"
+    assert missing.json()["code"] == "no-job" and missing.json()["instance"] == "/v1/reconfig"
 
     idle = agent.infer(random_tokens(SMALL, 1))
     assert idle.status_code == 503 and idle.headers["content-type"] == PROBLEM
@@ -26,7 +26,7 @@ def test_errors_are_problem_json_and_fault_injection_is_off_by_default(spawn_age
     assert {"type", "title", "status", "detail", "instance"} <= set(bad.json())
 
     wrong = agent.post("/v1/reconfig/sync", {"job_id": "nope"})
-    assert wrong.status_code == 409 and wrong.json()["code"] == "no_job"
+    assert wrong.status_code == 409 and wrong.json()["code"] == "no-job"
 
     assert agent.post("/v1/faults", {"fail_next_cleanup": True}).status_code == 404
 
@@ -37,7 +37,7 @@ def test_errors_are_problem_json_and_fault_injection_is_off_by_default(spawn_age
     metrics = agent.get("/metrics").text
     for name in (
         "epctl_agent_serving_steps_total",
-        "epctl_agent_pause_ms",
+        "epctl_agent_pause_seconds",
         "epctl_agent_transfer_bytes_total",
     ):
         assert name in metrics
@@ -52,7 +52,7 @@ def test_a_second_job_is_refused_while_one_is_active(spawn_agents: Spawn) -> Non
     driver.post_all(driver.participants(first, agents), "/v1/reconfig/prepare", first.model_dump(mode="json"))
     second = driver.prepare_request(agents).model_dump(mode="json")
     refused = agents[0].post("/v1/reconfig/prepare", second)
-    assert refused.status_code == 409 and refused.json()["code"] == "job_in_progress"
+    assert refused.status_code == 409 and refused.json()["code"] == "job-in-progress"
     again = agents[0].post("/v1/reconfig/prepare", first.model_dump(mode="json"))
     assert again.status_code == 202 and again.json()["job_id"] == first.job_id  # a retried POST
     driver.abort(agents, first.job_id)

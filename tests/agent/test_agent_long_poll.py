@@ -99,22 +99,22 @@ def test_a_long_poll_also_ends_when_the_job_fails(spawn_agents: Spawn) -> None:
     status = step(agent, "prepare", request.model_dump(mode="json"), LONG_WAIT_S)
 
     assert status.phase == ReconfigPhase.failed and status.error is not None
-    assert status.error.type == "injected_failure"
+    assert status.error.type == "injected-failure"
 
 
 def test_a_long_poll_for_another_job_or_phase_is_a_problem(spawn_agents: Spawn) -> None:
     (agent,) = spawn_agents(1)
     none_yet = long_poll(agent, "job-x", "prepared", 1.0)
     assert none_yet.status_code == 404 and none_yet.headers["content-type"] == PROBLEM
-    assert none_yet.json()["code"] == "no_job"
+    assert none_yet.json()["code"] == "no-job"
 
     outcome = Driver().reconfigure([agent])
     wrong = long_poll(agent, "job-x", "prepared", 1.0)
     assert wrong.status_code == 409 and wrong.headers["content-type"] == PROBLEM
-    assert wrong.json()["code"] == "wrong_job" and wrong.json()["current_job_id"] == outcome.job_id
+    assert wrong.json()["code"] == "wrong-job" and wrong.json()["current_job_id"] == outcome.job_id
 
     unknown_phase = long_poll(agent, outcome.job_id, "prepared,sleeping", 1.0)
-    assert unknown_phase.status_code == 422 and unknown_phase.json()["code"] == "invalid_request"
+    assert unknown_phase.status_code == 422 and unknown_phase.json()["code"] == "invalid-request"
 
     without_job = agent.client.get("/v1/reconfig", params={"wait_s": 1.0})
-    assert without_job.status_code == 422 and without_job.json()["code"] == "invalid_request"
+    assert without_job.status_code == 422 and without_job.json()["code"] == "invalid-request"

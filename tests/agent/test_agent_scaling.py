@@ -13,7 +13,6 @@ import torch
 from engine_agent import moe
 from engine_agent.protocol import (
     AgentState,
-    LeavePolicy,
     ReconfigPhase,
     Strategy,
     TransferBackend,
@@ -87,6 +86,8 @@ def test_formation_from_zero_engines_serves_reference_outputs(spawn_agents: Spaw
     driver = Driver()
     outcome = driver.reconfigure(agents)
     assert {s.role for s in outcome.statuses.values()} == {"joining"}
+    # Every expert from the checkpoint, none from a peer: no weight channel was opened.
+    assert {s.transfer_backend for s in outcome.statuses.values()} == {None}
     infos = [a.info() for a in agents]
     assert [i.state for i in infos] == [AgentState.serving, AgentState.serving]
     assert [(i.generation, i.rank, i.world_size) for i in infos] == [(1, 0, 2), (1, 1, 2)]
@@ -112,6 +113,7 @@ def test_scale_up_2_to_3_serves_during_prepare_and_after(spawn_agents: Spawn) ->
     }
     status = outcome.statuses["e2"]
     assert status.bytes_moved == status.bytes_total > 0
+    assert status.transfer_backend is not None  # the joiner's experts came from its peers
     assert all(s.synced_value and s.synced_value > 0 for s in outcome.statuses.values())
     assert len({s.synced_value for s in outcome.statuses.values()}) == 1
     assert [a.info().world_size for a in agents] == [3, 3, 3]
@@ -146,7 +148,7 @@ def test_2_to_4_to_2_keeps_outputs_exact_at_every_step(spawn_agents: Spawn) -> N
     assert_serves_reference(agents[:2])
     driver.reconfigure(agents)
     assert_serves_reference(agents)
-    outcome = driver.reconfigure(agents[2:], leave_policy=LeavePolicy.abort)  # the original two leave
+    outcome = driver.reconfigure(agents[2:])  # the original two leave
     assert {e: s.role for e, s in outcome.statuses.items()}["e0"] == "leaving"
     assert_serves_reference(agents[2:])
     assert [a.info().state for a in agents] == [

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine_agent.cleanup import CleanupWorker, RetiredGeneration
 from engine_agent.protocol import CleanupRecord, CleanupState
+from engine_agent.reconfig.cleanup import CleanupWorker, RetiredGeneration
 
 
 class FakeGroup:

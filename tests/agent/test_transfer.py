@@ -5,23 +5,26 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from engine_agent.placement import TransferItem, plan_transfers
 from engine_agent.protocol import TransferBackend
 from engine_agent.transfer import (
+    TransferAborted,
     TransferError,
     available_backends,
-    choose_backend,
     open_channel,
 )
-from tests.agent.transfer_worker import run_participant
+from tests.agent.transfer_worker import HARNESS_TIMEOUT_S, RELEASE_KEY, run_participant
+from tests.support.waiting import wait_until
 
 # b leaves (the only holder of experts 2 and 3), c joins, a stays and also serves; expert 4 is new
 # to everyone (checkpoint load, not the channel's business).
@@ -62,7 +65,7 @@ def run_participants(
     processes = [
         context.Process(
             target=run_participant,
-            args=(backend, e, participants, store.port, plan, HELD[e], NUMEL, timeout_s, results),
+            args=(backend, e, participants, store.port, plan, HELD[e], NUMEL, timeout_s, results, engines),
             kwargs={"absent_from_transfer": e in absent_from_transfer, "broken_sources": e in broken_sources},
             daemon=True,
         )
@@ -72,7 +75,8 @@ def run_participants(
     try:
         for process in processes:
             process.start()
-        deadline = time.monotonic() + 60
+        # A guard against hangs only: spawning and importing torch on a loaded host can take a while.
+        deadline = time.monotonic() + 3 * HARNESS_TIMEOUT_S
         while len(reports) < len(processes):
             try:
                 report = results.get(timeout=0.5)
@@ -82,6 +86,8 @@ def run_participants(
                     pytest.fail(f"participants gave no report; reports so far: {reports}")
                 continue
             reports[report["engine"]] = report
+            if set(reports) >= set(engines) - absent_from_transfer:
+                store.set(RELEASE_KEY, "1")  # the stalled peers may close now: everyone else is done
         return reports
     finally:
         for process in processes:
@@ -152,11 +158,15 @@ def test_a_participant_that_never_arrives_times_out_naming_it(backend: str) -> N
 @pytest.mark.parametrize("backend", backend_params())
 def test_a_holder_that_never_serves_times_out_its_reader(backend: str) -> None:
     plan = [TransferItem(2, "b", "c")]
+    # b opens the channel and stays up with its end open, but never joins the transfer. The reader's
+    # deadline bounds its open too: ample for that, it is what the transfer waits for b in vain.
     reports = run_participants(
-        backend, ["b", "c"], ["b", "c"], plan, timeout_s=1.5, absent_from_transfer=frozenset({"b"})
+        backend, ["b", "c"], ["b", "c"], plan, timeout_s=5.0, absent_from_transfer=frozenset({"b"})
     )
     assert reports["c"]["error_type"] == "TransferTimeout", reports["c"].get("traceback")
+    assert reports["c"]["failed_in"] == "transfer", reports["c"].get("traceback")
     assert "b" in reports["c"]["error"]
+    assert reports["b"].get("traceback") is None
 
 
 @pytest.mark.skipif(TransferBackend.nixl not in available_backends(), reason="NIXL is unavailable here")
@@ -169,13 +179,6 @@ def test_a_holder_that_cannot_serve_fails_its_reader_at_once_naming_it() -> None
     assert reports["c"]["error_type"] == "TransferError", reports["c"].get("traceback")
     assert "b could not serve its experts" in reports["c"]["error"]
     assert not reports["c"]["is_timeout"]
-
-
-def test_choose_backend_takes_nixl_only_when_every_participant_has_it() -> None:
-    both = [TransferBackend.nixl, TransferBackend.gloo]
-    assert choose_backend([both, both]) == TransferBackend.nixl
-    assert choose_backend([both, [TransferBackend.gloo]]) == TransferBackend.gloo
-    assert choose_backend([]) == TransferBackend.gloo
 
 
 def test_gloo_is_always_available() -> None:
@@ -193,3 +196,37 @@ def test_opening_a_channel_for_an_engine_outside_the_participants_is_refused() -
             device=__import__("torch").device("cpu"),
             timeout_s=1,
         )
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_an_abort_ends_the_wait_for_a_peer_that_never_comes(backend: str) -> None:
+    """A dead participant never comes: the job's abort, not the (long) channel deadline, ends the wait."""
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+    )
+    abort = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def open_for_a() -> None:
+        try:
+            open_channel(
+                TransferBackend(backend),
+                engine_id="a",
+                participants=["a", "ghost"],
+                store=store,
+                device=torch.device("cpu"),
+                timeout_s=3600.0,
+                abort=abort,
+            )
+            outcome.append(None)
+        except BaseException as error:  # reported below
+            outcome.append(error)
+
+    opener = threading.Thread(target=open_for_a, daemon=True)
+    opener.start()
+    prefix = "gloo/here/a" if backend == "gloo" else "nixl/md/a"
+    wait_until(lambda: store.check([prefix]), timeout_s=HARNESS_TIMEOUT_S, what="a waiting for ghost")
+    abort.set()
+    opener.join(timeout=HARNESS_TIMEOUT_S)  # a guard against hangs: the deadline is an hour away
+    assert not opener.is_alive()
+    assert isinstance(outcome[0], TransferAborted), outcome

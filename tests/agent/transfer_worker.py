@@ -11,10 +11,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine_agent import transfer
 from engine_agent.placement import TransferItem
 from engine_agent.protocol import TransferBackend
 from engine_agent.transfer import open_channel
+from engine_agent.transfer.nixl import NixlChannel
+
+HARNESS_TIMEOUT_S = 120.0  # for the test's own waits, never the one under test
+STARTED_PREFIX = "test/started/"
+RELEASE_KEY = "test/release"  # set by the test once it has every report but the stalled peers'
 
 
 def expert_weights(expert: int, numel: int) -> torch.Tensor:
@@ -33,35 +37,45 @@ def run_participant(
     numel: dict[int, int],
     timeout_s: float,
     results: Any,
+    engines: list[str],
     absent_from_transfer: bool = False,
     broken_sources: bool = False,
 ) -> None:
-    """Open the channel, run the plan once, and put a report on `results`. With
-    `absent_from_transfer` the engine opens the channel but never joins the transfer (a stalled peer);
-    with `broken_sources` it offers non-contiguous tensors, which it cannot serve."""
-    report: dict[str, Any] = {"engine": engine_id}
+    """Wait until every process of `engines` runs, open the channel, run the plan once, and put a report
+    on `results`. With `absent_from_transfer` the engine opens the channel but never joins the transfer
+    (a stalled peer) and keeps it open until the test sets `RELEASE_KEY`; with `broken_sources` it
+    offers non-contiguous tensors, which it cannot serve."""
+    report: dict[str, Any] = {"engine": engine_id, "failed_in": "start"}
     if backend == "nixl":
         # Small chunks over three reader threads: the tests' experts (up to 1 MiB) are cut in pieces
         # that land from different UCX workers, as big experts do in production.
-        transfer.NixlChannel.CHUNK_BYTES = 100_000
+        NixlChannel.CHUNK_BYTES = 100_000
         os.environ["EPCTL_NIXL_READ_THREADS"] = "3"
     started = time.monotonic()
     try:
         store = dist.TCPStore(
-            "127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=timeout_s * 4)
+            "127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=HARNESS_TIMEOUT_S)
         )
+        # Nobody opens before every process runs: the channel's deadlines then measure the channel,
+        # not how long a loaded host takes to spawn a process and import torch.
+        store.set(f"{STARTED_PREFIX}{engine_id}", "1")
+        store.wait([f"{STARTED_PREFIX}{e}" for e in engines], timedelta(seconds=HARNESS_TIMEOUT_S))
         prefix_store = dist.PrefixStore("gen1/transfer", store)
+        report["failed_in"] = "open"
         channel = open_channel(
             TransferBackend(backend),
             engine_id=engine_id,
             participants=participants,
             store=prefix_store,
             device=torch.device("cpu"),
-            timeout_s=timeout_s,
+            # A stalled peer is not what is timed: it must not give up on a slow reader either.
+            timeout_s=HARNESS_TIMEOUT_S if absent_from_transfer else timeout_s,
         )
+        report["failed_in"] = "transfer"
         try:
             if absent_from_transfer:
-                time.sleep(timeout_s + 1.0)
+                store.wait([RELEASE_KEY], timedelta(seconds=HARNESS_TIMEOUT_S))  # stalled, its end open
+                report["failed_in"] = None
                 results.put(report)
                 return
             # One buffer per engine with every expert as a view of it, as an engine's weight slab.
@@ -81,6 +95,7 @@ def run_participant(
             }
             report["stats"] = (stats.backend.value, stats.bytes_received, stats.bytes_sent)
             report["progress"] = progress
+            report["failed_in"] = None
         finally:
             channel.close()
     except Exception as error:

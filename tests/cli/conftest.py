@@ -7,13 +7,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli.support import CoordinatorProcess, run_coordinator
+from tests.cli.support import run_coordinator
+from tests.support.processes import Coordinator
 
 _names = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
     """One real coordinator per test module, job runner off: the tests move jobs themselves."""
     tmp_dir: Path = tmp_path_factory.mktemp("coordinator")
     with run_coordinator(tmp_dir, EPCTL_RUNNER_ENABLED="false") as process:
@@ -21,7 +22,7 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinato
 
 
 @pytest.fixture
-def api(coordinator: CoordinatorProcess) -> Iterator[httpx.Client]:
+def api(coordinator: Coordinator) -> Iterator[httpx.Client]:
     with coordinator.client() as client:
         yield client
 

@@ -11,12 +11,20 @@ import typer
 from app.cli import watch
 from app.cli.client import Coordinator
 from app.cli.jobs import parse_when
-from app.cli.watch import iter_sse
+from app.cli.sse import iter_sse
 
 
 def test_sse_parser_yields_one_event_per_blank_line_with_its_id_and_type() -> None:
-    body = ["id: 3", "event: transition", 'data: {"to_state": "syncing"}', "",
-            "id: 4", "data: a", "data: b", ""]
+    body = [
+        "id: 3",
+        "event: transition",
+        'data: {"to_state": "syncing"}',
+        "",
+        "id: 4",
+        "data: a",
+        "data: b",
+        "",
+    ]
     events = list(iter_sse(iter(body)))
     assert [(e.id, e.event, e.data) for e in events] == [
         ("3", "transition", '{"to_state": "syncing"}'),

@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 
 from app.cli.client import fmt_ms
-from tests.cli.support import ADMIN_TOKEN, ROOT, free_port
-
-EPCTL = ROOT / ".venv" / "bin" / "epctl"
+from tests.support.jobs import bring_to_size
+from tests.support.processes import (
+    ADMIN_TOKEN,
+    ROOT,
+    Child,
+    clean_environment,
+    epctl_command,
+    free_port,
+    spawn,
+    stop_local_agents,
+)
 
 pytestmark = pytest.mark.agents
 
@@ -31,10 +36,10 @@ pytestmark = pytest.mark.agents
 class LocalDemo:
     url: str
     api: httpx.Client
-    log_path: Path
+    up: Child
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+        return self.up.log_tail()
 
 
 @pytest.fixture(scope="module")
@@ -42,55 +47,39 @@ def local_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDemo]:
     """`epctl up` on a free port with its own data directory, once `demo` serves on two engines."""
     data_dir = tmp_path_factory.mktemp("epctl-up")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPCTL_") and k != "DATABASE_URL"}
-    env["EPCTL_ADMIN_TOKEN"] = ADMIN_TOKEN
-    log_path = data_dir / "epctl-up.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen([str(EPCTL), "up", "--port", str(port), "--data-dir", str(data_dir)],
-                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    demo = LocalDemo(f"http://127.0.0.1:{port}",
-                     httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0,
-                                  headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}),
-                     log_path)
+    argv = [*epctl_command(), "up", "--port", str(port), "--data-dir", str(data_dir)]
+    up = spawn(
+        "epctl up", argv, data_dir / "epctl-up.log", env=clean_environment({"EPCTL_ADMIN_TOKEN": ADMIN_TOKEN})
+    )
+    url = f"http://127.0.0.1:{port}"
+    api = httpx.Client(base_url=url, timeout=10.0, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     try:
-        _wait_for_demo(process, demo)
-        yield demo
+        up.wait_for(
+            lambda: api.get("/v1/deployments/demo").json().get("current_dp_size") == 2,
+            timeout_s=120,
+            what="epctl up to serve demo on 2 engines",
+        )
+        yield LocalDemo(url, api, up)
     finally:
-        demo.api.close()
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)  # Ctrl-C: `epctl up` stops its agents
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
-        from app.launchers.local import LocalLauncher
-
-        LocalLauncher(data_dir).stop_all()  # whatever a failed shutdown left behind
+        api.close()
+        up.interrupt()  # Ctrl-C: `epctl up` stops its agents
+        stop_local_agents(data_dir)  # whatever a failed shutdown left behind
 
 
-def _wait_for_demo(process: subprocess.Popen[bytes], demo: LocalDemo, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"epctl up exited with {process.returncode}:\n{demo.log()}")
-        try:
-            response = demo.api.get("/v1/deployments/demo")
-            if response.status_code == 200 and response.json()["current_dp_size"] == 2:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"demo not serving on 2 engines after {timeout_s}s:\n{demo.log()}")
+def demo_at(demo: LocalDemo, size: int) -> LocalDemo:
+    bring_to_size(demo.api, "demo", size, timeout_s=150)
+    return demo
 
 
 def run_epctl(demo: LocalDemo, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "EPCTL_URL": demo.url, "EPCTL_TOKEN": ADMIN_TOKEN}
-    return subprocess.run([str(EPCTL), *args], env=env, capture_output=True, text=True, timeout=180,
-                          check=False)
+    return subprocess.run(
+        [*epctl_command(), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False
+    )
 
 
 def test_scale_wait_follows_real_agents_to_success_and_reports_the_downtime(local_demo: LocalDemo) -> None:
+    demo_at(local_demo, 2)
     completed = run_epctl(local_demo, "scale", "demo", "3", "--wait", "--timeout", "150")
     assert completed.returncode == 0, completed.stdout + completed.stderr + local_demo.log()
     latest = local_demo.api.get("/v1/reconfigurations", params={"deployment": "demo", "limit": 1})
@@ -106,6 +95,7 @@ def test_scale_wait_follows_real_agents_to_success_and_reports_the_downtime(loca
 
 
 def test_scale_wait_json_back_down_prints_the_finished_job(local_demo: LocalDemo) -> None:
+    demo_at(local_demo, 3)
     completed = run_epctl(local_demo, "scale", "demo", "2", "--wait", "--json", "--timeout", "150")
     assert completed.returncode == 0, completed.stdout + completed.stderr + local_demo.log()
     job = json.loads(completed.stdout)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.jobs.models import IdempotencyRecord
 from app.tokens.models import ApiToken
+
+# Idempotency keys are claimed by unique rows: the database decides.
+pytestmark = pytest.mark.databases("sqlite", "postgres")
 
 BODY = {"deployment": "demo", "target_dp_size": 3}
 

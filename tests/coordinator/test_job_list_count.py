@@ -5,7 +5,11 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
+
+# Counts and cursors follow the database's ordering.
+pytestmark = pytest.mark.databases("sqlite", "postgres")
 
 
 def _finished_jobs(client: TestClient, count: int, deployment: str = "demo") -> list[str]:

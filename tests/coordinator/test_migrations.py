@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -9,6 +10,9 @@ from alembic.runtime.migration import MigrationContext
 
 from app.core.db import alembic_config, current_revisions, head_revisions, make_engine, migrate_to_head
 from app.core.tables import metadata
+
+# The migrations themselves: on both databases.
+pytestmark = pytest.mark.databases("sqlite", "postgres")
 
 
 def _tables(url: str) -> set[str]:

@@ -17,6 +17,9 @@ from app.jobs.service import ActiveJobConflictError, create_reconfiguration
 from app.jobs.states import JobState
 from tests.support.factories import make_deployment, make_job
 
+# Concurrent writers and the one-active-job index: the database decides.
+pytestmark = pytest.mark.databases("sqlite", "postgres")
+
 
 def _create_in_thread(
     db_engine: Engine, barrier: threading.Barrier, target: int

@@ -10,7 +10,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.deployments.models import Deployment
-from app.jobs.states import JobState, transition
+from app.jobs.states import JobState
+from app.jobs.transitions import transition
 from tests.support.fixtures import token_headers
 
 S = JobState
@@ -113,6 +114,19 @@ def test_a_target_equal_to_the_current_size_is_refused(client: TestClient, db_en
     assert _job_count(client) == 0
 
 
+def test_a_degraded_deployment_may_be_re_formed_at_its_size(client: TestClient, db_engine: Engine) -> None:
+    """Its group broke: a new generation at the same size (on the engines there are, or fresh ones)."""
+    _deployment(client)
+    _set_size(db_engine, "demo", 2)
+    with Session(db_engine) as session:
+        deployment = session.exec(select(Deployment).where(Deployment.name == "demo")).one()
+        deployment.status = "degraded"
+        session.commit()
+    response = _scale(client, 2)
+    assert response.status_code == 202, response.text
+    assert (response.json()["from_dp_size"], response.json()["to_dp_size"]) == (2, 2)
+
+
 def test_static_launch_needs_enough_known_engines(client: TestClient) -> None:
     _deployment(client, launcher="static")
     _register(client, 2)
@@ -211,6 +225,7 @@ def _history(client: TestClient, db_engine: Engine, count: int) -> list[str]:
     return ids
 
 
+@pytest.mark.databases("sqlite", "postgres")
 def test_list_pages_newest_first_with_a_cursor(client: TestClient, db_engine: Engine) -> None:
     _deployment(client)
     ids = _history(client, db_engine, 5)
@@ -227,6 +242,7 @@ def test_list_pages_newest_first_with_a_cursor(client: TestClient, db_engine: En
     assert seen == ids[::-1] and pages == 3
 
 
+@pytest.mark.databases("sqlite", "postgres")
 def test_list_filters_by_deployment_state_source_and_time(client: TestClient, db_engine: Engine) -> None:
     _deployment(client)
     _deployment(client, "other")

@@ -9,19 +9,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlmodel import Session, col, select
 
+from app.core.errors import ConflictError
 from app.jobs.models import JobEvent, ReconfigurationJob
+from app.jobs.service import cancel_job
 from app.jobs.states import (
     ALLOWED_TRANSITIONS,
     TERMINAL_STATES,
+    CancelPendingError,
     IllegalTransitionError,
     JobNotFoundError,
     JobState,
     StaleTransitionError,
-    append_event,
-    transition,
 )
+from app.jobs.transitions import append_event, transition
 from app.webhooks.models import EventType, OutboxEvent
 from tests.support.factories import make_deployment, make_job
+
+# The compare-and-set transition and its log rows are the database's behaviour.
+pytestmark = pytest.mark.databases("sqlite", "postgres")
 
 S = JobState
 _names = (f"d{i}" for i in itertools.count())
@@ -74,6 +79,33 @@ def test_stale_transition_changes_nothing_and_names_the_current_state(session: S
     assert stale.value.current_state is S.preparing
     assert "is preparing, not pending" in str(stale.value)
     assert [e.to_state for e in _events(session, job.id)] == ["pending", "preparing"]
+
+
+def test_leaving_the_cancellable_states_over_a_pending_cancel_is_refused(session: Session) -> None:
+    job = _job(session)
+    for before, after in itertools.pairwise([S.pending, S.preparing, S.syncing]):
+        transition(session, job_id=job.id, from_state=before, to_state=after)
+    assert not cancel_job(session, job_id=job.id).immediate  # accepted: the runner must honour it
+    seqs = [e.seq for e in _events(session, job.id)]
+    with pytest.raises(CancelPendingError) as caught:
+        transition(session, job_id=job.id, from_state=S.syncing, to_state=S.committing)
+    assert caught.value.code == "cancel-pending"
+    row = session.get(ReconfigurationJob, job.id, populate_existing=True)
+    assert row is not None and row.state == S.syncing
+    assert [e.seq for e in _events(session, job.id)] == seqs
+    # The ways out that honour the cancel stay open.
+    transition(session, job_id=job.id, from_state=S.syncing, to_state=S.cancelled)
+
+
+def test_a_cancel_after_the_move_to_committing_is_refused_as_too_late(session: Session) -> None:
+    job = _job(session)
+    for before, after in itertools.pairwise([S.pending, S.preparing, S.syncing, S.committing]):
+        transition(session, job_id=job.id, from_state=before, to_state=after)
+    with pytest.raises(ConflictError) as caught:
+        cancel_job(session, job_id=job.id)
+    assert caught.value.code == "not-cancellable"
+    row = session.get(ReconfigurationJob, job.id, populate_existing=True)
+    assert row is not None and not row.cancel_requested
 
 
 def test_transition_of_an_unknown_job_is_not_found(session: Session) -> None:

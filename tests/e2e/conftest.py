@@ -1,38 +1,43 @@
-"""One real stack per test module and database: a uvicorn coordinator (job runner on) on a fresh SQLite
-file or Postgres schema, a deployment `demo` of two local reference engines, and its cleanup."""
+"""The e2e stack: a uvicorn coordinator (job runner on) on a fresh SQLite file or Postgres schema, and a
+deployment `demo` of local reference engines, shared by the tests of a module and backend (starting
+agents is the slow part).
+
+Every test states what it starts from: the `stack` fixture brings the shared deployment back to two
+engines serving one generation, with the coordinator running, no job active, no cleanup failure
+pending and no fault armed. So any test passes alone or in any order; a test that breaks the
+deployment beyond that (a switch failing part-way) makes a deployment of its own.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
 from engine_agent import moe
-from tests.e2e.harness import ENGINE, Coordinator, infer
-from tests.support.databases import postgres_schema, postgres_unavailable_reason, sqlite_database
+from tests.e2e.harness import ENGINE, StackCoordinator, infer
+from tests.support.databases import module_database
 
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
+START_SIZE = 2
 
 
 @dataclass
 class Stack:
     backend: str
-    coordinator: Coordinator
+    coordinator: StackCoordinator
     tokens: list[list[float]]
     expected: list[list[float]]
-    jobs: list[dict[str, Any]] = field(default_factory=list)
-    # Ranks 0 and 1 of the first generation: they never leave (leavers are the highest ranks).
+    # Ranks 0 and 1 of the current generation: they never leave (leavers are the highest ranks).
     base: list[str] = field(default_factory=list)
+    # The coordinator's settings beyond the harness's (a module's `COORDINATOR_ENV`), at every start.
+    env: dict[str, str] = field(default_factory=dict)
 
-    def size(self) -> int:
-        return int(self.coordinator.deployment()["current_dp_size"])
+    def size(self, deployment: str = "demo") -> int:
+        return int(self.coordinator.deployment(deployment)["current_dp_size"])
 
     def serving_urls(self) -> list[str]:
         return [e["url"] for e in self.coordinator.engines() if e["state"] == "serving"]
@@ -46,54 +51,59 @@ class Stack:
             got = torch.tensor(response.json()["outputs"])
             assert torch.allclose(got, expected, rtol=1e-5, atol=1e-6), f"{url}: wrong outputs"
 
-    def scale_to(self, target: int, **fields: Any) -> dict[str, Any]:
-        job = self.coordinator.wait_job(self.coordinator.scale(target, **fields))
-        self.jobs.append(job)
-        return job
+    def scale_to(self, target: int, deployment: str = "demo", **fields: Any) -> dict[str, Any]:
+        return self.coordinator.wait_job(self.coordinator.scale(target, deployment, **fields))
+
+    def reset(self, size: int = START_SIZE) -> Stack:
+        """What every test starts from (see the module docstring); `base` is read afresh."""
+        coordinator = self.coordinator
+        if not coordinator.alive():
+            coordinator.start(ready_timeout_s=60.0, **self.env)
+        active = coordinator.deployment()["active_job_id"]
+        if active:  # left by a test that failed: end it
+            coordinator.api.post(f"/v1/reconfigurations/{active}/cancel")
+            coordinator.wait_job(active)
+        recent = coordinator.api.get("/v1/reconfigurations", params={"deployment": "demo", "limit": 5})
+        for job in recent.json()["data"]:
+            if job["cleanup_state"] == "failed":
+                coordinator.api.post(f"/v1/reconfigurations/{job['id']}/cleanup/acknowledge")
+        if self.size() != size:
+            job = self.scale_to(size)
+            assert job["state"] == "succeeded", job
+        serving = sorted(
+            (e for e in coordinator.engines() if e["state"] == "serving"), key=lambda e: e["dp_rank"]
+        )
+        for engine in serving:  # disarm whatever a failed test left armed
+            httpx.post(f"{engine['url']}/v1/faults", json={}, timeout=5).raise_for_status()
+        self.base = [e["url"] for e in serving[:2]]
+        return self
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    backend = str(request.param)
-    tmp = tmp_path_factory.mktemp(f"e2e-{backend}")
-    with _database(backend, tmp) as url:
-        coordinator = Coordinator(url, tmp / "data")
+@pytest.fixture(scope="module")
+def shared_stack(
+    db_backend: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    """A test module may set `COORDINATOR_ENV` (settings for every start of its coordinator)."""
+    tmp = tmp_path_factory.mktemp(f"e2e-{db_backend}")
+    env: dict[str, str] = dict(getattr(request.module, "COORDINATOR_ENV", {}))
+    with module_database(db_backend, tmp) as url:
+        coordinator = StackCoordinator(url, tmp / "data")
         try:
-            coordinator.start()
+            coordinator.start(ready_timeout_s=60.0, **env)
             coordinator.create_deployment("demo")
-            first = coordinator.wait_job(coordinator.scale(2))
-            assert first["state"] == "succeeded", first
             tokens = torch.randn(6, ENGINE.hidden_size, generator=torch.Generator().manual_seed(7))
-            stack = Stack(
-                backend=backend,
+            yield Stack(
+                backend=db_backend,
                 coordinator=coordinator,
                 tokens=tokens.tolist(),
                 expected=moe.reference_forward(ENGINE, tokens).tolist(),
-                jobs=[first],
-                base=[m["url"] for m in coordinator.members(first)],
+                env=env,
             )
-            yield stack
         finally:
             coordinator.close()
 
 
-class _database:
-    """A migrated SQLite file or Postgres schema for one module (A's isolation helpers)."""
-
-    def __init__(self, backend: str, tmp: Path) -> None:
-        self.backend = backend
-        self.tmp = tmp
-        self._schema: Any = None
-
-    def __enter__(self) -> str:
-        if self.backend == "sqlite":
-            return sqlite_database(self.tmp, migrated=True)
-        reason = postgres_unavailable_reason()
-        if reason is not None:
-            pytest.skip(reason)
-        self._schema = postgres_schema(migrated=True)
-        return str(self._schema.__enter__())
-
-    def __exit__(self, *exc: object) -> None:
-        if self._schema is not None:
-            self._schema.__exit__(None, None, None)
+@pytest.fixture
+def stack(shared_stack: Stack) -> Stack:
+    """The module's stack at two serving engines, whatever the test before it left."""
+    return shared_stack.reset()

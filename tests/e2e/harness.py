@@ -1,8 +1,8 @@
-"""Real processes for end-to-end tests: a uvicorn coordinator, the agents it launches, a steady client.
+"""Real processes for end-to-end tests, on the harness of `tests/support/processes.py`.
 
-- `Coordinator`: `uvicorn app.main:app` on a free port with its own data directory and database; can be
-  SIGKILLed and restarted on the same database and data directory. `stop_local_agents` stops every agent
-  its local launcher recorded (agents run in their own session and outlive a coordinator crash).
+- `StackCoordinator`: the harness's coordinator with the job runner on and short deadlines; can be
+  SIGKILLed and restarted on the same port, database and data directory (`kill()`, `start()`), and
+  told to stop at a test hang point (`EPCTL_RUNNER_TEST_HANG_AT`, `wait_marker()`).
 - `SteadyClient`: a thread sending one `/v1/infer` request after another to a set of engines,
   recording every success time and every failure, checking outputs against the single-process
   reference (`engine_agent.moe.reference_forward`).
@@ -10,14 +10,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -27,13 +21,10 @@ from typing import Any
 
 import httpx
 
-from app.launchers.local import PIDS_FILE, is_agent_process, stop_pid
 from engine_agent.protocol import EngineConfig
-
-ROOT = Path(__file__).resolve().parents[2]
-ADMIN_TOKEN = "e2e-admin-token-0123456789abcdef"
-ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-TERMINAL = {"succeeded", "rolled_back", "failed", "cancelled"}
+from tests.support.jobs import scale
+from tests.support.processes import Coordinator
+from tests.support.waiting import wait_until
 
 # The small model of every e2e test: cheap on 2 cores, still a real MoE layer with real collectives.
 ENGINE = EngineConfig(
@@ -57,117 +48,29 @@ RUNNER_ENV = {
     "EPCTL_RUNNER_TRANSFER_S": "20",
     "EPCTL_RUNNER_LOCAL_AGENT_ARGS": "--enable-fault-injection --heartbeat-s 1",
     "EPCTL_JOB_LEASE_S": "3",
+    "EPCTL_HEARTBEAT_TIMEOUT_S": "5",  # agents beat every second: a silent one shows in seconds
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Coordinator:
-    def __init__(self, database_url: str, data_dir: Path, *, extra_env: dict[str, str] | None = None) -> None:
-        self.database_url = database_url
-        self.data_dir = data_dir
-        self.extra_env = dict(extra_env or {})
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log_path = data_dir / "coordinator.log"
-        self.api = httpx.Client(base_url=self.url, headers=ADMIN_HEADERS, timeout=10.0)
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(RUNNER_ENV)
-        env.update(
-            {
-                "DATABASE_URL": self.database_url,
-                "EPCTL_DATA_DIR": str(self.data_dir),
-                "EPCTL_ADMIN_TOKEN": ADMIN_TOKEN,
-                "EPCTL_PORT": str(self.port),
-                "EPCTL_RUNNER_COORDINATOR_ID": f"e2e-{self.port}",
-                "EPCTL_RUNNER_TEST_MARKER_FILE": str(self.marker_file),
-            }
-        )
-        env.update(self.extra_env)
-        return env
+class StackCoordinator(Coordinator):
+    """A coordinator that runs jobs (runner on, short deadlines) and launches local agents."""
 
     @property
     def marker_file(self) -> Path:
         return self.data_dir / "hang-marker"
 
-    def start(self, **env: str) -> Coordinator:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+    def environment(self, **extra: str) -> dict[str, str]:
+        own = {
+            **RUNNER_ENV,
+            "EPCTL_RUNNER_COORDINATOR_ID": f"e2e-{self.port}",
+            "EPCTL_RUNNER_TEST_MARKER_FILE": str(self.marker_file),
+        }
+        return super().environment(**{**own, **extra})
+
+    def start(self, *, ready_timeout_s: float = 60.0, **env: str) -> StackCoordinator:
         self.marker_file.unlink(missing_ok=True)
-        full_env = self.env()
-        full_env.update(env)
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "app.main:app",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                    "--log-level",
-                    "warning",
-                ],
-                cwd=ROOT,
-                env=full_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        give_up = time.monotonic() + 30
-        while time.monotonic() < give_up:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"coordinator exited ({self.process.returncode}): {self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if self.api.get("/healthz").status_code == 200:
-                    return self
-            time.sleep(0.05)
-        raise RuntimeError(f"coordinator did not start: {self.log_tail()}")
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown hook runs, leases stay held, agents keep running."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
-
-    def stop_local_agents(self) -> None:
-        try:
-            records = json.loads((self.data_dir / PIDS_FILE).read_text())
-        except (FileNotFoundError, ValueError):
-            return
-        for engine_id, entry in records.items():
-            pid = entry.get("pid")
-            if isinstance(pid, int) and is_agent_process(pid, engine_id):
-                stop_pid(pid, grace_s=2.0)
-
-    def close(self) -> None:
-        self.stop()
-        self.stop_local_agents()
-        self.api.close()
-
-    def log_tail(self, n: int = 4000) -> str:
-        try:
-            return self.log_path.read_text()[-n:]
-        except FileNotFoundError:
-            return ""
-
-    # --- API helpers ------------------------------------------------------------------------------
+        super().start(ready_timeout_s=ready_timeout_s, **env)
+        return self
 
     def create_deployment(self, name: str = "demo", **fields: Any) -> dict[str, Any]:
         body = {
@@ -188,40 +91,17 @@ class Coordinator:
         )
 
     def scale(self, target: int, deployment: str = "demo", **fields: Any) -> str:
-        response = self.request_scale(target, deployment, **fields)
-        assert response.status_code == 202, response.text
-        return str(response.json()["id"])
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        response = self.api.get(f"/v1/reconfigurations/{job_id}")
-        assert response.status_code == 200, response.text
-        return dict(response.json())
-
-    def wait_job(
-        self, job_id: str, *, timeout_s: float = 90.0, until: set[str] | None = None
-    ) -> dict[str, Any]:
-        wanted = until or TERMINAL
-        give_up = time.monotonic() + timeout_s
-        job: dict[str, Any] = {}
-        while time.monotonic() < give_up:
-            with contextlib.suppress(httpx.HTTPError):
-                job = self.job(job_id)
-                if job["state"] in wanted:
-                    return job
-            time.sleep(0.05)
-        raise AssertionError(
-            f"job {job_id} still {job.get('state')} after {timeout_s}s: {job}\n{self.log_tail()}"
-        )
+        return scale(self.api, deployment, target, **fields)
 
     def wait_marker(self, timeout_s: float = 60.0) -> str:
-        give_up = time.monotonic() + timeout_s
-        while time.monotonic() < give_up:
-            if self.marker_file.exists():
-                return self.marker_file.read_text()
-            if self.process is not None and self.process.poll() is not None:
-                raise AssertionError(f"coordinator died: {self.log_tail()}")
-            time.sleep(0.02)
-        raise AssertionError(f"the coordinator never reached its test hang point\n{self.log_tail()}")
+        """The hang point the coordinator reached (it writes it to its marker file, then stops)."""
+        return wait_until(
+            lambda: self.marker_file.read_text() if self.marker_file.exists() else None,
+            timeout_s=timeout_s,
+            what="the coordinator to reach its test hang point",
+            alive=self.alive,
+            describe=self.log_tail,
+        )
 
     def deployment(self, name: str = "demo") -> dict[str, Any]:
         response = self.api.get(f"/v1/deployments/{name}")
@@ -317,11 +197,22 @@ class SteadyClient:
                 if spent < self.period_s:
                     time.sleep(self.period_s - spent)
 
+    def wait_serving(self, count: int = 10, timeout_s: float = 30.0) -> None:
+        """Until `count` more requests succeed from now on: the engines answer (again, after a commit),
+        so the record has a baseline and one job's stop cannot run into the next one's."""
+        since = time.time()
+        wait_until(
+            lambda: self.successes_between(since, float("inf")) >= count,
+            timeout_s=timeout_s,
+            what=f"{count} successful requests from the steady client",
+            describe=lambda: f"recent failures: {self.failures()[-3:]}",
+        )
+
     def failures(self) -> list[Sample]:
         return [s for s in self.samples if not s.ok]
 
     def successes_between(self, start: float, end: float) -> int:
-        return sum(1 for s in self.samples if s.ok and start <= s.done_at <= end)
+        return sum(1 for s in list(self.samples) if s.ok and start <= s.done_at <= end)
 
     def latency_ms(self, quantile: float, outside_of: Sequence[tuple[float, float]] = ()) -> float:
         """A quantile of the latency of successful requests that overlap none of `outside_of`."""

@@ -4,46 +4,34 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from app.launchers.local import PIDS_FILE
-from tests.e2e.harness import free_port
-
-
-def epctl() -> list[str]:
-    script = Path(sys.executable).with_name("epctl")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "app.cli.main"]
+from tests.support.processes import clean_environment, epctl_command, free_port, spawn
 
 
 def test_epctl_up_serves_two_engines_prints_a_token_and_ctrl_c_stops_every_agent(tmp_path: Path) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EPCTL_", "DATABASE_URL"))}
-    env["EPCTL_RUNNER_LOCAL_AGENT_ARGS"] = "--heartbeat-s 1"
-    log_path = tmp_path / "up.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [*epctl(), "up", "--port", str(port), "--data-dir", str(tmp_path / "data")],
-            cwd=tmp_path,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    env = clean_environment({"EPCTL_RUNNER_LOCAL_AGENT_ARGS": "--heartbeat-s 1"})
+    argv = [*epctl_command(), "up", "--port", str(port), "--data-dir", str(tmp_path / "data")]
+    up = spawn("epctl up", argv, tmp_path / "up.log", env=env, cwd=tmp_path)
     pids: list[int] = []
+
+    def welcome() -> str | None:
+        text = up.log_path.read_text()
+        return text if "export EPCTL_TOKEN=" in text else None
+
     try:
-        give_up = time.monotonic() + 90
-        while "export EPCTL_TOKEN=" not in log_path.read_text():
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < give_up, log_path.read_text()
-            time.sleep(0.2)
-        output = log_path.read_text()
+        output = up.wait_for(welcome, timeout_s=90, what="epctl up to print the token")
         token = output.split("export EPCTL_TOKEN=")[1].split()[0]
         assert f"http://127.0.0.1:{port}" in output and "target_dp_size" in output
+        # One admin token on a first start, printed once, and kept for the next `epctl up`.
+        assert set(re.findall(r"epctl_[A-Za-z0-9_-]{40,}", output)) == {token}, output
+        assert (tmp_path / "data" / "admin-token").read_text().strip() == token
 
         headers = {"Authorization": f"Bearer {token}"}
         deployment = httpx.get(f"http://127.0.0.1:{port}/v1/deployments/demo", headers=headers).json()
@@ -52,14 +40,12 @@ def test_epctl_up_serves_two_engines_prints_a_token_and_ctrl_c_stops_every_agent
         pids = [entry["pid"] for entry in records.values()]
         assert len(pids) == 2
 
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=30)
+        up.popen.send_signal(signal.SIGINT)
+        up.popen.wait(timeout=30)
         assert all(not Path(f"/proc/{pid}").exists() for pid in pids), "agent processes outlived epctl up"
         assert json.loads((tmp_path / "data" / PIDS_FILE).read_text()) == {}
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=10)
+        up.kill()
         for pid in pids:
             if Path(f"/proc/{pid}").exists():
                 os.kill(pid, signal.SIGKILL)

@@ -1,5 +1,5 @@
-"""Fixtures for the operators' tests: the shared coordinator fixtures (a fresh database per test on
-SQLite and on Postgres, `session`, `client`, ...) plus a deployment row to hang jobs on."""
+"""Fixtures for the operators' tests: the shared coordinator fixtures (a database per test, see
+`tests/support/fixtures.py`; `session`, `client`, ...) plus a deployment row to hang jobs on."""
 
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ class WebhookReceiver:
     def url(self) -> str:
         assert self._server is not None
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/hook"
+        host_text = host.decode() if isinstance(host, bytes) else host
+        return f"http://{host_text}:{port}/hook"
 
     def respond(self, *responses: ScriptedResponse) -> None:
         with self.arrived:

@@ -10,7 +10,8 @@ from sqlmodel import Session
 from app.core.ids import new_id
 from app.deployments.models import Deployment
 from app.jobs.models import JOB_ID_PREFIX, ReconfigurationJob
-from app.jobs.states import JobState, transition
+from app.jobs.states import JobState
+from app.jobs.transitions import transition
 
 HAPPY_PATH: tuple[JobState, ...] = (
     JobState.pending,

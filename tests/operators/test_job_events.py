@@ -16,10 +16,11 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from app.jobs.models import JobEvent
-from app.jobs.states import JobState, append_event, transition
+from app.jobs.states import JobState
+from app.jobs.transitions import append_event, transition
 from tests.operators import sse
-from tests.operators.coordinator import Coordinator, coordinator
 from tests.support.factories import make_job, static_deployment
+from tests.support.processes import Coordinator
 
 S = JobState
 PROBLEM = "application/problem+json"
@@ -27,7 +28,8 @@ PROBLEM = "application/problem+json"
 
 @pytest.fixture
 def live(database_url: str, tmp_path: Path) -> Iterator[Coordinator]:
-    with coordinator(database_url, tmp_path, EPCTL_EVENTS_POLL_S="0.05") as running:
+    env = {"EPCTL_EVENTS_POLL_S": "0.05", "EPCTL_AUTO_MIGRATE": "false"}  # the schema is there
+    with Coordinator(database_url, tmp_path / "data", env=env) as running:
         yield running
 
 

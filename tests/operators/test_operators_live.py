@@ -12,17 +12,17 @@ from sqlmodel import Session
 from app.jobs.states import JobState
 from tests.operators import rows, sse
 from tests.operators.alertmanager_payloads import scale_through_alertmanager
-from tests.operators.coordinator import coordinator
 from tests.operators.receiver import WebhookReceiver
+from tests.support.processes import Coordinator
 
 
 def test_alertmanager_scale_streams_progress_and_notifies_subscribers(
     database_url: str, tmp_path: Path, db_engine: Engine
 ) -> None:
-    env = {"EPCTL_EVENTS_POLL_S": "0.05", "EPCTL_WEBHOOK_POLL_S": "0.05"}
+    env = {"EPCTL_EVENTS_POLL_S": "0.05", "EPCTL_WEBHOOK_POLL_S": "0.05", "EPCTL_AUTO_MIGRATE": "false"}
     with (
         WebhookReceiver().running() as receiver,
-        coordinator(database_url, tmp_path, **env) as live,
+        Coordinator(database_url, tmp_path / "data", env=env) as live,
         live.client() as admin,
     ):
         admin.post(
@@ -52,7 +52,7 @@ def test_alertmanager_scale_streams_progress_and_notifies_subscribers(
         assert [e.data["to_state"] for e in received if e.event == "transition"][-1] == JobState.succeeded
         assert received[-1].event == "end"
 
-        assert receiver.wait_for(lambda r: len(r.processed) == 5, timeout=20), live.log()
+        assert receiver.wait_for(lambda r: len(r.processed) == 5, timeout=20), live.log_tail()
     types = sorted(body["type"] for body in receiver.processed.values())
     assert types.count("reconfiguration.phase_changed") == 3
     assert {"reconfiguration.started", "reconfiguration.succeeded"} <= set(types)

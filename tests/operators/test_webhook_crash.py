@@ -4,38 +4,40 @@ restart, under the same webhook-id, so a receiver that dedupes by id processes e
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from app.jobs.states import JobState, transition
+from app.jobs.states import JobState
+from app.jobs.transitions import transition
 from app.webhooks import service
 from app.webhooks.delivery import ATTEMPT_ABANDONED
 from app.webhooks.models import OutboxEvent
 from app.webhooks.service import DeliveryList
-from tests.operators.coordinator import coordinator
 from tests.operators.receiver import ScriptedResponse, WebhookReceiver
 from tests.support.factories import make_job, static_deployment
+from tests.support.processes import Coordinator
+from tests.support.waiting import wait_until
 
 FAST_WORKER = {
     "EPCTL_WEBHOOK_POLL_S": "0.05",
     "EPCTL_WEBHOOK_TIMEOUT_S": "1",
     "EPCTL_WEBHOOK_CLAIM_LEASE_S": "1",  # effective lease: timeout + 1 s
     "EPCTL_WEBHOOK_RETRY_BASE_S": "0.05",
+    "EPCTL_AUTO_MIGRATE": "false",  # the test's database is migrated already
 }
 
 
-def wait_until_settled(session: Session, subscription_id: str, timeout_s: float = 20.0) -> DeliveryList:
+def wait_until_settled(session: Session, subscription_id: str) -> DeliveryList:
     """The delivery log once no delivery is pending (the coordinator records a result after the answer)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def settled() -> DeliveryList | None:
         session.rollback()  # a fresh snapshot each time
         log = service.list_deliveries(session, subscription_id)
-        if all(d.state.value != "pending" for d in log.data) or time.monotonic() > deadline:
-            return log
-        time.sleep(0.05)
+        return log if all(d.state.value != "pending" for d in log.data) else None
+
+    return wait_until(settled, timeout_s=20, what="every delivery to leave `pending`")
 
 
 def move(db_engine: Engine, job_id: str, before: JobState, after: JobState) -> None:
@@ -53,9 +55,9 @@ def test_coordinator_killed_mid_delivery_delivers_every_event_after_restart(
         receiver.secret = subscription.secret
         receiver.respond(ScriptedResponse(200, hold=release))  # the first delivery hangs in the receiver
         try:
-            with coordinator(database_url, tmp_path, **FAST_WORKER) as first:
+            with Coordinator(database_url, tmp_path / "data", env=FAST_WORKER) as first:
                 move(db_engine, job_id, JobState.pending, JobState.preparing)  # event A
-                assert receiver.wait_for(lambda r: len(r.arrivals) == 1), first.log()
+                assert receiver.wait_for(lambda r: len(r.arrivals) == 1), first.log_tail()
                 first.kill()  # A is in flight: claimed, sent, never acknowledged
             move(
                 db_engine, job_id, JobState.preparing, JobState.rolled_back
@@ -65,11 +67,11 @@ def test_coordinator_killed_mid_delivery_delivers_every_event_after_restart(
         with session.begin():
             event_ids = set(session.exec(select(OutboxEvent.id)).all())
         assert len(event_ids) == 2
-        with coordinator(database_url, tmp_path, **FAST_WORKER) as second:
+        with Coordinator(database_url, tmp_path / "data", env=FAST_WORKER) as second:
             delivered = receiver.wait_for(
                 lambda r: set(r.processed) == event_ids and len(r.requests) >= 3, timeout=20
             )
-            assert delivered, second.log()
+            assert delivered, second.log_tail()
             log = wait_until_settled(session, subscription.id)
         assert all(r.signature_valid for r in receiver.requests)
     first_event = receiver.arrivals[0]

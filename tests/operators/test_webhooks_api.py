@@ -118,18 +118,26 @@ def sample(name: str, **labels: str) -> float:
 def test_metrics_count_finished_jobs_once_with_phase_durations(
     client: TestClient, session: Session, db_engine: Engine
 ) -> None:
-    before = sample("epctl_reconfiguration_jobs_total", outcome="succeeded", requested_by="api")
+    labels = {"deployment": "d1", "outcome": "succeeded", "requested_by": "api"}
+    before = sample("epctl_reconfiguration_jobs_total", **labels)
+    durations_before = sample(
+        "epctl_reconfiguration_job_duration_seconds_count", deployment="d1", outcome="succeeded"
+    )
     phases_before = sample("epctl_reconfiguration_phase_duration_seconds_count", phase="committing")
     rows.run_to_success(session, rows.make_job(session, rows.make_deployment(session, "d1").id).id)
     worker = DeliveryWorker(db_engine, DeliveryPolicy())
     worker.dispatch_outbox()
     worker.dispatch_outbox()  # nothing left: no double count
-    assert sample("epctl_reconfiguration_jobs_total", outcome="succeeded", requested_by="api") == before + 1
+    assert sample("epctl_reconfiguration_jobs_total", **labels) == before + 1
+    assert (
+        sample("epctl_reconfiguration_job_duration_seconds_count", deployment="d1", outcome="succeeded")
+        == durations_before + 1
+    )
     assert (
         sample("epctl_reconfiguration_phase_duration_seconds_count", phase="committing") == phases_before + 1
     )
     text = client.get("/metrics").text
-    assert 'epctl_reconfiguration_jobs_total{outcome="succeeded",requested_by="api"}' in text
+    assert 'epctl_reconfiguration_jobs_total{deployment="d1",outcome="succeeded",requested_by="api"}' in text
     assert "rcfg_" not in text, "no job ids as labels"
 
 

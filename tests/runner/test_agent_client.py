@@ -6,19 +6,15 @@ import asyncio
 import time
 from typing import Any
 
-import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from app.agents.client import (
-    AgentClient,
-    AgentDeadlineExceeded,
-    AgentPhaseFailed,
-    AgentProblem,
-    AgentUnreachable,
-)
+from app import metrics
+from app.agents.client import AgentClient
+from app.agents.errors import AgentDeadlineExceeded, AgentPhaseFailed, AgentProblem, AgentUnreachable
 from engine_agent.protocol import AgentError, ReconfigPhase, ReconfigStatus, Role, Strategy, WarmupPolicy
+from tests.support.served import Serve
 
 
 def status(phase: ReconfigPhase, *, job_id: str = "job-1", error: AgentError | None = None) -> dict[str, Any]:
@@ -34,7 +30,19 @@ def status(phase: ReconfigPhase, *, job_id: str = "job-1", error: AgentError | N
     ).model_dump(mode="json")
 
 
-def fake_agent(phases: list[ReconfigPhase], *, error: AgentError | None = None) -> FastAPI:
+# What an agent answers a call that does not fit its job (`engine_agent.problems`).
+AGENT_PROBLEM = {
+    "type": "urn:epctl:problem:not-prepared",
+    "title": "Conflict",
+    "status": 409,
+    "detail": "no prepared job job-1",
+    "code": "not-prepared",
+}
+
+
+def fake_agent(
+    phases: list[ReconfigPhase], *, error: AgentError | None = None, problem: dict[str, Any] = AGENT_PROBLEM
+) -> FastAPI:
     app = FastAPI()
     polls = {"n": 0}
 
@@ -46,16 +54,7 @@ def fake_agent(phases: list[ReconfigPhase], *, error: AgentError | None = None) 
 
     @app.post("/v1/reconfig/sync")
     async def sync() -> JSONResponse:
-        return JSONResponse(
-            {
-                "type": "https://epctl.dev/problems/not_prepared",
-                "title": "Not prepared",
-                "status": 409,
-                "detail": "no prepared job job-1",
-            },
-            status_code=409,
-            media_type="application/problem+json",
-        )
+        return JSONResponse(problem, status_code=409, media_type="application/problem+json")
 
     @app.post("/v1/reconfig/switch")
     async def switch() -> dict[str, Any]:
@@ -65,17 +64,32 @@ def fake_agent(phases: list[ReconfigPhase], *, error: AgentError | None = None) 
     return app
 
 
-def client_for(app: FastAPI, *, timeout_s: float = 1.0) -> AgentClient:
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
-    return AgentClient("engine-a", "http://agent", http=http, timeout_s=timeout_s)
+def client_for(serve: Serve, app: FastAPI, *, timeout_s: float = 1.0) -> AgentClient:
+    """A client of `app` served over real HTTP (the client speaks to sockets only)."""
+    return AgentClient("engine-a", serve(app), timeout_s=timeout_s)
 
 
-def test_problem_json_becomes_agent_problem_with_its_type_and_detail() -> None:
+@pytest.mark.parametrize(
+    "problem",
+    [
+        AGENT_PROBLEM,
+        {
+            "type": "https://example.test/problems/not-prepared",
+            "status": 409,
+            "detail": "no prepared job job-1",
+        },
+    ],
+    ids=["agent-problem-with-code", "foreign-problem-type-uri"],
+)
+def test_problem_json_becomes_agent_problem_with_its_code_and_detail(
+    problem: dict[str, Any], serve_app: Serve
+) -> None:
     async def go() -> None:
         with pytest.raises(AgentProblem) as caught:
-            await client_for(fake_agent([ReconfigPhase.prepared])).sync("job-1")
+            async with client_for(serve_app, fake_agent([ReconfigPhase.prepared], problem=problem)) as client:
+                await client.sync("job-1")
         assert caught.value.engine_id == "engine-a"
-        assert caught.value.type == "not_prepared"
+        assert caught.value.type == "not-prepared"
         assert caught.value.status_code == 409
         assert "no prepared job job-1" in caught.value.message
         assert caught.value.as_error("syncing")["phase"] == "syncing"
@@ -83,10 +97,11 @@ def test_problem_json_becomes_agent_problem_with_its_type_and_detail() -> None:
     asyncio.run(go())
 
 
-def test_a_call_past_its_deadline_raises_deadline_exceeded() -> None:
+def test_a_call_past_its_deadline_raises_deadline_exceeded(serve_app: Serve) -> None:
     async def go() -> None:
         with pytest.raises(AgentDeadlineExceeded) as caught:
-            await client_for(fake_agent([ReconfigPhase.paused]), timeout_s=0.1).switch("job-1")
+            async with client_for(serve_app, fake_agent([ReconfigPhase.paused]), timeout_s=0.1) as client:
+                await client.switch("job-1")
         assert caught.value.engine_id == "engine-a"
 
     asyncio.run(go())
@@ -97,60 +112,92 @@ def test_nothing_listening_raises_unreachable() -> None:
         async with AgentClient("engine-b", "http://127.0.0.1:9", timeout_s=1.0) as client:
             with pytest.raises(AgentUnreachable) as caught:
                 await client.info()
-        assert caught.value.type == "agent_unreachable"
+        assert caught.value.type == "agent-unreachable"
         assert caught.value.engine_id == "engine-b"
 
     asyncio.run(go())
 
 
-def test_wait_for_phase_returns_once_the_phase_is_reached() -> None:
+def test_wait_for_phase_returns_once_the_phase_is_reached(serve_app: Serve) -> None:
     async def go() -> None:
         app = fake_agent([ReconfigPhase.preparing, ReconfigPhase.preparing, ReconfigPhase.prepared])
         seen: list[ReconfigPhase] = []
-        got = await client_for(app).wait_for_phase(
-            "job-1",
-            {ReconfigPhase.prepared},
-            deadline_s=2.0,
-            poll_interval_s=0.01,
-            on_status=lambda s: seen.append(s.phase),
-        )
+        async with client_for(serve_app, app) as client:
+            got = await client.wait_for_phase(
+                "job-1",
+                {ReconfigPhase.prepared},
+                deadline_s=2.0,
+                poll_interval_s=0.01,
+                on_status=lambda s: seen.append(s.phase),
+            )
         assert got.phase == ReconfigPhase.prepared
         assert seen == [ReconfigPhase.preparing, ReconfigPhase.preparing, ReconfigPhase.prepared]
 
     asyncio.run(go())
 
 
-def test_wait_for_phase_raises_the_agents_error_when_it_fails() -> None:
+def test_wait_for_phase_raises_the_agents_error_when_it_fails(serve_app: Serve) -> None:
     async def go() -> None:
         app = fake_agent(
             [ReconfigPhase.preparing, ReconfigPhase.failed],
-            error=AgentError(type="policy_mismatch", message="e1 holds deferred", step="warmup"),
+            error=AgentError(type="policy-mismatch", message="e1 holds deferred", step="warmup"),
         )
         with pytest.raises(AgentPhaseFailed) as caught:
-            await client_for(app).wait_for_phase(
-                "job-1", {ReconfigPhase.prepared}, deadline_s=2.0, poll_interval_s=0.01
-            )
-        assert caught.value.type == "policy_mismatch"
+            async with client_for(serve_app, app) as client:
+                await client.wait_for_phase(
+                    "job-1", {ReconfigPhase.prepared}, deadline_s=2.0, poll_interval_s=0.01
+                )
+        assert caught.value.type == "policy-mismatch"
         assert "e1 holds deferred" in caught.value.message
 
     asyncio.run(go())
 
 
-def test_wait_for_phase_gives_up_at_its_deadline() -> None:
+def test_wait_for_phase_gives_up_at_its_deadline(serve_app: Serve) -> None:
     async def go() -> None:
         with pytest.raises(AgentDeadlineExceeded):
-            await client_for(fake_agent([ReconfigPhase.preparing])).wait_for_phase(
-                "job-1", {ReconfigPhase.prepared}, deadline_s=0.2, poll_interval_s=0.02
-            )
+            async with client_for(serve_app, fake_agent([ReconfigPhase.preparing])) as client:
+                await client.wait_for_phase(
+                    "job-1", {ReconfigPhase.prepared}, deadline_s=0.2, poll_interval_s=0.02
+                )
 
     asyncio.run(go())
 
 
-def test_wait_for_phase_ignores_another_jobs_status() -> None:
+def test_wait_for_phase_ignores_another_jobs_status(serve_app: Serve) -> None:
     async def go() -> None:
         with pytest.raises(AgentDeadlineExceeded):
-            await client_for(fake_agent([ReconfigPhase.prepared])).wait_for_phase(
-                "job-2", {ReconfigPhase.prepared}, deadline_s=0.2, poll_interval_s=0.02
-            )
+            async with client_for(serve_app, fake_agent([ReconfigPhase.prepared])) as client:
+                await client.wait_for_phase(
+                    "job-2", {ReconfigPhase.prepared}, deadline_s=0.2, poll_interval_s=0.02
+                )
 
     asyncio.run(go())
+
+
+def agent_calls(operation: str, outcome: str) -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "epctl_agent_calls_total", {"operation": operation, "outcome": outcome}
+    )
+    return value or 0.0
+
+
+def test_every_call_is_counted_in_epctl_agent_calls_by_operation_and_outcome(serve_app: Serve) -> None:
+    async def go() -> None:
+        async with client_for(serve_app, fake_agent([ReconfigPhase.prepared])) as client:
+            await client.reconfig()
+            with pytest.raises(AgentProblem):
+                await client.sync("job-1")
+        async with AgentClient("engine-b", "http://127.0.0.1:9", timeout_s=1.0) as down:
+            with pytest.raises(AgentUnreachable):
+                await down.info()
+
+    before = {
+        key: agent_calls(*key) for key in [("reconfig", "ok"), ("sync", "error"), ("info", "unreachable")]
+    }
+    asyncio.run(go())
+    assert {key: agent_calls(*key) - value for key, value in before.items()} == {
+        ("reconfig", "ok"): 1.0,
+        ("sync", "error"): 1.0,
+        ("info", "unreachable"): 1.0,
+    }

@@ -7,7 +7,6 @@ import asyncio
 import time
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -20,6 +19,7 @@ from engine_agent.protocol import (
     Strategy,
     WarmupPolicy,
 )
+from tests.support.served import Serve
 
 JOB = "job-1"
 
@@ -36,9 +36,9 @@ def status(phase: ReconfigPhase) -> dict[str, Any]:
     ).model_dump(mode="json")
 
 
-def client_for(app: FastAPI) -> AgentClient:
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
-    return AgentClient("engine-a", "http://agent", http=http, timeout_s=1.0)
+def client_for(serve: Serve, app: FastAPI, *, timeout_s: float = 1.0) -> AgentClient:
+    """A client of `app` served over real HTTP (the client speaks to sockets only)."""
+    return AgentClient("engine-a", serve(app), timeout_s=timeout_s)
 
 
 def long_polling_agent(seen: list[dict[str, str]]) -> FastAPI:
@@ -90,41 +90,42 @@ def strict_old_agent(seen: list[dict[str, str]], phases: list[ReconfigPhase]) ->
     return app
 
 
-def test_wait_for_phase_long_polls_an_agent_that_holds_answers() -> None:
+def test_wait_for_phase_long_polls_an_agent_that_holds_answers(serve_app: Serve) -> None:
     seen: list[dict[str, str]] = []
 
     async def go() -> ReconfigStatus:
-        return await client_for(long_polling_agent(seen)).wait_for_phase(
-            JOB, {ReconfigPhase.paused}, deadline_s=5.0, poll_interval_s=0.01
-        )
+        async with client_for(serve_app, long_polling_agent(seen)) as client:
+            return await client.wait_for_phase(
+                JOB, {ReconfigPhase.paused}, deadline_s=5.0, poll_interval_s=0.01
+            )
 
     assert asyncio.run(go()).phase == ReconfigPhase.paused
     assert len(seen) == 1 and seen[0]["job_id"] == JOB and seen[0]["until"] == "paused"
 
 
-def test_a_step_given_wait_s_asks_the_agent_to_hold_its_answer() -> None:
+def test_a_step_given_wait_s_asks_the_agent_to_hold_its_answer(serve_app: Serve) -> None:
     seen: list[dict[str, str]] = []
 
     async def go() -> tuple[ReconfigStatus, AgentClient]:
-        client = client_for(long_polling_agent(seen))
-        return await client.pause(JOB, wait_s=2.0), client
+        async with client_for(serve_app, long_polling_agent(seen)) as client:
+            return await client.pause(JOB, wait_s=2.0), client
 
     answer, client = asyncio.run(go())
     assert answer.phase == ReconfigPhase.paused and float(seen[0]["wait_s"]) == 2.0
     assert client.long_poll is True and client.last_step_status == answer
 
 
-def test_an_agent_refusing_the_parameters_is_sent_the_step_plainly_and_polled() -> None:
+def test_an_agent_refusing_the_parameters_is_sent_the_step_plainly_and_polled(serve_app: Serve) -> None:
     seen: list[dict[str, str]] = []
     agent = strict_old_agent(seen, [ReconfigPhase.pausing, ReconfigPhase.pausing, ReconfigPhase.paused])
 
     async def go() -> tuple[ReconfigStatus, ReconfigStatus, AgentClient]:
-        client = client_for(agent)
-        sent = await client.pause(JOB, wait_s=2.0)
-        reached = await client.wait_for_phase(
-            JOB, {ReconfigPhase.paused}, deadline_s=5.0, poll_interval_s=0.01
-        )
-        return sent, reached, client
+        async with client_for(serve_app, agent) as client:
+            sent = await client.pause(JOB, wait_s=2.0)
+            reached = await client.wait_for_phase(
+                JOB, {ReconfigPhase.paused}, deadline_s=5.0, poll_interval_s=0.01
+            )
+            return sent, reached, client
 
     sent, reached, client = asyncio.run(go())
     assert sent.phase == ReconfigPhase.pausing and reached.phase == ReconfigPhase.paused

@@ -4,50 +4,49 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from app.core.clock import utc_now
 from app.jobs.cleanup import CleanupFailedError, check_no_unresolved_cleanup
 from app.jobs.models import CleanupState, ReconfigurationJob
-from app.jobs.runner import JobRunner, RunnerSettings
-from app.launchers.static import StaticLauncher
+from app.runner.leases import Leases
 from tests.support.factories import make_deployment, make_job
 
-
-def runner(db: Engine, name: str) -> JobRunner:
-    return JobRunner(
-        db,
-        launchers={"static": StaticLauncher()},
-        lease_s=30.0,
-        settings=RunnerSettings(coordinator_id=name, enabled=False),
-    )
+# Leases and claims between coordinators: the database decides.
+pytestmark = pytest.mark.databases("sqlite", "postgres")
 
 
-def claim(runner_: JobRunner) -> str | None:
-    with Session(runner_.db, expire_on_commit=False) as session:
-        return runner_._claim_pending(session)
+def coordinator(name: str) -> Leases:
+    """The lease queries of one coordinator named `name`."""
+    return Leases(name, lease_s=30.0)
+
+
+def claim(db: Engine, leases: Leases) -> str | None:
+    with Session(db, expire_on_commit=False) as session:
+        return leases.claim_pending(session)
 
 
 def test_a_pending_job_is_claimed_by_exactly_one_coordinator(db_engine: Engine, session: Session) -> None:
     job = make_job(session, make_deployment(session), 2)
-    first, second = runner(db_engine, "coordinator-a"), runner(db_engine, "coordinator-b")
-    assert claim(first) == job.id
-    assert claim(second) is None
+    first, second = coordinator("coordinator-a"), coordinator("coordinator-b")
+    assert claim(db_engine, first) == job.id
+    assert claim(db_engine, second) is None
     row = session.get(ReconfigurationJob, job.id, populate_existing=True)
     assert row is not None and row.lease_owner == "coordinator-a"
 
 
 def test_an_expired_lease_can_be_taken_over(db_engine: Engine, session: Session) -> None:
     job = make_job(session, make_deployment(session), 2)
-    first, second = runner(db_engine, "coordinator-a"), runner(db_engine, "coordinator-b")
-    assert claim(first) == job.id
+    first, second = coordinator("coordinator-a"), coordinator("coordinator-b")
+    assert claim(db_engine, first) == job.id
     row = session.get(ReconfigurationJob, job.id, populate_existing=True)
     assert row is not None
     row.lease_expires_at = utc_now() - timedelta(seconds=1)
     session.add(row)
     session.commit()
-    assert claim(second) == job.id
+    assert claim(db_engine, second) == job.id
 
 
 def test_a_job_started_by_a_dead_coordinator_is_reconciled_once_its_lease_expires(
@@ -60,27 +59,27 @@ def test_a_job_started_by_a_dead_coordinator_is_reconciled_once_its_lease_expire
     row.lease_expires_at = utc_now() + timedelta(seconds=30)
     session.add(row)
     session.commit()
-    survivor = runner(db_engine, "coordinator-b")
+    survivor = coordinator("coordinator-b")
     with Session(db_engine) as s:
-        assert survivor._claim_stranded(s) == []
+        assert survivor.claim_stranded(s) == []
     row.lease_expires_at = utc_now() - timedelta(seconds=1)
     session.add(row)
     session.commit()
     with Session(db_engine) as s:
-        assert survivor._claim_stranded(s) == [job.id]
+        assert survivor.claim_stranded(s) == [job.id]
     with Session(db_engine) as s:
-        assert runner(db_engine, "coordinator-c")._claim_stranded(s) == []
+        assert coordinator("coordinator-c").claim_stranded(s) == []
 
 
 def test_lease_renewal_fails_once_another_coordinator_holds_the_job(
     db_engine: Engine, session: Session
 ) -> None:
     job = make_job(session, make_deployment(session), 2)
-    first, second = runner(db_engine, "coordinator-a"), runner(db_engine, "coordinator-b")
-    assert claim(first) == job.id
+    first, second = coordinator("coordinator-a"), coordinator("coordinator-b")
+    assert claim(db_engine, first) == job.id
     with Session(db_engine) as s:
-        assert first._extend_lease(s, job.id)
-        assert not second._extend_lease(s, job.id)
+        assert first.extend(s, job.id)
+        assert not second.extend(s, job.id)
 
 
 def test_an_unresolved_cleanup_failure_names_its_job_and_engine(db_engine: Engine, session: Session) -> None:

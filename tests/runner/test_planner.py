@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.jobs.planner import (
+from app.runner.planner import (
     DeploymentSpec,
     JobOptions,
     PlanError,
@@ -91,26 +91,54 @@ def test_scale_down_removes_highest_ranks_by_default() -> None:
     assert [m.engine_id for m in plan.members] == ["e0", "e1"]
 
 
-def test_scale_down_can_remove_least_loaded() -> None:
-    three = [
-        agent("e0", rank=0, generation=3, load=[5] * 8, port=1),
-        agent("e1", rank=1, generation=3, load=[1] * 8, port=2),
-        agent("e2", rank=2, generation=3, load=[9] * 8, port=3),
-    ]
-    plan = make_plan(DEPLOYMENT, three, 2, JobOptions(leaver_choice="least_loaded"))
+def test_scale_down_retires_the_named_engines_and_renumbers_the_others_compactly() -> None:
+    three = [*TWO, agent("e2", rank=2, generation=3, world=3, port=3)]
+    plan = make_plan(DEPLOYMENT, three, 2, JobOptions(retire=("e1",)))
     assert plan.leavers == ["e1"]
     assert [m.engine_id for m in plan.members] == ["e0", "e2"]
+    assert plan.rank_map == {
+        "e0": {"old": 0, "new": 0},
+        "e1": {"old": 1, "new": None},
+        "e2": {"old": 2, "new": 1},
+    }
+    assert plan.placement_record()["rank_map"] == plan.rank_map
+
+
+def test_retiring_an_engine_that_no_longer_serves_is_a_plan_error() -> None:
+    three = [*TWO, agent("e2", rank=2, generation=3, world=3, port=3)]
+    with pytest.raises(PlanError) as caught:
+        make_plan(DEPLOYMENT, three, 2, JobOptions(retire=("gone",)))
+    assert caught.value.type == "retire-not-member"
+
+
+def test_the_new_placement_keeps_what_survivors_hold_and_reports_copies_and_bytes() -> None:
+    deployment = DeploymentSpec(
+        name="demo", num_logical_experts=8, num_redundant_experts=0, generation=3, expert_nbytes=1000
+    )
+    three = [
+        agent("e0", rank=0, generation=3, world=3, port=1),
+        agent("e1", rank=1, generation=3, world=3, port=2),
+        agent("e2", rank=2, generation=3, world=3, port=3),
+    ]
+    for info in three:
+        info.placement = [[0, 1, 2], [3, 4, 5], [6, 7, 0]]
+    plan = make_plan(deployment, three, 2, JobOptions(retire=("e1",)))
+    validate_placement(plan.placement, 8)
+    survivors_held = [{0, 1, 2}, {6, 7, 0}]
+    new_pairs = [set(slots) - held for slots, held in zip(plan.placement, survivors_held, strict=True)]
+    copies = int(str(plan.placement_stats["copies_moved"]))
+    assert copies == sum(len(pairs) for pairs in new_pairs)
+    assert copies <= 4, "survivors keep what they hold: e1's three experts and one more slot move"
+    assert int(str(plan.placement_stats["bytes_moved"])) == 1000 * copies
+    assert copies >= int(str(plan.placement_stats["lower_bound"])) >= 3  # e1's experts 3, 4, 5
 
 
 def test_store_is_the_new_rank_zero_agents() -> None:
-    three = [
-        agent("e0", rank=0, generation=3, load=[0] * 8, port=1),
-        agent("e1", rank=1, generation=3, load=[9] * 8, port=2),
-        agent("e2", rank=2, generation=3, load=[9] * 8, port=3),
-    ]
-    plan = make_plan(DEPLOYMENT, three, 2, JobOptions(leaver_choice="least_loaded"))
-    assert plan.members[0].engine_id == "e1"
-    assert plan.store == three[1].store
+    idle = [agent("j0", rank=None, generation=0, port=3)]
+    up = make_plan(DEPLOYMENT, TWO + idle, 3)
+    assert up.members[0].engine_id == "e0" and up.store == TWO[0].store
+    down = make_plan(DEPLOYMENT, TWO, 1)
+    assert down.members[0].engine_id == "e0" and down.store == TWO[0].store
 
 
 def test_placement_is_valid_for_the_new_size_and_follows_load() -> None:
@@ -141,20 +169,20 @@ def test_first_scale_from_zero_has_no_old_generation() -> None:
 def test_not_enough_idle_engines_is_a_plan_error() -> None:
     with pytest.raises(PlanError) as caught:
         make_plan(DEPLOYMENT, TWO, 3)
-    assert caught.value.type == "not_enough_engines"
+    assert caught.value.type == "not-enough-engines"
 
 
 def test_target_equal_to_current_size_is_a_plan_error() -> None:
     with pytest.raises(PlanError) as caught:
         make_plan(DEPLOYMENT, TWO, 2)
-    assert caught.value.type == "no_change"
+    assert caught.value.type == "no-change"
 
 
 def test_ranks_with_a_gap_are_reported_as_inconsistent() -> None:
     gap = [agent("e0", rank=0, generation=3, port=1), agent("e2", rank=2, generation=3, port=3)]
     with pytest.raises(PlanError) as caught:
         make_plan(DEPLOYMENT, gap, 1)
-    assert caught.value.type == "inconsistent_generation"
+    assert caught.value.type == "inconsistent-generation"
 
 
 def test_auto_warmup_is_deferred_when_any_participant_is_rocm() -> None:

@@ -1,11 +1,13 @@
 """Reusable pytest fixtures for coordinator-side tests. Use them from a conftest with
 `from tests.support.fixtures import *  # noqa: F403`.
 
-- `database_url`: a fresh, migrated database, parametrised over SQLite and Postgres ("sqlite"/"postgres"
-  in the test id); `empty_database_url`: the same, unmigrated.
+- `database_url`: a migrated database with no rows, this test's alone, on SQLite, and on Postgres too where
+  the test is marked `databases("sqlite", "postgres")` (the rule: `tests/support/databases.py`; the
+  backend is in the test id); `empty_database_url`: a fresh database with no tables.
 - `db_engine`, `session`: on that database.
-- `settings`, `app`, `client`: the coordinator's API on that database, background workers off; `client`
-  is a TestClient whose requests carry the admin token (`ADMIN_TOKEN`).
+- `settings`, `app`, `client`: the coordinator's API on that database (already at head, so start-up does
+  not migrate), background workers off; `client` is a TestClient whose requests carry the admin token
+  (`ADMIN_TOKEN`).
   `token_headers(client, role)` makes a token of another role.
 """
 
@@ -24,52 +26,58 @@ from app.core.config import Settings
 from app.core.db import make_engine
 from app.main import create_app
 from tests.support.databases import (
+    SharedPostgresSchema,
     postgres_schema,
     postgres_unavailable_reason,
     remove_sqlite_template,
     sqlite_database,
 )
+from tests.support.processes import ADMIN_TOKEN
 
-ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-]
 
 
-def _database(backend: str, tmp_path: Path, *, migrated: bool) -> Iterator[str]:
-    if backend == "sqlite":
-        yield sqlite_database(tmp_path, migrated=migrated)
-        return
+def _require_postgres() -> None:
     reason = postgres_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    with postgres_schema(migrated=migrated) as url:
-        yield url
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _sqlite_template_cleanup() -> Iterator[None]:
+def sqlite_template_cleanup() -> Iterator[None]:
     yield
     remove_sqlite_template()
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+@pytest.fixture(scope="session")
+def shared_postgres_schema() -> Iterator[SharedPostgresSchema]:
+    _require_postgres()
+    shared = SharedPostgresSchema()
+    try:
+        yield shared
+    finally:
+        shared.close()
 
 
 @pytest.fixture
-def database_url(backend: str, tmp_path: Path) -> Iterator[str]:
-    """A fresh database at the newest migration, this test's alone."""
-    yield from _database(backend, tmp_path, migrated=True)
+def database_url(db_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A database at the newest migration with no rows, this test's alone."""
+    if db_backend == "sqlite":
+        return sqlite_database(tmp_path, migrated=True)
+    _require_postgres()
+    shared: SharedPostgresSchema = request.getfixturevalue("shared_postgres_schema")
+    return shared.reset()
 
 
 @pytest.fixture
-def empty_database_url(backend: str, tmp_path: Path) -> Iterator[str]:
+def empty_database_url(db_backend: str, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty database (no tables), this test's alone."""
-    yield from _database(backend, tmp_path, migrated=False)
+    if db_backend == "sqlite":
+        yield sqlite_database(tmp_path, migrated=False)
+        return
+    _require_postgres()
+    with postgres_schema(migrated=False) as url:
+        yield url
 
 
 @pytest.fixture
@@ -89,7 +97,10 @@ def session(db_engine: Engine) -> Iterator[Session]:
 
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Settings:
-    return Settings(database_url=database_url, data_dir=tmp_path / "data", admin_token=ADMIN_TOKEN)
+    """The database is at head already: start-up need not run Alembic (`auto_migrate` off)."""
+    return Settings(
+        database_url=database_url, data_dir=tmp_path / "data", admin_token=ADMIN_TOKEN, auto_migrate=False
+    )
 
 
 @pytest.fixture

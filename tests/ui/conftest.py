@@ -12,20 +12,23 @@ import httpx
 import pytest
 
 from tests.cli.support import (
-    ROOT,
-    CoordinatorProcess,
     JobDriver,
     create_static_deployment,
     drive_to_rollback,
     drive_to_success,
     run_coordinator,
 )
+from tests.support.processes import ROOT, Coordinator
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
-
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -41,7 +44,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 class SeededHistory:
     """Jobs made through the API and moved through the state machine, so every state shows."""
 
-    coordinator: CoordinatorProcess
+    coordinator: Coordinator
     succeeded: list[str] = field(default_factory=list)
     rolled_back: str = ""
     cancelled: str = ""
@@ -50,20 +53,22 @@ class SeededHistory:
 
 
 def _scale(api: httpx.Client, deployment: str, target: int) -> str:
-    response = api.post("/v1/reconfigurations", json={"deployment": deployment, "target_dp_size": target,
-                                                      "source": "cli", "reason": "ui test"})
+    response = api.post(
+        "/v1/reconfigurations",
+        json={"deployment": deployment, "target_dp_size": target, "source": "cli", "reason": "ui test"},
+    )
     response.raise_for_status()
     return str(response.json()["id"])
 
 
 @pytest.fixture(scope="module")
-def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoordinatorProcess]:
+def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
     with run_coordinator(tmp_path_factory.mktemp("ui-coordinator"), EPCTL_RUNNER_ENABLED="false") as process:
         yield process
 
 
 @pytest.fixture(scope="module")
-def history(coordinator: CoordinatorProcess) -> SeededHistory:
+def history(coordinator: Coordinator) -> SeededHistory:
     seeded = SeededHistory(coordinator)
     with coordinator.client() as api:
         create_static_deployment(api, "alpha", engines=4)
@@ -74,8 +79,11 @@ def history(coordinator: CoordinatorProcess) -> SeededHistory:
             drive_to_success(JobDriver(coordinator.database_url, job_id), alpha, pause_ms=pause_ms)
             seeded.succeeded.append(job_id)
         seeded.rolled_back = _scale(api, "alpha", 4)
-        drive_to_rollback(JobDriver(coordinator.database_url, seeded.rolled_back), engine_id="alpha-e3",
-                          message="agent alpha-e3 unreachable: connection refused")
+        drive_to_rollback(
+            JobDriver(coordinator.database_url, seeded.rolled_back),
+            engine_id="alpha-e3",
+            message="agent alpha-e3 unreachable: connection refused",
+        )
         seeded.cancelled = _scale(api, "alpha", 2)
         JobDriver(coordinator.database_url, seeded.cancelled).move("pending", "cancelled", "operator cancel")
         seeded.cleanup_failed = _scale(api, "alpha", 2)
@@ -83,20 +91,30 @@ def history(coordinator: CoordinatorProcess) -> SeededHistory:
         drive_to_success(driver, alpha, pause_ms=9.0)
         _fail_cleanup(driver, engine_id="alpha-e1")
         seeded.other_deployment_job = _scale(api, "beta", 3)
-        drive_to_success(JobDriver(coordinator.database_url, seeded.other_deployment_job),
-                         [f"beta-e{i}" for i in range(3)], pause_ms=7.0)
+        drive_to_success(
+            JobDriver(coordinator.database_url, seeded.other_deployment_job),
+            [f"beta-e{i}" for i in range(3)],
+            pause_ms=7.0,
+        )
     return seeded
 
 
 def _fail_cleanup(driver: JobDriver, *, engine_id: str) -> None:
     from sqlmodel import Session
 
-    from app.jobs.states import append_event
+    from app.jobs.transitions import append_event
 
     with Session(driver.engine) as session:
-        append_event(session, job_id=driver.job_id, kind="cleanup", message="destroying generation 3 failed",
-                     changes={"cleanup_state": "failed",
-                              "cleanup": {"failed_engine_id": engine_id, "error": "gloo destroy timed out"}})
+        append_event(
+            session,
+            job_id=driver.job_id,
+            kind="cleanup",
+            message="destroying generation 3 failed",
+            changes={
+                "cleanup_state": "failed",
+                "cleanup": {"failed_engine_id": engine_id, "error": "gloo destroy timed out"},
+            },
+        )
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +122,9 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS,
-                                              headless=True)
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+        )
         try:
             yield chromium
         finally:
@@ -113,7 +132,7 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def page(browser: Any, coordinator: CoordinatorProcess) -> Iterator[Any]:
+def page(browser: Any, coordinator: Coordinator) -> Iterator[Any]:
     """A page whose browser already holds the admin token (the token dialog has its own test)."""
     context = browser.new_context(viewport={"width": 1360, "height": 900}, base_url=coordinator.url)
     context.add_init_script(f"localStorage.setItem('epctl.token', {coordinator.admin_token!r})")

@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 from playwright.sync_api import expect
 
-from tests.cli.support import CoordinatorProcess, JobDriver, engine_results
+from tests.cli.support import JobDriver, engine_results
+from tests.support.processes import Coordinator
 from tests.ui.conftest import SeededHistory, screenshot
 
 
@@ -19,15 +20,16 @@ def job_rows(page: Any) -> Any:
     return page.locator("#jobs-body tr.clickable")
 
 
-def test_page_assets_need_no_token_but_the_api_does(coordinator: CoordinatorProcess) -> None:
+def test_page_assets_need_no_token_but_the_api_does(coordinator: Coordinator) -> None:
     for path in ("/ui/", "/ui/jobs/anything", "/ui/static/app.js", "/ui/static/app.css"):
         assert httpx.get(coordinator.url + path, timeout=5).status_code == 200, path
     assert httpx.get(coordinator.url + "/ui/static/../../main.py", timeout=5).status_code == 404
     assert httpx.get(coordinator.url + "/v1/reconfigurations", timeout=5).status_code == 401
 
 
-def test_dashboard_asks_for_a_token_once_and_keeps_it(browser: Any, coordinator: CoordinatorProcess,
-                                                     history: SeededHistory) -> None:
+def test_dashboard_asks_for_a_token_once_and_keeps_it(
+    browser: Any, coordinator: Coordinator, history: SeededHistory
+) -> None:
     context = browser.new_context(base_url=coordinator.url)
     try:
         page = context.new_page()
@@ -47,13 +49,15 @@ def test_dashboard_asks_for_a_token_once_and_keeps_it(browser: Any, coordinator:
         context.close()
 
 
-def test_history_lists_every_job_with_its_state_and_a_downtime_chart(page: Any,
-                                                                     history: SeededHistory) -> None:
+def test_history_lists_every_job_with_its_state_and_a_downtime_chart(
+    page: Any, history: SeededHistory
+) -> None:
     page.goto("/ui/")
     expect(job_rows(page)).to_have_count(6)
     states = page.locator("#jobs-body .badge").all_inner_texts()
-    assert sorted(states) == sorted(["succeeded", "succeeded", "succeeded", "succeeded", "rolled back",
-                                     "cancelled"])
+    assert sorted(states) == sorted(
+        ["succeeded", "succeeded", "succeeded", "succeeded", "rolled back", "cancelled"]
+    )
     expect(page.locator("svg.downtime-chart rect.bar[data-job]")).to_have_count(6)
     first_job_row = page.locator(f'#jobs-body tr[data-job="{history.succeeded[0]}"]')
     expect(first_job_row).to_contain_text("18.0 ms")
@@ -94,8 +98,9 @@ def test_pages_step_older_and_back_newer(page: Any, history: SeededHistory) -> N
     expect(job_rows(page).first).to_have_attribute("data-job", first_page[0])
 
 
-def test_job_page_draws_the_timeline_engines_and_transition_log(page: Any, history: SeededHistory,
-                                                               coordinator: CoordinatorProcess) -> None:
+def test_job_page_draws_the_timeline_engines_and_transition_log(
+    page: Any, history: SeededHistory, coordinator: Coordinator
+) -> None:
     job_id = history.succeeded[0]
     page.goto("/ui/")
     page.locator(f'#jobs-body tr[data-job="{job_id}"] a').click()
@@ -135,11 +140,14 @@ def test_failed_cleanup_is_shown_with_how_to_resolve_it(page: Any, history: Seed
     screenshot(page, "job-cleanup-failed")
 
 
-def test_running_job_progress_advances_live(page: Any, history: SeededHistory,
-                                            coordinator: CoordinatorProcess) -> None:
+def test_running_job_progress_advances_live(
+    page: Any, history: SeededHistory, coordinator: Coordinator
+) -> None:
     with coordinator.client() as api:
-        response = api.post("/v1/reconfigurations", json={"deployment": "beta", "target_dp_size": 2,
-                                                          "source": "api", "reason": "live"})
+        response = api.post(
+            "/v1/reconfigurations",
+            json={"deployment": "beta", "target_dp_size": 2, "source": "api", "reason": "live"},
+        )
         response.raise_for_status()
         job_id = response.json()["id"]
     driver = JobDriver(coordinator.database_url, job_id)
@@ -149,12 +157,20 @@ def test_running_job_progress_advances_live(page: Any, history: SeededHistory,
     expect(state).to_have_text("pending")
     expect(page.locator("#live-mode")).to_have_text("live (event stream)")
 
-    driver.move("pending", "preparing", "claimed", warmup_policy="eager", progress_step="preparing",
-                progress_percent=5.0)
+    driver.move(
+        "pending",
+        "preparing",
+        "claimed",
+        warmup_policy="eager",
+        progress_step="preparing",
+        progress_percent=5.0,
+    )
     expect(state).to_have_text("preparing")
-    driver.progress("preparing: transfer weights", 35.0,
-                    engine_results=engine_results([f"beta-e{i}" for i in range(3)], from_size=3, to_size=2,
-                                                  generation=3))
+    driver.progress(
+        "preparing: transfer weights",
+        35.0,
+        engine_results=engine_results([f"beta-e{i}" for i in range(3)], from_size=3, to_size=2, generation=3),
+    )
     expect(percent).to_have_attribute("data-percent", "35")
     expect(page.locator("#progress-step")).to_have_text("preparing: transfer weights")
     expect(page.locator("svg.timeline rect.bar-phase.open")).to_have_count(1)  # the running phase
@@ -164,11 +180,24 @@ def test_running_job_progress_advances_live(page: Any, history: SeededHistory,
     expect(state).to_have_text("syncing")
     expect(percent).to_have_attribute("data-percent", "60")
     driver.move("syncing", "committing", "synced", progress_step="committing", progress_percent=75.0)
-    driver.move("committing", "cleaning_up", "switched", progress_step="cleaning_up", progress_percent=90.0,
-                downtime_ms=8.0, downtime={"downtime_ms": 8.0, "per_engine_ms": {}})
+    driver.move(
+        "committing",
+        "cleaning_up",
+        "switched",
+        progress_step="cleaning_up",
+        progress_percent=90.0,
+        downtime_ms=8.0,
+        downtime={"downtime_ms": 8.0, "per_engine_ms": {}},
+    )
     expect(state).to_have_text("cleaning up")
-    driver.move("cleaning_up", "succeeded", "done", progress_step="done", progress_percent=100.0,
-                cleanup_state="succeeded")
+    driver.move(
+        "cleaning_up",
+        "succeeded",
+        "done",
+        progress_step="done",
+        progress_percent=100.0,
+        cleanup_state="succeeded",
+    )
     expect(state).to_have_text("succeeded")
     expect(percent).to_have_attribute("data-percent", "100")
     expect(page.locator("#live-mode")).to_have_text("final")
@@ -176,8 +205,9 @@ def test_running_job_progress_advances_live(page: Any, history: SeededHistory,
     screenshot(page, "job-running-finished")
 
 
-def test_cancel_button_cancels_a_pending_job(page: Any, history: SeededHistory,
-                                             coordinator: CoordinatorProcess) -> None:
+def test_cancel_button_cancels_a_pending_job(
+    page: Any, history: SeededHistory, coordinator: Coordinator
+) -> None:
     with coordinator.client() as api:
         response = api.post("/v1/reconfigurations", json={"deployment": "beta", "target_dp_size": 1})
         response.raise_for_status()

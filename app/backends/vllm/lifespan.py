@@ -1,0 +1,37 @@
+"""The vLLM backend's part of the coordinator's life: its settings and the local vLLM launcher, whose
+servers live and die with this coordinator (what a predecessor left running is stopped at start)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from app.backends.vllm.launcher import VllmLauncher
+from app.backends.vllm.settings import load_vllm_settings
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def vllm_backend(app: FastAPI) -> AsyncIterator[VllmLauncher]:
+    settings = load_vllm_settings()  # ConfigError here stops start-up with its message
+    launcher = VllmLauncher(
+        Path(app.state.settings.data_dir),
+        python=settings.vllm_python(),
+        ready_timeout_s=settings.ready_timeout_s,
+        stop_grace_s=settings.stop_grace_s,
+    )
+    left = await asyncio.to_thread(launcher.stop_all)
+    if left:
+        log.warning("stopped vLLM servers a previous coordinator left running: %s", ", ".join(left))
+    app.state.vllm_settings = settings
+    app.state.vllm_launcher = launcher
+    try:
+        yield launcher
+    finally:
+        await asyncio.to_thread(launcher.stop_all)

@@ -1,0 +1,203 @@
+"""The vLLM backend's writes: job transitions and events (through `app.jobs.states`, one transaction
+each, with the deployment's changes in the same transaction) and the deployment's health record.
+
+Database work runs in worker threads; the flow awaits it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlmodel import Session
+
+from app.core.clock import utc_now
+from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind
+from app.jobs.async_record import AsyncJobRecord
+from app.jobs.models import ReconfigurationJob
+from app.jobs.states import JobState
+from app.jobs.transitions import append_event
+
+RESTART_HINT = "restart the vLLM server"
+
+
+class JobMovedOn(Exception):
+    """The job is no longer where this flow left it (cancelled while pending, claimed by another
+    coordinator): not ours to drive any further."""
+
+
+class CancelledBeforeCommit(Exception):
+    """Cancel was requested before the scale call went out."""
+
+
+@dataclass(frozen=True)
+class Degradation:
+    """Why a deployment is degraded, and the remediation."""
+
+    reason: str
+    message: str
+    hint: str | None = None
+
+    def as_error_hint(self) -> str:
+        return f"{self.message}; {self.hint}" if self.hint else self.message
+
+
+@dataclass
+class VllmJob:
+    """What the flow knows about its job and deployment."""
+
+    job_id: str
+    deployment_id: str
+    deployment_name: str
+    launcher: str
+    state: JobState
+    cancel_requested: bool
+    from_size: int
+    to_size: int
+    to_generation: int
+    url: str | None
+    api_key: str | None
+    drain_timeout_s: int
+    served_model_name: str | None
+    metrics_dp_size: int | None  # the DP size vLLM's metrics were last built for (see discovery)
+    progress_step: str | None = None
+    progress_percent: float = 0.0
+
+    @property
+    def scale_up(self) -> bool:
+        return self.to_size > self.from_size
+
+
+def restart_hint(deployment_name: str, launcher: str) -> str:
+    if launcher == LauncherKind.local:
+        return (
+            f"{RESTART_HINT}: POST /v1/deployments/{deployment_name}/engine/restart "
+            f"(`epctl deployments restart-engine {deployment_name}`)"
+        )
+    return (
+        f"{RESTART_HINT}, then POST /v1/deployments/{deployment_name}/engine/reconcile "
+        f"(`epctl deployments reconcile-engine {deployment_name}`)"
+    )
+
+
+class Record(AsyncJobRecord[VllmJob]):
+    """The vLLM flow's writes. A refused move raises `CancelledBeforeCommit` (a cancel that was answered
+    202 is honoured) or `JobMovedOn` (cancelled while pending, claimed by another coordinator)."""
+
+    def cancelled(self, job: VllmJob) -> Exception:
+        return CancelledBeforeCommit()
+
+    def moved_on(self, reason: str) -> Exception:
+        return JobMovedOn(reason)
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    async def load(self, job_id: str) -> VllmJob:
+        def read(session: Session) -> VllmJob:
+            job = session.get(ReconfigurationJob, job_id, populate_existing=True)
+            if job is None:
+                raise LookupError(job_id)
+            deployment = session.get(Deployment, job.deployment_id)
+            assert deployment is not None
+            config = deployment.backend_config or {}
+            return VllmJob(
+                job_id=job.id,
+                deployment_id=deployment.id,
+                deployment_name=deployment.name,
+                launcher=deployment.launcher,
+                state=JobState(job.state),
+                cancel_requested=job.cancel_requested,
+                from_size=job.from_dp_size,
+                to_size=job.to_dp_size,
+                to_generation=job.to_generation,
+                url=config.get("url"),
+                api_key=deployment.backend_secret,
+                drain_timeout_s=int(config.get("drain_timeout_s") or 120),
+                served_model_name=config.get("served_model_name"),
+                metrics_dp_size=config.get("metrics_dp_size"),
+                progress_step=job.progress_step,
+                progress_percent=job.progress_percent,
+            )
+
+        return await self.run_in_session(read)
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    async def note(
+        self,
+        job: VllmJob,
+        kind: str,
+        message: str,
+        *,
+        data: Mapping[str, Any] | None = None,
+        changes: Mapping[str, Any] | None = None,
+    ) -> None:
+        await self.run_in_session(
+            lambda s: append_event(
+                s, job_id=job.job_id, kind=kind, message=message, data=data, changes=changes
+            )
+        )
+
+    async def progress(
+        self, job: VllmJob, step: str, percent: float, *, data: Mapping[str, Any] | None = None
+    ) -> None:
+        """A progress event when the step changes (one event per step, not per poll)."""
+        if step == job.progress_step:
+            return
+        job.progress_step, job.progress_percent = step, percent
+        await self.note(
+            job,
+            "progress",
+            step,
+            data={"step": step, "percent": percent, **(data or {})},
+            changes={"progress_step": step, "progress_percent": percent},
+        )
+
+
+# --- the deployment's record (in the caller's transaction) ---------------------------------------------
+
+
+def set_degraded(session: Session, deployment_id: str, degradation: Degradation, job_id: str | None) -> None:
+    deployment = session.get(Deployment, deployment_id)
+    if deployment is None:
+        return
+    deployment.status = DeploymentStatus.degraded.value
+    deployment.status_detail = {
+        "reason": degradation.reason,
+        "message": degradation.message,
+        "hint": degradation.hint,
+        "since": utc_now().isoformat(),
+        "job_id": job_id,
+    }
+    deployment.updated_at = utc_now()
+    session.add(deployment)
+
+
+def set_serving(
+    session: Session,
+    deployment_id: str,
+    *,
+    dp_size: int | None = None,
+    generation: int | None = None,
+    metrics_dp_size: int | None = None,
+    url: str | None = None,
+) -> None:
+    """The engine serves as recorded: ready, no status detail; optionally a new size/generation."""
+    deployment = session.get(Deployment, deployment_id)
+    if deployment is None or deployment.backend != EngineBackend.vllm:
+        return
+    deployment.status = DeploymentStatus.ready.value
+    deployment.status_detail = None
+    if dp_size is not None:
+        deployment.current_dp_size = dp_size
+    if generation is not None:
+        deployment.generation = generation
+    config = dict(deployment.backend_config or {})
+    if metrics_dp_size is not None:
+        config["metrics_dp_size"] = metrics_dp_size
+    if url is not None:
+        config["url"] = url
+    deployment.backend_config = config
+    deployment.updated_at = utc_now()
+    session.add(deployment)

@@ -1,0 +1,220 @@
+"""What happened to a finished reconfiguration, as `epctl` prints it: state, downtime, placement, phase
+durations, per-engine pauses, the error (and which engine overran its budget), the cleanup."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from app.cli.client import (
+    PHASE_ORDER,
+    duration_ms,
+    fmt_ms,
+    parse_time,
+    short_time,
+    stdout,
+    styled_state,
+    table,
+)
+
+
+def engine_rows(job: dict[str, Any]) -> list[list[Any]]:
+    """One row per engine: id, role, ranks, generation, pause (ms), paused..resumed."""
+    per_engine_ms = ((job.get("downtime") or {}).get("per_engine_ms")) or {}
+    rows = []
+    seen = set()
+    for result in job.get("engine_results") or []:
+        if not isinstance(result, dict):
+            continue
+        engine_id = result.get("engine_id")
+        seen.add(engine_id)
+        pause = result.get("pause") or {}
+        pause_ms = pause.get("pause_ms") if isinstance(pause, dict) else None
+        if pause_ms is None:
+            pause_ms = per_engine_ms.get(engine_id)
+        ranks = result.get("ranks")
+        if "old_rank" in result or "new_rank" in result:
+            ranks = [result.get("old_rank"), result.get("new_rank")]
+        if isinstance(ranks, list | tuple):
+            ranks = " -> ".join("-" if r is None else str(r) for r in ranks)
+        elif isinstance(ranks, dict):
+            ranks = " -> ".join("-" if r is None else str(r) for r in ranks.values())
+        rows.append(
+            [
+                engine_id,
+                result.get("role"),
+                ranks,
+                result.get("generation"),
+                fmt_ms(pause_ms),
+                _pause_window(pause),
+            ]
+        )
+    for engine_id, pause_ms in per_engine_ms.items():
+        if engine_id not in seen:
+            rows.append([engine_id, None, None, None, fmt_ms(pause_ms), None])
+    return rows
+
+
+def _pause_window(pause: Any) -> str | None:
+    if not isinstance(pause, dict) or pause.get("paused_at") is None:
+        return None
+    start = _clock(pause.get("paused_at"))
+    end = _clock(pause.get("resumed_at")) if pause.get("resumed_at") is not None else "still paused"
+    return f"{start} .. {end}"
+
+
+def _clock(value: Any) -> str:
+    if isinstance(value, int | float):
+        return time.strftime("%H:%M:%S", time.localtime(value)) + f".{int((value % 1) * 1000):03d}"
+    parsed = parse_time(str(value))
+    return parsed.astimezone().strftime("%H:%M:%S.%f")[:-3] if parsed else str(value)
+
+
+def print_summary(job: dict[str, Any]) -> None:
+    state = job.get("state")
+    stdout.print(
+        f"Job [bold]{job.get('id')}[/] {styled_state(state)}  "
+        f"{job.get('deployment')}: DP {job.get('from_dp_size')} -> {job.get('to_dp_size')}, "
+        f"generation {job.get('from_generation')} -> {job.get('to_generation')}"
+    )
+    details = [
+        ("requested by", job.get("requested_by")),
+        ("reason", job.get("reason")),
+        ("warm-up", job.get("warmup_policy") or job.get("warmup_policy_requested")),
+        ("strategy", job.get("strategy")),
+        ("commit", job.get("commit")),
+        (
+            "downtime budget",
+            f"{job['max_downtime_ms']} ms" if job.get("max_downtime_ms") is not None else None,
+        ),
+        ("created", short_time(job.get("created_at"))),
+        ("took", fmt_ms(duration_ms(job.get("created_at"), job.get("finished_at")))),
+    ]
+    stdout.print("  ".join(f"[dim]{k}:[/] {v}" for k, v in details if v not in (None, "")))
+    downtime = job.get("downtime_ms")
+    line = f"[bold]downtime:[/] {fmt_ms(downtime) if downtime is not None else '-'}"
+    client_downtime = job.get("client_downtime_ms")
+    if client_downtime is not None:
+        probe = job.get("probe") or {}
+        line += (
+            f"  [bold]client downtime:[/] {fmt_ms(client_downtime)} [dim](canary probe: "
+            f"{probe.get('canaries_sent', '?')} sent, {probe.get('canaries_failed', '?')} failed)[/]"
+        )
+    stdout.print(line)
+    placement_line = describe_placement(job)
+    if placement_line:
+        stdout.print(placement_line)
+    phases = job.get("phases") or {}
+    if phases:
+        ordered = sorted(
+            phases.items(),
+            key=lambda kv: PHASE_ORDER.index(kv[0]) if kv[0] in PHASE_ORDER else len(PHASE_ORDER),
+        )
+        rows = [
+            [
+                name,
+                short_time(t.get("started_at")),
+                fmt_ms(duration_ms(t.get("started_at"), t.get("ended_at")))
+                if t.get("ended_at")
+                else "running",
+            ]
+            for name, t in ordered
+        ]
+        stdout.print(table("phases", ["PHASE", "STARTED", "DURATION"], rows))
+    engines = engine_rows(job)
+    if engines:
+        stdout.print(table("engines", ["ENGINE", "ROLE", "RANKS", "GEN", "PAUSE", "PAUSED"], engines))
+    print_failure(job)
+
+
+def describe_placement(job: dict[str, Any]) -> str | None:
+    """Copies and bytes the new placement moved, and the rank map (old -> new; `-` for a leaver)."""
+    placement = job.get("placement")
+    if not placement:
+        return None
+    mib = (placement.get("bytes_moved") or 0) / (1 << 20)
+    line = (
+        f"[bold]placement:[/] {placement.get('copies_moved')} expert copies moved ({mib:.1f} MiB), "
+        f"lower bound {placement.get('lower_bound')}; {placement.get('layers', 1)} layer(s)"
+    )
+    ranks = placement.get("rank_map") or {}
+    if ranks:
+        moves = ", ".join(
+            f"{engine} {r.get('old') if r.get('old') is not None else '+'}->"
+            f"{r.get('new') if r.get('new') is not None else '-'}"
+            for engine, r in ranks.items()
+        )
+        line += f"\n[bold]rank map:[/] {moves}"
+    if job.get("retire"):
+        line += f"  [dim](retired by request: {', '.join(job['retire'])})[/]"
+    return line
+
+
+# The runner and the agents name the part that overran only in the message: "engine E was stopped
+# 12.3 ms by its warm_up before the switch (budget 5 ms)" / "... in its window (budget 5 ms); ...".
+_OVERRUN = re.compile(
+    r"engine (?P<engine>\S+) was stopped (?P<took>[\d.]+) ms (?:by|in) its (?P<part>.+?) (?:before|\()"
+)
+
+
+def describe_overrun(job: dict[str, Any]) -> str | None:
+    """For a `downtime-budget-exceeded` error: which engine overran, in which part, against what budget."""
+    error = job.get("error") or {}
+    if error.get("type") != "downtime-budget-exceeded":
+        return None
+    match = _OVERRUN.search(error.get("message") or "")
+    engine = error.get("engine_id") or (match["engine"] if match else None)
+    line = f"[bold]over budget:[/] engine {engine or '?'}, part {match['part'] if match else '?'}"
+    if match:
+        line += f" (stopped {match['took']} ms"
+        line += f" of a {job['max_downtime_ms']} ms budget)" if job.get("max_downtime_ms") else ")"
+    return line
+
+
+def print_failure(job: dict[str, Any]) -> None:
+    error = job.get("error")
+    if error:
+        where = ", ".join(f"{k} {error[k]}" for k in ("phase", "engine_id") if error.get(k))
+        if error.get("http_status") is not None:
+            where += f"{', ' if where else ''}engine answered {error['http_status']}"
+        stdout.print(
+            f"[bold red]error[/] ({error.get('type')}{'; ' + where if where else ''}): {error.get('message')}"
+        )
+        if error.get("hint"):
+            stdout.print(f"  [yellow]hint:[/] {error['hint']}")
+        overrun = describe_overrun(job)
+        if overrun:
+            stdout.print(f"  {overrun}")
+    cleanup_state = job.get("cleanup_state")
+    if cleanup_state and cleanup_state not in ("none", "succeeded"):
+        style = "red" if cleanup_state == "failed" else "yellow"
+        stdout.print(f"[bold {style}]cleanup {cleanup_state}[/]: {describe_cleanup(job)}")
+        if cleanup_state == "failed":
+            stdout.print(
+                f"  the next job of {job.get('deployment')} is refused until "
+                f"`epctl cleanup retry {job.get('id')}` or `epctl cleanup ack {job.get('id')}`"
+            )
+
+
+def describe_cleanup(job: dict[str, Any]) -> str:
+    """One line about the background destruction of the retired generation."""
+    cleanup = job.get("cleanup") or {}
+    if not isinstance(cleanup, dict):
+        return str(cleanup)
+    generation = cleanup.get("failed_generation") or cleanup.get("retired_generation")
+    what = f"generation {generation}" if generation is not None else "retired groups"
+    if job.get("cleanup_state") == "failed":
+        return f"destroying {what} failed on {cleanup.get('failed_engine_id')}: {cleanup.get('error')}"
+    engines = cleanup.get("engines") or []
+    on = f" on {len(engines)} engines" if engines else ""
+    if job.get("cleanup_state") in ("pending", "running"):
+        return f"destroying {what}{on} in the background"
+    return f"{what}{on}"
+
+
+def describe_failure(job: dict[str, Any]) -> str:
+    error = job.get("error") or {}
+    message = error.get("message") or "no error recorded"
+    where = " ".join(f"{k}={error[k]}" for k in ("phase", "engine_id", "type") if error.get(k))
+    return f"job {job.get('id')} ended {job.get('state')}: {message}" + (f" ({where})" if where else "")

@@ -1,0 +1,219 @@
+"""A deployment's status from what its engines report, not from what the coordinator last wrote.
+
+A deployment of size N at generation G is whole when exactly N of its engines report serving (or paused)
+on G, on ranks 0..N-1. Engines tell this in their heartbeats (state, generation, rank); one that stops
+heartbeating is marked `unreachable` (`app.engines.service.mark_unreachable`), one whose group broke
+reports itself idle on no generation. So a dead, frozen or broken member shows here within a heartbeat
+timeout or one heartbeat.
+
+`reconcile_health` (the runner's `heartbeats` task) compares that truth with the record while no job
+runs the deployment (a job owns the status while it runs): whole and `degraded` -> `ready`, announced
+as `deployment.recovered`; not whole and `ready` (or degraded without a reason yet) -> `degraded` with a
+`status_detail`, announced as `deployment.degraded`. Each change is one transaction with its outbox
+event (the metric is `epctl_deployment_status{status="degraded"}`, read at scrape time).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlmodel import Session, col, select
+
+from app.core.clock import utc_now
+from app.core.ids import new_id
+from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, StatusDetail
+from app.engines.models import Engine, EngineState
+from app.jobs.service import active_job_id
+from app.webhooks.models import OUTBOX_ID_PREFIX, EventType, OutboxEvent
+
+SERVING_STATES = frozenset({EngineState.serving.value, EngineState.paused.value})
+REASON_UNREACHABLE = "engine-unreachable"
+REASON_MEMBERS_MISSING = "members-missing"
+REASON_GENERATION_SPLIT = "generation-split"
+HEALTH_REASONS = frozenset({REASON_UNREACHABLE, REASON_MEMBERS_MISSING, REASON_GENERATION_SPLIT})
+
+
+@dataclass(frozen=True)
+class Health:
+    """What the engines say about one deployment."""
+
+    whole: bool
+    serving: int  # engines that serve the deployment's generation
+    reason: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class HealthChange:
+    deployment: str
+    status: DeploymentStatus
+    detail: StatusDetail | None
+
+
+def assess(deployment: Deployment, engines: Sequence[Engine]) -> Health:
+    """Whether the engines (the deployment's, not `left`) say the deployment is whole."""
+    size, generation = deployment.current_dp_size, deployment.generation
+    on_generation = [e for e in engines if e.generation == generation and e.state in SERVING_STATES]
+    ranks = sorted(e.dp_rank for e in on_generation if e.dp_rank is not None)
+    if len(on_generation) == size and ranks == list(range(size)):
+        return Health(whole=True, serving=size)
+    unreachable = sorted(e.id for e in engines if e.state == EngineState.unreachable.value)
+    left_group = sorted(
+        e.id
+        for e in engines
+        if e.generation != generation and e.state == EngineState.idle.value and e.dp_rank is None
+    )
+    parts = [f"{len(on_generation)} of {size} engines serve generation {generation}"]
+    if unreachable:
+        parts.append(f"unreachable: {', '.join(unreachable)}")
+    if len(on_generation) > size or len(set(ranks)) != len(ranks):
+        reason = REASON_GENERATION_SPLIT
+        parts.append(f"ranks reported: {ranks}")
+    elif unreachable:
+        reason = REASON_UNREACHABLE
+    else:
+        reason = REASON_MEMBERS_MISSING
+        if left_group:
+            parts.append(f"on no generation: {', '.join(left_group)}")
+    return Health(whole=False, serving=len(on_generation), reason=reason, message="; ".join(parts))
+
+
+def deployments_without_a_job(session: Session) -> Iterator[tuple[Deployment, Sequence[Engine]]]:
+    """Reference deployments with engines and no job running (a job's own steps judge the others),
+    each with its engines that have not left."""
+    deployments = session.exec(
+        select(Deployment).where(
+            col(Deployment.backend) == EngineBackend.reference.value, col(Deployment.current_dp_size) > 0
+        )
+    ).all()
+    for deployment in deployments:
+        if active_job_id(session, deployment_id=deployment.id) is not None:
+            continue
+        engines = session.exec(
+            select(Engine).where(
+                Engine.deployment_id == deployment.id, Engine.state != EngineState.left.value
+            )
+        ).all()
+        yield deployment, engines
+
+
+def reconcile_health(
+    session: Session, *, suspects: dict[str, float] | None = None, confirm_s: float = 0.0
+) -> list[HealthChange]:
+    """Bring every reference deployment's status in line with its engines (see the module doc).
+
+    `suspects` (deployment id -> when it was first seen broken, monotonic; kept by the caller between
+    calls): a deployment is degraded only once it stayed broken for `confirm_s`, so a heartbeat sent
+    just before a switch and received just after it cannot flap the status. An unreachable engine was
+    confirmed by its heartbeat timeout already."""
+    suspects = {} if suspects is None else suspects
+    changes = []
+    for deployment, engines in deployments_without_a_job(session):
+        health = assess(deployment, engines)
+        if health.whole:
+            suspects.pop(deployment.id, None)
+        elif health.reason != REASON_UNREACHABLE:
+            first_seen = suspects.setdefault(deployment.id, time.monotonic())
+            if time.monotonic() - first_seen < confirm_s:
+                continue
+        change = _apply(session, deployment, health)
+        if change is not None:
+            changes.append(change)
+    session.commit()
+    return changes
+
+
+def _apply(session: Session, deployment: Deployment, health: Health) -> HealthChange | None:
+    degraded = deployment.status == DeploymentStatus.degraded.value
+    now = utc_now()
+    extra: dict[str, object] = {}
+    if health.whole:
+        # A detail left on a ready deployment: a job (a self-heal) made it whole again since.
+        if not degraded and deployment.status_detail is None:
+            return None
+        since = (deployment.status_detail or {}).get("since")
+        if since:
+            extra["degraded_for_s"] = round((now - datetime.fromisoformat(str(since))).total_seconds(), 3)
+        deployment.status = DeploymentStatus.ready.value
+        deployment.status_detail = None
+        event, detail = EventType.deployment_recovered, None
+    else:
+        assert health.reason is not None
+        if degraded and deployment.status_detail is not None:
+            # Already degraded and announced. A detail health wrote itself is kept true as the engines
+            # change ("1 of 3 engines serve" went on saying so after the last one stopped), without a
+            # second event; a job's or self-healing's own reason is theirs to change.
+            _refresh(session, deployment, health, now)
+            return None
+        detail = StatusDetail(
+            reason=health.reason,
+            message=health.message,
+            hint="the deployment cannot serve until its group is whole: restart or replace the engines, "
+            "or scale it to form a new generation on the engines that serve",
+            since=now,
+        )
+        deployment.status = DeploymentStatus.degraded.value
+        deployment.status_detail = detail.model_dump(mode="json")
+        event = EventType.deployment_degraded
+    deployment.updated_at = now
+    session.add(deployment)
+    _announce(session, deployment, event, health.serving, now, extra)
+    return HealthChange(deployment.name, DeploymentStatus(deployment.status), detail)
+
+
+def _refresh(session: Session, deployment: Deployment, health: Health, now: datetime) -> None:
+    detail = dict(deployment.status_detail or {})
+    if detail.get("reason") not in HEALTH_REASONS:
+        return
+    if (detail.get("reason"), detail.get("message")) == (health.reason, health.message):
+        return
+    detail.update(reason=health.reason, message=health.message)
+    deployment.status_detail = detail
+    deployment.updated_at = now
+    session.add(deployment)
+
+
+def announce_degraded(session: Session, deployment: Deployment, detail: StatusDetail, serving: int) -> None:
+    """Mark the deployment `degraded` for `detail` and announce it (`deployment.degraded`), in the
+    session's transaction (the caller commits). For a reason health itself does not give, such as
+    self-healing's `no-survivors`."""
+    now = utc_now()
+    deployment.status = DeploymentStatus.degraded.value
+    deployment.status_detail = detail.model_dump(mode="json")
+    deployment.updated_at = now
+    session.add(deployment)
+    _announce(session, deployment, EventType.deployment_degraded, serving, now, {})
+
+
+def _announce(
+    session: Session,
+    deployment: Deployment,
+    event: EventType,
+    serving: int,
+    now: datetime,
+    extra: dict[str, object],
+) -> None:
+    session.add(
+        OutboxEvent(
+            id=new_id(OUTBOX_ID_PREFIX),
+            type=event.value,
+            deployment_id=deployment.id,
+            payload={
+                "type": event.value,
+                "timestamp": now.isoformat(),
+                "data": {
+                    "deployment": deployment.name,
+                    "status": deployment.status,
+                    "generation": deployment.generation,
+                    "current_dp_size": deployment.current_dp_size,
+                    "serving": serving,
+                    "status_detail": deployment.status_detail,
+                    **extra,
+                },
+            },
+            created_at=now,
+        )
+    )

@@ -1,0 +1,77 @@
+"""Child processes a launcher starts on this machine, and the record that outlives the coordinator.
+
+Both local launchers (the agents' and the vLLM servers') start their children the same way: in a
+session of their own (a signal to the coordinator's terminal does not reach them; they are stopped
+explicitly), standard input closed, output appended to a log file. Each keeps a JSON record of what it
+started (pid, log, url...) in its state directory, written atomically, so a coordinator restarted after
+a crash can still stop what its predecessor left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def start_detached(
+    command: Sequence[str], *, env: Mapping[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """Start `command` in its own session, stdin closed, stdout and stderr appended to `log_path`."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            list(command),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # survives a coordinator crash; stopped explicitly
+        )
+
+
+def is_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie child of ours is reaped and counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); reap it if it is ours.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+class ProcessRecords:
+    """A JSON file of what a launcher started, one entry by name (an engine id, a deployment)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """Every entry; {} when the file is missing or unreadable."""
+        try:
+            data = json.loads(self.path.read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def set(self, name: str, entry: dict[str, Any] | None) -> None:
+        """Record `entry` under `name`, or forget `name` (None). Written through a temporary file, so a
+        crash never leaves half a record."""
+        records = self.read()
+        if entry is None:
+            records.pop(name, None)
+        else:
+            records[name] = entry
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(records, indent=2, sort_keys=True))
+        tmp.replace(self.path)

@@ -1,0 +1,199 @@
+"""Sends canaries at a steady rate to every serving target and keeps what came back.
+
+    async with CanaryRecorder(canary, interval_s=0.1) as probe:
+        probe.set_targets([url])
+        probe.mark("before")          # phase boundaries, for per-phase figures
+        ...
+        probe.mark("committing")
+        ...
+    figures = probe.figures()
+
+Every `interval_s` one canary goes to each target, whether or not earlier ones have answered (a
+stalled target must show as a stall, not as a slower rate), up to `max_in_flight` per target; past
+that a tick is counted as skipped. A canary that does not answer within `timeout_s` failed. The
+schedule does not catch up after a late tick (no bursts on a loaded machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from app.probe.canary import Canary, CanaryResult, CanarySample
+from app.probe.figures import ProbeFigures, probe_figures
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 1.0  # how long stop() lets canaries in flight finish before dropping them
+
+
+@dataclass(frozen=True)
+class LiveView:
+    """The probe right now, for progress: is the deployment answering, and since when not."""
+
+    sent: int
+    failed: int
+    last_ok: bool | None  # None before the first answer
+    failing_for_s: float | None  # since the first failure after the last success; None while serving
+    last_status: int | None
+    last_detail: str | None
+    outage_seen: bool  # a failure happened at some point since the recorder started
+
+
+class CanaryRecorder:
+    def __init__(
+        self,
+        canary: Canary,
+        *,
+        interval_s: float = 0.1,
+        timeout_s: float = 5.0,
+        max_in_flight: int = 4,
+        stall_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        self.canary = canary
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.max_in_flight = max_in_flight
+        # Below this, a window without any failure is the canaries' normal spacing, not downtime.
+        self.stall_s = stall_s if stall_s is not None else max(5 * interval_s, 0.5)
+        self._clock = clock
+        self._targets: list[str] = []
+        self._samples: list[CanarySample] = []
+        self._marks: list[tuple[str, float]] = []
+        self._in_flight: dict[str, set[asyncio.Task[None]]] = {}
+        self._skipped = 0
+        self._loop_task: asyncio.Task[None] | None = None
+        self._started_at: float | None = None
+        self._stopped_at: float | None = None
+        self._epoch_offset = time.time() - time.monotonic()
+        self._failing_since: float | None = None
+        self._outage_seen = False
+
+    # --- control ----------------------------------------------------------------------------------
+
+    def set_targets(self, targets: Sequence[str]) -> None:
+        """The targets that serve now; canaries go to these from the next tick on."""
+        self._targets = list(dict.fromkeys(targets))
+
+    def mark(self, phase: str) -> None:
+        """A phase starts now (it ends where the next one starts, the last at stop)."""
+        self._marks.append((phase, self._clock()))
+
+    async def start(self) -> None:
+        if self._loop_task is not None:
+            return
+        self._started_at = self._clock()
+        self._loop_task = asyncio.create_task(self._run(), name="canary-recorder")
+
+    async def stop(self) -> None:
+        if self._loop_task is None or self._stopped_at is not None:
+            return
+        self._stopped_at = self._clock()
+        self._loop_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._loop_task
+        in_flight = [t for tasks in self._in_flight.values() for t in tasks]
+        if in_flight:
+            _, late = await asyncio.wait(in_flight, timeout=STOP_GRACE_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    async def __aenter__(self) -> CanaryRecorder:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    @property
+    def samples(self) -> list[CanarySample]:
+        return list(self._samples)
+
+    def live(self) -> LiveView:
+        last = self._samples[-1] if self._samples else None
+        now = self._clock()
+        return LiveView(
+            sent=len(self._samples),
+            failed=sum(1 for s in self._samples if not s.ok),
+            last_ok=None if last is None else last.ok,
+            failing_for_s=None if self._failing_since is None else now - self._failing_since,
+            last_status=last.status if last else None,
+            last_detail=last.detail if last else None,
+            outage_seen=self._outage_seen,
+        )
+
+    def figures(self) -> ProbeFigures:
+        start = self._started_at if self._started_at is not None else self._clock()
+        end = self._stopped_at if self._stopped_at is not None else self._clock()
+        end = max([end, *(s.done_at for s in self._samples)])
+        return probe_figures(
+            self._samples,
+            start=start,
+            end=end,
+            interval_s=self.interval_s,
+            stall_s=self.stall_s,
+            marks=self._marks,
+            skipped=self._skipped,
+            epoch_offset=self._epoch_offset,
+        )
+
+    # --- sending ----------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        next_at = self._clock()
+        while True:
+            for target in self._targets:
+                flying = self._in_flight.setdefault(target, set())
+                if len(flying) >= self.max_in_flight:
+                    self._skipped += 1
+                    continue
+                task = asyncio.create_task(self._one(target))
+                flying.add(task)
+                task.add_done_callback(flying.discard)
+            next_at += self.interval_s
+            delay = next_at - self._clock()
+            if delay < 0:  # late (a loaded machine): go on from now rather than burst
+                next_at = self._clock()
+                delay = 0.0
+            await asyncio.sleep(delay)
+
+    async def _one(self, target: str) -> None:
+        sent_at = self._clock()
+        try:
+            result = await asyncio.wait_for(self.canary.send(target), timeout=self.timeout_s)
+        except TimeoutError:
+            result = CanaryResult(ok=False, detail=f"timeout: no answer within {self.timeout_s:g}s")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the canary's own failure to reach the target
+            result = CanaryResult(ok=False, detail=f"{exc.__class__.__name__}: {exc}"[:200])
+        done_at = self._clock()
+        self._samples.append(
+            CanarySample(
+                target=target,
+                sent_at=sent_at,
+                done_at=done_at,
+                ok=result.ok,
+                status=result.status,
+                detail=result.detail,
+            )
+        )
+        if result.ok:
+            self._failing_since = None
+        else:
+            self._outage_seen = True
+            if self._failing_since is None:
+                self._failing_since = sent_at

@@ -1,0 +1,187 @@
+"""How a job ends: the three failure rules and success. The flow and crash recovery both end jobs here.
+
+- `roll_back`: a failure before any engine paused. Abort everywhere, release the joiners; the old
+  generation served throughout (downtime 0); `rolled_back`, or `cancelled` on request.
+- `resume_all`: a failure once pauses were sent but before the switch. Every participant back on the
+  old generation (abort resumes a paused engine), joiners released; `rolled_back` (or `cancelled`)
+  with the short downtime it cost.
+- `fail_and_degrade`: the switch was sent and failed part-way. Nothing can be undone: the job
+  `failed`, the deployment `degraded`, and the job shows which engine is on which generation.
+- `finish`: every participant switched. The new generation recorded, leavers released, `succeeded`
+  with the retired groups' cleanup pending.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlmodel import Session
+
+from app.jobs.models import CleanupState
+from app.jobs.states import JobState
+from app.launchers.base import EngineHandle, Launcher
+from app.runner.fanout import Fanout
+from app.runner.job import JobCancelled, JobFailure, JobRun
+from app.runner.launching import launch_spec
+from app.runner.record import JobRecord, apply_generation, degrade
+from app.runner.selfheal import serving_again
+from app.runner.settings import RunnerSettings, hang_for_test
+from engine_agent.protocol import AgentInfo, ReconfigPhase
+
+log = logging.getLogger(__name__)
+
+S = JobState
+
+
+class Endings:
+    def __init__(
+        self,
+        record: JobRecord,
+        settings: RunnerSettings,
+        launchers: Mapping[str, Launcher],
+    ) -> None:
+        self.record = record
+        self.settings = settings
+        self.launchers = launchers
+
+    async def roll_back(self, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:
+        """A failure before the pause: abort everywhere, release joiners; downtime 0."""
+        if run.plan is not None:
+            await fanout.abort_all(run, run.participant_clients(), {ReconfigPhase.aborted})
+        await self.release_joiners(run)
+        await self.record.move(
+            run,
+            S.cancelled if isinstance(failure, JobCancelled) else S.rolled_back,
+            message=failure.error["message"],
+            changes={
+                "error": failure.error,
+                "downtime_ms": 0.0,
+                "downtime": {"downtime_ms": 0.0, "per_engine_ms": {}},
+                "engine_results": run.engine_results(),
+            },
+        )
+
+    async def resume_all(self, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:
+        """The pause was not confirmed everywhere (or a step inside it failed): every participant back
+        on the old generation."""
+        await fanout.abort_all(run, run.participant_clients(), {ReconfigPhase.resumed, ReconfigPhase.aborted})
+        await self.release_joiners(run)
+        await self.record.move(
+            run,
+            S.cancelled if isinstance(failure, JobCancelled) else S.rolled_back,
+            message=f"{failure.error['message']}; every engine resumed the old generation",
+            changes={
+                "error": failure.error,
+                **run.downtime_record(now=time.time()),
+                "engine_results": run.engine_results(),
+            },
+        )
+
+    async def fail_and_degrade(self, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:
+        """Part of the engines switched, part did not: the deployment is degraded, the job failed,
+        and the job shows which engine is on which generation."""
+        infos = await fanout.fleet.each(run.participant_clients(), lambda c: c.info())
+        generations = {
+            eid: (
+                {"generation": i.generation, "state": i.state.value, "rank": i.rank}
+                if isinstance(i, AgentInfo)
+                else {"generation": None, "state": "unreachable", "rank": None}
+            )
+            for eid, i in infos.items()
+        }
+        results = run.engine_results()
+        for result in results:
+            result["agent"] = generations.get(result["engine_id"])
+        error = blame_the_silent(failure.error, generations)
+        await self.record.move(
+            run,
+            S.failed,
+            message=f"switch failed part-way: {error['message']}; deployment degraded",
+            changes={
+                "error": error,
+                "engine_results": results,
+                **run.downtime_record(now=time.time()),
+            },
+            also=lambda session: degrade(session, run.deployment_id, generations),
+        )
+
+    async def finish(self, run: JobRun) -> None:
+        """Every participant switched: record the new generation, release leavers, succeed."""
+        plan = run.plan
+        assert plan is not None
+        if run.state == S.committing:
+            downtime = run.downtime()
+            recovery = await self.record.run_in_session(lambda session: serving_again(session, run.job_id))
+
+            def commit(session: Session) -> None:
+                apply_generation(session, run.deployment_id, plan)
+
+            await self.record.move(
+                run,
+                S.cleaning_up,
+                message=f"generation {plan.generation} serving on {plan.to_size} engines; "
+                f"downtime {downtime.downtime_ms:.1f} ms",
+                changes={
+                    **run.downtime_record(),
+                    "engine_results": run.engine_results(),
+                    "to_generation": plan.generation,
+                    **recovery,
+                },
+                also=commit,
+            )
+        await self.record.progress(run, "cleaning_up")
+        await hang_for_test(self.settings, "cleaning_up")
+        await self._release(run, run.leaver_handles(), "leavers")
+        cleanup_state = CleanupState.pending if plan.old_members else CleanupState.none
+        await self.record.move(
+            run,
+            S.succeeded,
+            message="done" if not plan.old_members else "done; retired groups are being destroyed",
+            changes={
+                "progress_step": "done",
+                "progress_percent": 100.0,
+                "cleanup_state": cleanup_state.value,
+                "cleanup": {"retired_generation": plan.old_generation, "engines": plan.staying + plan.leavers}
+                if plan.old_members
+                else None,
+            },
+        )
+
+    async def release_joiners(self, run: JobRun) -> None:
+        await self._release(run, run.joiner_handles(), "joiners")
+
+    async def _release(self, run: JobRun, handles: Sequence[EngineHandle], what: str) -> None:
+        """Give engines back to the deployment's launcher; forget the ones that no longer exist."""
+        launcher = self.launchers.get(run.launcher_name)
+        if not handles or launcher is None:
+            return
+        try:
+            gone = await launcher.release(
+                launch_spec(self.settings, run.deployment_name, run.engine_config), handles
+            )
+        except Exception:
+            log.exception("job %s: releasing %s failed", run.job_id, what)
+            return
+        if gone:
+            await self.record.mark_left(gone)
+
+
+def blame_the_silent(error: dict[str, Any], generations: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The job's error names the engine that caused the failure. An engine killed inside the window
+    breaks its peers' collectives, and a peer's report ("connection closed by peer") often reaches
+    the coordinator before the dead engine's own call fails: then the job blamed a healthy engine.
+    When the engine named answers and a participant does not, name the silent one (keeping what the
+    reporter said)."""
+    silent = sorted(eid for eid, view in generations.items() if view.get("state") == "unreachable")
+    if not silent or error.get("engine_id") in (None, *silent):  # (None: a failure of no one engine)
+        return error
+    return {
+        **error,
+        "engine_id": silent[0],
+        "type": "agent-unreachable",
+        "message": f"{', '.join(silent)} stopped answering; {error.get('engine_id')} reported "
+        f"{error.get('type')}: {error.get('message')}",
+    }

@@ -1,0 +1,440 @@
+"""One reconfiguration, start to end: a table of steps per strategy, each with its failure rule.
+
+    background: prepare -> sync -> pause -> switch     (the old generation serves until the pause)
+    blocking:   prepare -> pause -> sync -> switch     (prepare's heavy work runs inside the pause)
+    background, commit engines (the default): prepare -> sync -> arm
+
+`arm` is the engine-agreed commit: the coordinator arms every participant for the new generation
+before any engine stops; the engines pause, switch and resume at the first step boundary at which
+all members of the old generation are armed, with no coordinator exchange inside the window; the
+coordinator observes (one held answer per engine) and records. Its failure rule is where the
+engines stand (`OnFailure.by_engines`): none stopped -> roll back, downtime 0 (an engine that never
+armed means nobody ever stops; an abort withdraws an arm); some stopped, none switched -> resume all;
+some switched -> fail and degrade.
+
+then `finish` (cleaning_up -> succeeded). Each step names the job state it runs in (entered just before
+it, under the previous step's rule) and what a failure of it costs (`endings.py`):
+
+- before any pause was sent -> roll back (abort everywhere, joiners released, downtime 0);
+- pauses sent, switch not -> resume all on the old generation (the pause's downtime);
+- switch sent -> fail and degrade (no way back: record who is on which generation).
+
+Cancel works until commit starts. A cancellable step checks for a cancel while it waits (a launch is
+stopped at once); and the move out of the cancellable states (`syncing -> committing`) is refused by
+the record while a cancel is pending, so a cancel racing that move is honoured here (the step before's
+rule, ending `cancelled`), or it arrives after the move and the API answers 409 `not-cancellable`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from app.agents.fleet import Fleet
+from app.jobs.states import JobState
+from app.launchers.base import Launcher
+from app.probe.job import JobProbe
+from app.probe.settings import ProbeSettings, load_probe_settings
+from app.runner.confirm import confirm_serving
+from app.runner.endings import Endings
+from app.runner.fanout import Fanout, ShouldCancel
+from app.runner.job import EXPECTED_FAILURES, JobCancelled, JobFailure, JobRun, LeaseLost
+from app.runner.launching import Participants
+from app.runner.record import JobRecord, is_member_row
+from app.runner.settings import RunnerSettings, hang_for_test
+from engine_agent.protocol import (
+    TERMINAL_PHASES,
+    CommitMode,
+    ReconfigPhase,
+    ReconfigStatus,
+    Role,
+    Strategy,
+    Timeouts,
+)
+
+log = logging.getLogger(__name__)
+
+
+S = JobState
+
+
+class OnFailure(StrEnum):
+    roll_back = "roll_back"  # nothing paused yet: abort everywhere, downtime 0
+    resume_all = "resume_all"  # pauses sent: everyone back on the old generation
+    fail_and_degrade = "fail_and_degrade"  # switch sent: failed, deployment degraded
+    by_engines = "by_engines"  # engine-agreed commit: decided by where the engines stand
+
+
+class StepName(StrEnum):
+    prepare = "prepare"
+    sync = "sync"
+    pause = "pause"
+    switch = "switch"
+    arm = "arm"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: StepName
+    state: JobState  # the job's state while the step runs
+    on_failure: OnFailure
+    cancellable: bool = False  # checks for a cancel while it waits
+
+
+STEPS: Mapping[Strategy, tuple[Step, ...]] = {
+    Strategy.background: (
+        Step(StepName.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
+        Step(StepName.sync, S.syncing, OnFailure.roll_back, cancellable=True),
+        Step(StepName.pause, S.committing, OnFailure.resume_all),
+        Step(StepName.switch, S.committing, OnFailure.fail_and_degrade),
+    ),
+    Strategy.blocking: (
+        Step(StepName.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
+        # The agents do prepare's work once paused: the pause answers when they are ready.
+        Step(StepName.pause, S.preparing, OnFailure.resume_all),
+        Step(StepName.sync, S.syncing, OnFailure.resume_all),
+        Step(StepName.switch, S.committing, OnFailure.fail_and_degrade),
+    ),
+}
+
+
+# The engine-agreed commit (background strategy; blocking runs prepare's work inside the pause).
+ENGINE_AGREED_STEPS: tuple[Step, ...] = (
+    Step(StepName.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
+    Step(StepName.sync, S.syncing, OnFailure.roll_back, cancellable=True),
+    Step(StepName.arm, S.committing, OnFailure.by_engines),
+)
+
+
+def steps_of(run: JobRun) -> tuple[Step, ...]:
+    if run.commit_mode == CommitMode.engines and run.strategy == Strategy.background:
+        return ENGINE_AGREED_STEPS
+    return STEPS[run.strategy]
+
+
+def _switching(status: ReconfigStatus) -> bool:
+    """Past the point of no return: switching, switched, or failed inside the switch."""
+    if status.phase in (ReconfigPhase.switching, ReconfigPhase.committed):
+        return True
+    return status.phase == ReconfigPhase.failed and status.error is not None and status.error.step == "switch"
+
+
+class Flow:
+    """Runs pending jobs through their strategy's steps."""
+
+    def __init__(
+        self,
+        record: JobRecord,
+        settings: RunnerSettings,
+        launchers: Mapping[str, Launcher],
+        owner: str,
+        probe_settings: ProbeSettings | None = None,
+    ) -> None:
+        self.record = record
+        self.settings = settings
+        self.owner = owner
+        self.participants = Participants(record, settings, launchers)
+        self.endings = Endings(record, settings, launchers)
+        self.probe_settings = probe_settings or load_probe_settings()
+        self._perform: Mapping[StepName, Callable[[JobRun, Fanout, Step], Awaitable[None]]] = {
+            StepName.prepare: self._prepare,
+            StepName.sync: self._sync,
+            StepName.pause: self._pause,
+            StepName.switch: self._switch,
+            StepName.arm: self._arm,
+        }
+
+    async def run(self, job_id: str, fleet: Fleet) -> None:
+        """Drive a pending job (claimed by this coordinator) to a terminal state."""
+        run = await self.record.load(job_id)
+        if run.state != S.pending:
+            return
+        if await self.record.cancel_requested(run):
+            await self.record.move(
+                run,
+                S.cancelled,
+                message="cancelled before it started",
+                changes={"error": JobCancelled("pending").error},
+            )
+            return
+        await self.record.move(run, S.preparing, message="claimed by " + self.owner)
+        probe = await self._open_probe(run)
+        try:
+            await self._steps(run, Fanout(fleet, self.settings), probe)
+        finally:
+            if probe is not None:
+                await probe.close()
+
+    async def _steps(self, run: JobRun, fanout: Fanout, probe: JobProbe | None) -> None:
+        rule = OnFailure.roll_back
+        for step in steps_of(run):
+            try:
+                if run.state != step.state:
+                    await self.record.move(run, step.state)  # into committing: not over a pending cancel
+                rule = step.on_failure
+                if probe is not None:
+                    probe.mark(step.name.value)
+                await self._perform[step.name](run, fanout, step)
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                failure = JobFailure.from_exception(run.state.value, exc)
+                if not isinstance(exc, EXPECTED_FAILURES):
+                    log.exception("job %s: %s failed unexpectedly", run.job_id, step.name.value)
+                await self._record_probe(run, probe)
+                await self.end(rule, run, fanout, failure)
+                return
+        await hang_for_test(self.settings, "switched")
+        try:
+            await confirm_serving(run, fanout.fleet)
+        except JobFailure as failure:
+            await self._record_probe(run, probe)
+            await self.end(OnFailure.fail_and_degrade, run, fanout, failure)
+            return
+        await self._record_probe(run, probe)
+        await self.endings.finish(run)
+
+    async def _open_probe(self, run: JobRun) -> JobProbe | None:
+        """Canaries to the engines serving now, while the job runs (the reference engine's probe)."""
+        if not self.probe_settings.enabled:
+            return None
+        deployment, rows, _ = await self.record.deployment_and_engines(run)
+        targets = {row.id: row.url for row in rows if is_member_row(row, deployment)}
+        return await JobProbe.open(self.probe_settings, run.engine_config.hidden_size, targets)
+
+    async def _record_probe(self, run: JobRun, probe: JobProbe | None) -> None:
+        """The probe's figures onto the job, before its last transition (never fails the job)."""
+        if probe is None:
+            return
+        changes = await probe.stop()
+        if not changes:
+            return
+        figures = changes["probe"]
+        unreachable = figures.get("unreachable") or {}
+        message = (
+            f"client downtime {changes['client_downtime_ms']:.1f} ms ({figures['canaries_sent']} canaries, "
+            f"{figures['canaries_failed']} failed)"
+            + (f"; could not reach {', '.join(sorted(unreachable))}" if unreachable else "")
+        )
+        await self.record.note(run, "probe", message, changes=changes)
+
+    async def end(self, rule: OnFailure, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:
+        if rule is OnFailure.roll_back:
+            await self.endings.roll_back(run, fanout, failure)
+        elif rule is OnFailure.resume_all:
+            await self.endings.resume_all(run, fanout, failure)
+        elif rule is OnFailure.by_engines:
+            await self.end(await self._where_engines_stand(run, fanout), run, fanout, failure)
+        else:
+            await self.endings.fail_and_degrade(run, fanout, failure)
+
+    async def _where_engines_stand(self, run: JobRun, fanout: Fanout) -> OnFailure:
+        """After a failed engine-agreed commit: the rule that fits where the engines are. Engines
+        inside the window finish it on their own first (switch, or go back)."""
+        clients = run.participant_clients()
+        await fanout.read_statuses(run, clients)
+        if not any(_switching(s) for s in run.statuses.values()) and any(
+            s.phase == ReconfigPhase.paused for s in run.statuses.values()
+        ):
+            await fanout.await_settled(run, clients, TERMINAL_PHASES)  # switch, or go back
+        statuses = run.statuses.values()
+        if any(_switching(s) for s in statuses):
+            return OnFailure.fail_and_degrade
+        if any(s.pause is not None for s in statuses):
+            return OnFailure.resume_all
+        return OnFailure.roll_back
+
+    def _should_cancel(self, run: JobRun, step: Step) -> ShouldCancel | None:
+        if not step.cancellable:
+            return None
+        return lambda: self.record.cancel_requested(run)
+
+    # --- the steps --------------------------------------------------------------------------------
+
+    async def _prepare(self, run: JobRun, fanout: Fanout, step: Step) -> None:
+        """Who takes part (launching what is missing), the plan, then `prepare` on every participant."""
+        await self.participants.plan(run, fanout.fleet)
+        plan = run.plan
+        assert plan is not None
+        await self.record.note(
+            run,
+            "plan",
+            f"{plan.from_size} -> {plan.to_size}, warm-up {plan.warmup_policy.value} "
+            f"({plan.warmup_reason}), transfer {plan.transfer_backend.value}",
+            data=plan.summary(),
+            changes={
+                "warmup_policy": plan.warmup_policy.value,
+                "engine_results": run.engine_results(),
+                "placement": plan.placement_record(),
+            },
+        )
+        if await self.record.cancel_requested(run):
+            raise JobCancelled(run.state.value)
+        settings = self.settings
+        request = plan.prepare_request(
+            run.job_id,
+            Timeouts(
+                rendezvous_s=settings.rendezvous_s,
+                collective_s=settings.collective_s,
+                serving_collective_s=settings.serving_collective_s,
+                transfer_s=settings.transfer_s,
+                pause_lease_s=settings.pause_lease_s,
+            ),
+        )
+        clients = run.participant_clients()
+        busy = await fanout.busy_with_other_jobs(run, clients)
+        if busy:
+            await self.record.note(run, "settle", f"waiting for earlier jobs to finish on {sorted(busy)}")
+            await fanout.settle_other_jobs(clients, busy)
+        await fanout.drive(
+            run,
+            clients,
+            {ReconfigPhase.prepared},
+            send=lambda c, wait_s: c.prepare(request, wait_s=wait_s),
+            job_phase=run.state.value,
+            deadline_s=settings.prepare_deadline_s,
+            poll_interval_s=settings.agent_poll_interval_s,
+            on_progress=lambda fraction: self.record.progress(run, "preparing", fraction),
+            should_cancel=self._should_cancel(run, step),
+        )
+        await self.record.note(run, "engines", "prepared", changes={"engine_results": run.engine_results()})
+        await hang_for_test(settings, "prepared")
+
+    async def _sync(self, run: JobRun, fanout: Fanout, step: Step) -> None:
+        await fanout.drive(
+            run,
+            run.member_clients(),
+            {ReconfigPhase.synced},
+            send=lambda c, wait_s: c.sync(run.job_id, wait_s=wait_s),
+            job_phase=run.state.value,
+            deadline_s=self.settings.sync_deadline_s,
+            poll_interval_s=self.settings.agent_poll_interval_s,
+            on_progress=lambda fraction: self.record.progress(run, "syncing", fraction),
+            should_cancel=self._should_cancel(run, step),
+        )
+        await hang_for_test(self.settings, "synced")
+
+    async def _pause(self, run: JobRun, fanout: Fanout, step: Step) -> None:
+        """First half of the commit: every participant confirms its pause (one exchange per engine:
+        the agent answers once paused, or failed)."""
+        settings = self.settings
+        await self.record.progress(run, "pausing")
+        run.mark("pause_sent")
+        await fanout.drive(
+            run,
+            run.participant_clients(),
+            {ReconfigPhase.paused},
+            send=lambda c, wait_s: c.pause(run.job_id, lease_s=settings.pause_lease_s, wait_s=wait_s),
+            job_phase=run.state.value,
+            # Blocking: all of prepare's work happens inside this pause.
+            deadline_s=settings.prepare_deadline_s
+            if run.strategy == Strategy.blocking
+            else settings.pause_deadline_s,
+            poll_interval_s=settings.commit_poll_interval_s,
+            should_cancel=self._should_cancel(run, step),
+        )
+        run.mark("all_paused")
+        self._check_budget(run)
+        await hang_for_test(settings, "paused")
+
+    @staticmethod
+    def _check_budget(run: JobRun) -> None:
+        """The coordinator's commit: before the switch goes out, has any engine been stopped longer
+        than the budget? Then every engine goes back (the pause step's rule: resume all)."""
+        budget = run.max_downtime_ms
+        if budget is None:
+            return
+        now = time.time()
+        stopped = {
+            engine_id: ((now - status.pause.paused_at) * 1000.0, status.pause)
+            for engine_id, status in run.statuses.items()
+            if status.pause is not None and status.role != Role.joining
+        }
+        if not stopped:
+            return
+        engine_id, (took, pause) = max(stopped.items(), key=lambda item: item[1][0])
+        if took <= budget:
+            return
+        parts = {
+            "step boundary": pause.boundary_wait_ms,
+            "warm_up": pause.warmup_ms,
+            "blocking prepare": pause.blocking_prepare_ms,
+        }
+        part, part_ms = max(parts.items(), key=lambda item: item[1])
+        if part_ms < took / 2:
+            part = "pause confirmation"  # the engines' own parts were short: the exchange took it
+        raise JobFailure(
+            run.state.value,
+            "downtime-budget-exceeded",
+            f"engine {engine_id} was stopped {took:.1f} ms by its {part} before the switch "
+            f"(budget {budget} ms)",
+            engine_id,
+        )
+
+    async def _arm(self, run: JobRun, fanout: Fanout, step: Step) -> None:
+        """The engine-agreed commit: arm every participant; each answers once it committed (one held
+        exchange per engine, none of them inside the window)."""
+        await self.record.progress(run, "switching")
+        run.mark("arm_sent")
+        try:
+            await self._drive_arm(run, fanout)
+        except JobFailure as failure:
+            # An engine that overran the budget is named by the engines' shared verdict.
+            for status in run.statuses.values():
+                if (
+                    status.error is not None
+                    and status.error.type == failure.error["type"]
+                    and status.error.engines
+                ):
+                    failure.error["engine_id"] = status.error.engines[0]
+                    break
+            raise
+        run.mark("all_committed")
+
+    async def _drive_arm(self, run: JobRun, fanout: Fanout) -> None:
+        settings = self.settings
+        if settings.test_hang_at == "armed":  # tests: the coordinator dies with every engine armed
+            await fanout.fleet.all(
+                run.participant_clients(),
+                lambda c: c.arm(
+                    run.job_id,
+                    deadline_s=settings.arm_deadline_s,
+                    lease_s=settings.pause_lease_s,
+                    max_downtime_ms=run.max_downtime_ms,
+                ),
+            )
+            await hang_for_test(settings, "armed")
+        await fanout.drive(
+            run,
+            run.participant_clients(),
+            {ReconfigPhase.committed},
+            send=lambda c, wait_s: c.arm(
+                run.job_id,
+                deadline_s=settings.arm_deadline_s,
+                lease_s=settings.pause_lease_s,
+                max_downtime_ms=run.max_downtime_ms,
+                wait_s=wait_s,
+            ),
+            job_phase=run.state.value,
+            # The engines' own deadline for arming, then the window (its warm-up and switch).
+            deadline_s=settings.arm_deadline_s + settings.switch_deadline_s,
+            poll_interval_s=settings.commit_poll_interval_s,
+        )
+
+    async def _switch(self, run: JobRun, fanout: Fanout, step: Step) -> None:
+        """Second half of the commit. Nothing but the switch inside the window: it goes out the moment
+        the last pause is confirmed, and progress is written once everyone switched."""
+        run.mark("switch_sent")
+        await fanout.drive(
+            run,
+            run.participant_clients(),
+            {ReconfigPhase.committed},
+            send=lambda c, wait_s: c.switch(run.job_id, wait_s=wait_s),
+            job_phase=run.state.value,
+            deadline_s=self.settings.switch_deadline_s,
+            poll_interval_s=self.settings.commit_poll_interval_s,
+        )
+        run.mark("all_committed")

@@ -1,0 +1,204 @@
+"""One running job as the runner holds it in memory (`JobRun`), and the failures that end it.
+
+Pure: no database, no HTTP. The record (`record.py`) writes what is derived here (engine results,
+downtime) onto the job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.agents.client import AgentClient
+from app.agents.errors import AgentCallError
+from app.core.errors import DomainError
+from app.jobs.states import JobState
+from app.launchers.base import EngineHandle, LaunchError
+from app.runner.downtime import Downtime, job_downtime
+from app.runner.planner import Plan, PlanError
+from engine_agent.protocol import AgentInfo, CommitMode, EngineConfig, ReconfigStatus, Strategy
+
+# Progress bands per phase: percent = start + (end - start) * fraction done.
+PROGRESS_BANDS: Mapping[str, tuple[float, float]] = {
+    "launching": (0.0, 10.0),
+    "preparing": (10.0, 60.0),
+    "syncing": (60.0, 70.0),
+    "pausing": (70.0, 80.0),
+    "switching": (80.0, 90.0),
+    "cleaning_up": (90.0, 100.0),
+}
+
+
+class JobFailure(Exception):
+    """Stops a job; `error` is what the job records: `{phase, engine_id, type, message}`."""
+
+    def __init__(self, phase: str, type_: str, message: str, engine_id: str | None = None) -> None:
+        super().__init__(message)
+        self.error: dict[str, Any] = {
+            "phase": phase,
+            "engine_id": engine_id,
+            "type": type_,
+            "message": message,
+        }
+
+    @classmethod
+    def from_exception(cls, phase: str, exc: BaseException) -> JobFailure:
+        if isinstance(exc, JobFailure):
+            return exc
+        if isinstance(exc, AgentCallError | LaunchError | PlanError):  # all carry type, message, engine
+            return cls(phase, exc.type, exc.message, exc.engine_id)
+        if isinstance(exc, DomainError):
+            return cls(phase, exc.code, exc.detail)
+        return cls(phase, "internal-error", f"{exc.__class__.__name__}: {exc}")
+
+
+# What a step may fail with by design (an agent, a launcher, the planner, a refused record change): the
+# job records it; anything else is a bug, recorded as `internal-error` and logged with its traceback.
+EXPECTED_FAILURES = (JobFailure, AgentCallError, LaunchError, PlanError, DomainError)
+
+
+class JobCancelled(JobFailure):
+    def __init__(self, phase: str) -> None:
+        super().__init__(phase, "cancelled", "cancelled on request")
+
+
+class LeaseLost(Exception):
+    """Another coordinator (or an operator) moved the job: stop touching it."""
+
+
+@dataclass
+class JobRun:
+    job_id: str
+    deployment_id: str
+    deployment_name: str
+    launcher_name: str
+    engine_config: EngineConfig
+    state: JobState
+    strategy: Strategy
+    warmup_requested: str | None
+    commit_mode: CommitMode = CommitMode.coordinator
+    max_downtime_ms: int | None = None  # the downtime budget in force
+    retire: tuple[str, ...] = ()  # the engines the request names to leave
+    plan: Plan | None = None
+    clients: dict[str, AgentClient] = field(default_factory=dict)
+    statuses: dict[str, ReconfigStatus] = field(default_factory=dict)
+    infos: dict[str, AgentInfo] = field(default_factory=dict)
+    launched: list[EngineHandle] = field(default_factory=list)
+    progress_step: str | None = None
+    progress_percent: float = 0.0
+    # Coordinator-side timing of the commit window (monotonic seconds), to show where downtime goes.
+    commit_marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, name: str) -> None:
+        self.commit_marks[name] = time.monotonic()
+
+    def commit_timing_ms(self) -> dict[str, float]:
+        marks = self.commit_marks
+        spans = {
+            # Engine-agreed: the coordinator only arms and observes; its time inside the window is 0.
+            "arm_to_all_committed_ms": ("arm_sent", "all_committed"),
+            "pause_confirm_ms": ("pause_sent", "all_paused"),
+            "paused_to_switch_sent_ms": ("all_paused", "switch_sent"),
+            "switch_confirm_ms": ("switch_sent", "all_committed"),
+        }
+        timing = {
+            name: round((marks[b] - marks[a]) * 1000.0, 3)
+            for name, (a, b) in spans.items()
+            if a in marks and b in marks
+        }
+        if "arm_sent" in marks:
+            timing["inside_window_ms"] = 0.0  # by construction: nothing is sent once the engines armed
+        return timing
+
+    def participant_clients(self) -> list[AgentClient]:
+        assert self.plan is not None
+        return [self.clients[m.engine_id] for m in self.plan.participants]
+
+    def member_clients(self) -> list[AgentClient]:
+        assert self.plan is not None
+        return [self.clients[m.engine_id] for m in self.plan.members]
+
+    def joiner_handles(self) -> list[EngineHandle]:
+        """Engines this job launched or planned to add: what a rollback gives back to the launcher."""
+        handles = list(self.launched)
+        if self.plan is not None:
+            known = {h.engine_id for h in handles}
+            handles += [
+                EngineHandle(engine_id=m.engine_id, url=m.url)
+                for m in self.plan.members
+                if m.engine_id in self.plan.joiners and m.engine_id not in known
+            ]
+        return handles
+
+    def leaver_handles(self) -> list[EngineHandle]:
+        if self.plan is None:
+            return []
+        return [
+            EngineHandle(engine_id=m.engine_id, url=m.url)
+            for m in self.plan.old_members
+            if m.engine_id in self.plan.leavers
+        ]
+
+    def downtime(self, *, now: float | None = None) -> Downtime:
+        """The union of the pauses of the engines that were serving (the old generation's members):
+        a joiner was not serving before, so its wait stops no one; its own interval is still listed."""
+        pauses = {eid: s.pause for eid, s in self.statuses.items() if s.job_id == self.job_id}
+        plan = self.plan
+        old = {m.engine_id for m in plan.old_members} if plan and plan.old_members else None
+        return job_downtime(pauses, now=now, serving=old)
+
+    def downtime_record(self, *, now: float | None = None) -> dict[str, Any]:
+        """`downtime_ms` and `downtime` as the job records them, with the coordinator's commit timing."""
+        downtime = self.downtime(now=now)
+        return {
+            "downtime_ms": downtime.downtime_ms,
+            "downtime": {**downtime.as_dict(), "coordinator": self.commit_timing_ms()},
+        }
+
+    def engine_results(self) -> list[dict[str, Any]]:
+        """Per-engine results: role, ranks, the agent's phase, generation, pause and transfer."""
+        plan = self.plan
+        if plan is None:
+            return []
+        old_rank = {m.engine_id: i for i, m in enumerate(plan.old_members)}
+        new_rank = {m.engine_id: i for i, m in enumerate(plan.members)}
+        results = []
+        for member in plan.participants:
+            status = self.statuses.get(member.engine_id)
+            info = self.infos.get(member.engine_id)
+            results.append(
+                {
+                    "engine_id": member.engine_id,
+                    "url": member.url,
+                    "role": plan.role(member.engine_id).value,
+                    "old_rank": old_rank.get(member.engine_id),
+                    "new_rank": new_rank.get(member.engine_id),
+                    "platform": info.platform.value if info else None,
+                    "phase": status.phase.value if status else None,
+                    "generation": status.generation if status else None,
+                    "step": status.step if status else None,
+                    "bytes_moved": status.bytes_moved if status else 0,
+                    "transfer_backend": status.transfer_backend.value
+                    if status and status.transfer_backend
+                    else None,
+                    "synced_value": status.synced_value if status else None,
+                    "pause": status.pause.model_dump(mode="json") if status and status.pause else None,
+                    "error": status.error.model_dump(mode="json") if status and status.error else None,
+                }
+            )
+        return results
+
+
+def progress_fraction(statuses: Iterable[ReconfigStatus]) -> float:
+    done = total = 0
+    for status in statuses:
+        done += status.steps_done
+        total += status.steps_total
+    return done / total if total else 0.0
+
+
+def progress_percent(step: str, fraction: float) -> float:
+    start, end = PROGRESS_BANDS.get(step.split(":")[0], (0.0, 100.0))
+    return round(start + (end - start) * max(0.0, min(fraction, 1.0)), 1)

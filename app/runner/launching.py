@@ -1,0 +1,156 @@
+"""Who takes part in a job: ask every known engine for `/v1/info`, launch what is missing (a cancel
+stops the launch at once), and plan. The first part of the prepare step."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import shlex
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
+
+from app.agents.errors import AgentCallError
+from app.agents.fleet import Fleet
+from app.deployments.models import Deployment
+from app.engines.models import Engine
+from app.launchers.base import EngineHandle, Launcher, LaunchSpec
+from app.runner.fencing import grant_generation
+from app.runner.job import JobCancelled, JobFailure, JobRun
+from app.runner.planner import DeploymentSpec, JobOptions, make_plan
+from app.runner.record import JobRecord, is_member_row
+from app.runner.settings import RunnerSettings
+from engine_agent.protocol import AgentInfo, AgentState, EngineConfig
+
+T = TypeVar("T")
+
+PHASE = "preparing"
+# How often a launch in progress checks for a cancel (seconds).
+CANCEL_CHECK_S = 0.2
+
+
+def launch_spec(settings: RunnerSettings, deployment: str, engine: EngineConfig) -> LaunchSpec:
+    """What a launcher is told about the deployment it starts (or releases) engines for."""
+    return LaunchSpec(
+        deployment=deployment,
+        engine=engine,
+        coordinator_url=settings.public_url,
+        token=settings.agent_token,
+        extra_args=tuple(shlex.split(settings.local_agent_args)),
+    )
+
+
+class Participants:
+    def __init__(
+        self, record: JobRecord, settings: RunnerSettings, launchers: Mapping[str, Launcher]
+    ) -> None:
+        self.record = record
+        self.settings = settings
+        self.launchers = launchers
+
+    async def plan(self, run: JobRun, fleet: Fleet) -> None:
+        """Fill `run.plan`, `run.infos`, `run.clients` and `run.launched`. Raises `JobFailure` (a member
+        that does not answer, a launch or plan that fails), `JobCancelled` on request."""
+        deployment, rows, target = await self.record.deployment_and_engines(run)
+        await self.record.progress(run, "launching")
+        infos = await self._agent_infos(fleet, deployment, rows)
+        members_now = [
+            i for i in infos if i.state != AgentState.idle and i.generation == deployment.generation
+        ]
+        idle = [i for i in infos if i.state == AgentState.idle]
+        need = target - len(members_now)
+        if need > 0 and len(idle) < need:
+            handles = [EngineHandle(engine_id=i.engine_id, url=i.url) for i in idle]
+            ready = await self._launch(run, need, handles)
+            known = {i.engine_id for i in idle}
+            run.launched = [h for h in ready if h.engine_id not in known]
+            new_infos = list(
+                (
+                    await fleet.all(
+                        [fleet.client(h.engine_id, h.url) for h in run.launched], lambda c: c.info()
+                    )
+                ).values()
+            )
+            await self.record.add_engines(run, new_infos)
+            infos += new_infos
+            idle += new_infos
+        spec = DeploymentSpec(
+            name=deployment.name,
+            num_logical_experts=run.engine_config.num_logical_experts,
+            num_redundant_experts=run.engine_config.num_redundant_experts,
+            generation=deployment.generation,
+            warmup_policy=deployment.warmup_policy,  # type: ignore[arg-type]
+            expert_nbytes=run.engine_config.expert_nbytes,
+            num_moe_layers=run.engine_config.num_moe_layers,
+        )
+        options = JobOptions(
+            warmup_policy=run.warmup_requested,  # type: ignore[arg-type]
+            strategy=run.strategy,
+            transfer_backend=self.settings.transfer_backend,
+            retire=run.retire,
+        )
+        plan = make_plan(spec, members_now + idle, target, options)
+        granted = await self.record.run_in_session(
+            lambda session: grant_generation(
+                session,
+                job_id=run.job_id,
+                deployment_id=run.deployment_id,
+                reported=[i.generation for i in infos],
+            )
+        )
+        run.plan = dataclasses.replace(plan, generation=granted)
+        run.infos = {i.engine_id: i for i in infos}
+        run.clients = {m.engine_id: fleet.client(m.engine_id, m.url) for m in run.plan.participants}
+
+    async def _launch(self, run: JobRun, need: int, idle: Sequence[EngineHandle]) -> list[EngineHandle]:
+        """`need` engines from the launcher. A cancel requested meanwhile stops the launch (the
+        launcher stops what it started) and raises `JobCancelled`."""
+        launcher = self.launchers.get(run.launcher_name)
+        if launcher is None:
+            raise JobFailure(PHASE, "unknown-launcher", f"no launcher {run.launcher_name!r} is configured")
+        launch = asyncio.ensure_future(
+            launcher.ensure_engines(
+                launch_spec(self.settings, run.deployment_name, run.engine_config),
+                need,
+                idle,
+                deadline_s=self.settings.launch_deadline_s,
+            )
+        )
+        return await until_cancelled(launch, lambda: self.record.cancel_requested(run), PHASE)
+
+    async def _agent_infos(
+        self, fleet: Fleet, deployment: Deployment, rows: Sequence[Engine]
+    ) -> list[AgentInfo]:
+        """Every known engine's `/v1/info`. A current member that does not answer fails the job; an
+        idle engine that does not answer is skipped."""
+        clients = [fleet.client(row.id, row.url) for row in rows]
+        results = await fleet.each(clients, lambda c: c.info())
+        infos: list[AgentInfo] = []
+        for row in rows:
+            result = results[row.id]
+            if isinstance(result, AgentCallError):
+                if is_member_row(row, deployment) and deployment.generation > 0:
+                    raise JobFailure.from_exception(PHASE, result)
+                continue
+            infos.append(result)
+        return infos
+
+
+async def until_cancelled(work: asyncio.Future[T], cancelled: Callable[[], Awaitable[bool]], phase: str) -> T:
+    """`work`'s result, unless `cancelled()` turns true first (checked every `CANCEL_CHECK_S`): then
+    `work` is cancelled (and awaited, so it cleans up) and `JobCancelled` raised."""
+    try:
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=CANCEL_CHECK_S)
+            if done:
+                return work.result()
+            if await cancelled():
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await work
+                raise JobCancelled(phase)
+    finally:
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work

@@ -1,0 +1,181 @@
+"""The job runner: claims jobs and runs each in its own task, and ticks the scheduled work.
+
+    loop -> leases      (claim pending and stranded jobs, renew, release)
+         -> flow        (a pending job, start to end; a `vllm` deployment's: app.backends.vllm.flow)
+         -> recovery    (a job a dead coordinator left; vllm: app.backends.vllm.recovery)
+         -> scheduled   (cleanup outcomes, heartbeat expiry)
+
+Every job gets its own `Fleet` over the runner's one agent session (aiohttp: a kept-alive connection
+per agent, shared by jobs, recovery and the cleanup poller), with the coordinator's
+`EPCTL_AGENT_TIMEOUT_S` as each call's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+
+from sqlalchemy.engine import Engine as DbEngine
+
+from app.agents.fleet import Fleet
+from app.agents.transport import AgentSession
+from app.backends.dispatch import backend_of_job
+from app.backends.vllm.flow import run_vllm_job
+from app.backends.vllm.recovery import reconcile_vllm_job
+from app.deployments.models import EngineBackend
+from app.launchers.base import DeletedDeployment, Launcher
+from app.runner.flow import Flow
+from app.runner.job import LeaseLost
+from app.runner.launching import launch_spec
+from app.runner.leases import Leases
+from app.runner.record import JobRecord
+from app.runner.recovery import Recovery
+from app.runner.scheduled import Retention, Scheduled, scheduled_tasks
+from app.runner.settings import RunnerSettings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_AGENT_TIMEOUT_S = 5.0
+DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
+
+
+class JobRunner:
+    def __init__(
+        self,
+        db: DbEngine,
+        *,
+        launchers: Mapping[str, Launcher],
+        lease_s: float = 30.0,
+        agent_timeout_s: float = DEFAULT_AGENT_TIMEOUT_S,
+        heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+        settings: RunnerSettings | None = None,
+        new_fleet: Callable[[], Fleet] | None = None,
+        retention: Retention | None = None,
+    ) -> None:
+        """`new_fleet` makes the agent clients of one job (default: HTTP, `agent_timeout_s` per call)."""
+        self.settings = settings or RunnerSettings()
+        self.agent_timeout_s = agent_timeout_s
+        self._new_fleet = new_fleet
+        self._agent_session = AgentSession()
+        owner = self.settings.coordinator_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.record = JobRecord(db)
+        self.leases = Leases(owner, lease_s)
+        self.launchers = launchers
+        self.flow = Flow(self.record, self.settings, launchers, owner)
+        self.recovery = Recovery(self.record, self.settings, launchers)
+        self.scheduled = Scheduled(
+            scheduled_tasks(
+                self.record, self.settings, self.new_fleet, heartbeat_timeout_s, retention, launchers
+            )
+        )
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._loop_task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def release_deleted_deployment(self, deployment: DeletedDeployment) -> None:
+        """Stop the engines of a deployment just deleted, through the launcher that started them (a
+        static pool keeps its own): they would otherwise run on, registering with a deployment that no
+        longer exists. Best effort: the deletion already happened, so a failure is logged."""
+        launcher = self.launchers.get(deployment.launcher)
+        if launcher is None or not deployment.engines:
+            return
+        spec = launch_spec(self.settings, deployment.name, deployment.engine)
+        try:
+            await launcher.release(spec, deployment.engines)
+        except Exception:
+            log.exception("deployment %s deleted: stopping its engines failed", deployment.name)
+
+    def new_fleet(self) -> Fleet:
+        if self._new_fleet is not None:
+            return self._new_fleet()
+        return Fleet(timeout_s=self.agent_timeout_s, session=self._agent_session)
+
+    async def start(self) -> None:
+        """Claim and run jobs in the background (a predecessor's are reconciled as they are found)."""
+        if not self.settings.enabled:
+            return
+        self._loop_task = asyncio.create_task(self._loop(), name="job-runner")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        tasks = [t for t in [self._loop_task, *self._running.values()] if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        # Let our leases go so another coordinator (or our successor) reconciles without waiting.
+        with contextlib.suppress(Exception):
+            await self.record.run_in_session(self.leases.release_all)
+        await self._agent_session.aclose()
+
+    async def tick(self) -> None:
+        """One pass: claim what can be claimed, spawn its work, run the scheduled tasks that are due."""
+        for job_id in await self.record.run_in_session(self.leases.claim_stranded):
+            self._spawn(job_id, self._reconcile)
+        pending_id = await self.record.run_in_session(self.leases.claim_pending)
+        if pending_id is not None:
+            self._spawn(pending_id, self._run)
+        await self.scheduled.tick()
+
+    async def _backend(self, job_id: str) -> EngineBackend:
+        return await self.record.run_in_session(lambda s: backend_of_job(s, job_id))
+
+    async def _run(self, job_id: str, fleet: Fleet) -> None:
+        """The flow of the job's backend: epctl's own agents, or a vLLM server's own elastic EP API."""
+        if await self._backend(job_id) is EngineBackend.vllm:
+            await run_vllm_job(self.record.db, job_id, owner=self.leases.owner)
+        else:
+            await self.flow.run(job_id, fleet)
+
+    async def _reconcile(self, job_id: str, fleet: Fleet) -> None:
+        if await self._backend(job_id) is EngineBackend.vllm:
+            await reconcile_vllm_job(self.record.db, job_id, owner=self.leases.owner)
+        else:
+            await self.recovery.reconcile(job_id, fleet)
+
+    async def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("job runner tick failed")
+            await asyncio.sleep(self.settings.poll_interval_s)
+
+    def _spawn(self, job_id: str, work: Callable[[str, Fleet], Awaitable[None]]) -> None:
+        async def guarded() -> None:
+            renew = asyncio.create_task(self._renew_lease(job_id, asyncio.current_task()))
+            try:
+                async with self.new_fleet() as fleet:
+                    await work(job_id, fleet)
+            except (asyncio.CancelledError, LeaseLost):
+                pass
+            except Exception:
+                log.exception("job %s: runner crashed", job_id)
+            finally:
+                renew.cancel()
+                self._running.pop(job_id, None)
+                self.leases.set_running(self._running)
+
+        self._running[job_id] = asyncio.create_task(guarded(), name=f"job-{job_id}")
+        self.leases.set_running(self._running)
+
+    async def _renew_lease(self, job_id: str, worker: asyncio.Task[None] | None) -> None:
+        while True:
+            await asyncio.sleep(self.leases.lease_s / 3)
+            try:
+                held = await self.record.run_in_session(lambda s: self.leases.extend(s, job_id))
+            except Exception:
+                log.exception("job %s: lease renewal failed", job_id)
+                continue
+            if not held:
+                log.warning("job %s: lease lost to another coordinator; stopping", job_id)
+                if worker is not None:
+                    worker.cancel()
+                return

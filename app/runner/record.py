@@ -1,0 +1,229 @@
+"""Everything a running job writes: its transitions and notes (through `app.jobs.transitions`), and the
+deployment and engine rows a job changes (new generation, degraded, engines launched or gone).
+
+Database work runs in worker threads (sync sessions) so the event loop keeps driving agents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from app.core.clock import utc_now
+from app.core.errors import ConflictError
+from app.deployments.models import Deployment, DeploymentStatus
+from app.engines.models import Engine, EngineState
+from app.jobs.async_record import AsyncJobRecord
+from app.jobs.models import ReconfigurationJob
+from app.jobs.states import JobState
+from app.jobs.transitions import append_event
+from app.runner.job import JobCancelled, JobRun, LeaseLost, progress_percent
+from app.runner.planner import Plan
+from engine_agent.protocol import AgentInfo, CommitMode, EngineConfig, Strategy
+
+# An engine row in one of these states, on the deployment's generation with a rank, is a member: if
+# its agent does not answer, the job cannot plan (an `unreachable` member is still a member).
+MEMBER_STATES = frozenset(
+    {EngineState.serving.value, EngineState.paused.value, EngineState.unreachable.value}
+)
+
+
+class JobRecord(AsyncJobRecord[JobRun]):
+    """The writes of running jobs, on one database. A refused move raises `JobCancelled` (a pending
+    cancel) or `LeaseLost` (the job moved under us, e.g. an operator cancelled it)."""
+
+    def cancelled(self, job: JobRun) -> Exception:
+        return JobCancelled(job.state.value)
+
+    def moved_on(self, reason: str) -> Exception:
+        return LeaseLost(reason)
+
+    # --- the job ----------------------------------------------------------------------------------
+
+    async def load(self, job_id: str) -> JobRun:
+        def load(session: Session) -> JobRun:
+            job = session.get(ReconfigurationJob, job_id)
+            if job is None:
+                raise LookupError(job_id)
+            deployment = session.get(Deployment, job.deployment_id)
+            assert deployment is not None
+            return JobRun(
+                job_id=job.id,
+                deployment_id=deployment.id,
+                deployment_name=deployment.name,
+                launcher_name=deployment.launcher,
+                engine_config=EngineConfig.model_validate(deployment.engine_config),
+                state=JobState(job.state),
+                strategy=Strategy(job.strategy),
+                warmup_requested=job.warmup_policy_requested,
+                commit_mode=CommitMode(job.commit_mode),
+                max_downtime_ms=job.max_downtime_ms,
+                retire=tuple(job.retire or ()),
+            )
+
+        return await self.run_in_session(load)
+
+    async def job(self, job_id: str) -> ReconfigurationJob:
+        def read(session: Session) -> ReconfigurationJob:
+            job = session.get(ReconfigurationJob, job_id)
+            if job is None:
+                raise LookupError(job_id)
+            return job
+
+        return await self.run_in_session(read)
+
+    async def note(
+        self,
+        run: JobRun,
+        kind: str,
+        message: str | None = None,
+        *,
+        data: Mapping[str, Any] | None = None,
+        changes: Mapping[str, Any] | None = None,
+    ) -> None:
+        """A log row, only while the job is still in the state this run left it in: a holder frozen
+        past its lease, whose job another coordinator moved on meanwhile, writes nothing (`LeaseLost`)."""
+        try:
+            await self.run_in_session(
+                lambda s: append_event(
+                    s,
+                    job_id=run.job_id,
+                    kind=kind,
+                    message=message,
+                    data=data,
+                    changes=changes,
+                    expected_states={run.state},
+                )
+            )
+        except ConflictError as exc:
+            raise LeaseLost(str(exc)) from exc
+
+    async def progress(self, run: JobRun, step: str, fraction: float = 0.0) -> None:
+        """Record progress (an event per new step, or per 10% within one)."""
+        percent = progress_percent(step, fraction)
+        if step == run.progress_step and percent - run.progress_percent < 10.0:
+            return
+        run.progress_step, run.progress_percent = step, percent
+        await self.note(
+            run,
+            "progress",
+            step,
+            data={"step": step, "percent": percent},
+            changes={"progress_step": step, "progress_percent": percent},
+        )
+
+    # --- the deployment and its engines -----------------------------------------------------------
+
+    async def deployment_and_engines(self, run: JobRun) -> tuple[Deployment, list[Engine], int]:
+        """The deployment, its engines not `left`, and the job's target size."""
+
+        def read(session: Session) -> tuple[Deployment, list[Engine], int]:
+            deployment = session.get(Deployment, run.deployment_id)
+            job = session.get(ReconfigurationJob, run.job_id)
+            assert deployment is not None and job is not None
+            rows = session.exec(
+                select(Engine).where(
+                    Engine.deployment_id == run.deployment_id, Engine.state != EngineState.left.value
+                )
+            ).all()
+            return deployment, list(rows), job.to_dp_size
+
+        return await self.run_in_session(read)
+
+    async def add_engines(self, run: JobRun, infos: Sequence[AgentInfo]) -> None:
+        """Engines the launcher just started may not have registered yet: record them now."""
+
+        def add(session: Session) -> None:
+            for info in infos:
+                if session.get(Engine, info.engine_id) is not None:
+                    continue
+                session.add(
+                    Engine(
+                        id=info.engine_id,
+                        deployment_id=run.deployment_id,
+                        url=info.url,
+                        platform=info.platform.value,
+                        device=info.device,
+                        state=EngineState.idle.value,
+                        launched_by=run.launcher_name,
+                    )
+                )
+                try:
+                    session.commit()
+                except IntegrityError:
+                    session.rollback()  # it registered itself meanwhile
+
+        await self.run_in_session(add)
+
+    async def mark_left(self, engine_ids: Sequence[str]) -> None:
+        def mark(session: Session) -> None:
+            for engine_id in engine_ids:
+                row = session.get(Engine, engine_id)
+                if row is not None:
+                    row.state = EngineState.left.value
+                    row.dp_rank = None
+                    row.updated_at = utc_now()
+                    session.add(row)
+            session.commit()
+
+        await self.run_in_session(mark)
+
+
+def apply_generation(session: Session, deployment_id: str, plan: Plan) -> None:
+    """The deployment and its engines as the new generation: size, generation, ranks, states (in the
+    caller's transaction)."""
+    deployment = session.get(Deployment, deployment_id)
+    assert deployment is not None
+    now = utc_now()
+    deployment.current_dp_size = plan.to_size
+    deployment.generation = plan.generation
+    deployment.status = DeploymentStatus.ready.value
+    deployment.updated_at = now
+    session.add(deployment)
+    for rank, member in enumerate(plan.members):
+        row = session.get(Engine, member.engine_id)
+        if row is None:
+            continue
+        row.dp_rank = rank
+        row.world_size = plan.to_size
+        row.generation = plan.generation
+        row.state = EngineState.serving.value
+        row.updated_at = now
+        session.add(row)
+    for engine_id in plan.leavers:
+        row = session.get(Engine, engine_id)
+        if row is None:
+            continue
+        row.dp_rank = None
+        row.world_size = 0
+        row.state = EngineState.idle.value
+        row.updated_at = now
+        session.add(row)
+    session.flush()
+
+
+def degrade(session: Session, deployment_id: str, generations: Mapping[str, Mapping[str, Any]]) -> None:
+    """A switch that failed part-way: the deployment `degraded`, each engine row on the generation,
+    rank and state its agent reports (in the caller's transaction)."""
+    deployment = session.get(Deployment, deployment_id)
+    assert deployment is not None
+    deployment.status = DeploymentStatus.degraded.value
+    deployment.updated_at = utc_now()
+    session.add(deployment)
+    for engine_id, view in generations.items():
+        row = session.get(Engine, engine_id)
+        if row is not None and view["generation"] is not None:
+            row.generation = int(view["generation"])
+            rank = view["rank"]
+            row.dp_rank = int(rank) if rank is not None else None
+            row.state = str(view["state"])
+            row.updated_at = utc_now()
+            session.add(row)
+
+
+def is_member_row(row: Engine, deployment: Deployment) -> bool:
+    """Whether the record says this engine serves the deployment's current generation."""
+    return row.dp_rank is not None and row.generation == deployment.generation and row.state in MEMBER_STATES

@@ -1,0 +1,32 @@
+"""What the reference engine counts (steps, requests, tokens, pauses, per-layer expert load, its last
+group error) and the summary of its recent real steps' durations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+STEP_TIMES_KEPT = 1024  # the recent real steps whose durations `step_ms_summary` summarises
+
+
+@dataclass
+class EngineCounters:
+    steps: int = 0
+    dummy_steps: int = 0
+    requests_served: int = 0
+    tokens_served: int = 0
+    pauses: int = 0
+    last_error: str | None = None
+    layer_expert_load: list[list[int]] = field(default_factory=list)  # [layer][logical expert]
+
+
+def step_ms_summary(step_ms: Iterable[float]) -> dict[str, float] | None:
+    """p50/p99 of the step durations (ms) and how many there were; None before any."""
+    times = sorted(step_ms)
+    if not times:
+        return None
+
+    def pick(p: float) -> float:
+        return round(times[min(len(times) - 1, int(p * len(times)))], 3)
+
+    return {"p50": pick(0.5), "p99": pick(0.99), "steps": float(len(times))}

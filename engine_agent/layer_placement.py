@@ -1,0 +1,245 @@
+"""Per-layer expert placement, planned from the previous one so that few weight copies move.
+
+numpy, no torch: the coordinator imports it. Arrays, not lists, because a DeepSeek-V3-like model has
+58 MoE layers x 256 experts x 64 ranks and a plan must take tens of milliseconds: every step below
+runs over all layers at once, looping only over the replicas of one layer.
+
+Shapes: `loads[layer, expert]`, `placement[layer, rank, slot] = logical expert`. Every layer has the
+same number of ranks and slots (`slots_per_rank`). A "copy" is one (layer, rank, expert) that the rank
+must hold in the new placement and did not hold in the old one: one expert's weights over the network.
+
+The plan (`rebalance_layers`):
+1. Replica counts per layer: one replica per expert, then each extra slot to the expert with the highest
+   load per replica (the same rule as `placement.rebalance`).
+2. A fresh placement (largest replica first onto the least-loaded rank with room): the balance to keep.
+3. The same pass, except that a replica goes back to a rank that held the expert before whenever that
+   rank has room and stays under a load cap just inside the allowed balance; only what cannot stay
+   moves, onto the least-loaded rank with room.
+4. A layer whose balance ends below `min_balance` x the fresh one is packed again with a tight cap (the
+   fresh maximum), and if still short, takes the fresh placement with its ranks matched to the old
+   ranks by overlap (same balance as fresh, by construction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from engine_agent.layer_moves import (
+    BoolArray,
+    FloatArray,
+    IntArray,
+    fresh_placement,
+    held_pairs,
+    incremental,
+)
+from engine_agent.placement import slots_per_rank
+
+# Aim just inside the allowed balance, so that rounding never lands a layer on the wrong side of it.
+_CAP_MARGIN = 0.999
+# A layer whose copies (keeping every old pair) exceed this x its lower bound also tries the fresh
+# replica counts, and takes the cheaper of the two.
+_RETRY_ABOVE_BOUND = 1.5
+
+
+def normalized_loads(expert_load: npt.ArrayLike, num_logical: int | None = None) -> FloatArray:
+    """loads[layer, expert] as float64; a 1-D load is one layer; a layer with no load is uniform."""
+    loads = np.array(expert_load, dtype=np.float64)
+    if loads.ndim == 1:
+        loads = loads[None, :]
+    if loads.ndim != 2:
+        raise ValueError(f"expert_load must be [layers, experts], got shape {loads.shape}")
+    if loads.shape[1] == 0:
+        if num_logical is None:
+            raise ValueError("expert_load is empty and num_logical is not given: no experts to place")
+        loads = np.zeros((loads.shape[0], num_logical))
+    if num_logical is not None and loads.shape[1] != num_logical:
+        raise ValueError(
+            f"expert_load has {loads.shape[1]} experts per layer but num_logical is {num_logical}"
+        )
+    if loads.shape[0] == 0:
+        raise ValueError("expert_load has no layers")
+    bad = ~np.isfinite(loads) | (loads < 0)
+    if bad.any():
+        layer, expert = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"layer {layer} expert {expert} has an invalid load {loads[layer, expert]!r}")
+    idle = loads.sum(axis=1) == 0
+    loads[idle] = 1.0
+    return loads
+
+
+def replica_counts(loads: FloatArray, total_slots: int, world_size: int) -> IntArray:
+    """counts[layer, expert]: one each, then every extra slot to the highest load per replica (ties:
+    lowest id). No expert gets more replicas than ranks until every expert sits on every rank."""
+    num_layers, num_logical = loads.shape
+    counts = np.ones((num_layers, num_logical), dtype=np.int64)
+    rows = np.arange(num_layers)
+    for _ in range(total_slots - num_logical):
+        per_replica = loads / counts
+        key = np.where(counts >= world_size, -np.inf, per_replica)
+        everywhere = np.isneginf(key).all(axis=1)
+        if everywhere.any():
+            key[everywhere] = per_replica[everywhere]
+        counts[rows, key.argmax(axis=1)] += 1
+    return counts
+
+
+def layer_rank_loads(placement: IntArray, loads: FloatArray) -> FloatArray:
+    """[layer, rank] load, each expert's load split evenly over its replicas in that layer."""
+    num_layers, num_logical = loads.shape
+    flat = (placement + (np.arange(num_layers) * num_logical)[:, None, None]).ravel()
+    counts = np.bincount(flat, minlength=num_layers * num_logical).reshape(num_layers, num_logical)
+    per_replica = loads / np.maximum(counts, 1)
+    return (
+        np.take_along_axis(per_replica, placement.reshape(num_layers, -1), axis=1)
+        .reshape(placement.shape)
+        .sum(axis=2)
+    )
+
+
+def layer_balance(placement: IntArray, loads: FloatArray) -> FloatArray:
+    """mean / max rank load per layer: 1.0 is perfect; higher is better."""
+    rank_load = layer_rank_loads(placement, loads)
+    peak = rank_load.max(axis=1)
+    return np.where(peak > 0, rank_load.mean(axis=1) / np.where(peak > 0, peak, 1.0), 1.0)
+
+
+def _match_by_overlap(fresh: IntArray, kept: BoolArray) -> IntArray:
+    """Reorder the ranks of one layer's fresh placement so that each new rank gets the fresh rank
+    that shares the most experts with what it holds (greedy, the largest overlap first)."""
+    world = fresh.shape[0]
+    fresh_held = held_pairs(fresh[None], kept.shape[1])[0]
+    overlap = (kept.astype(np.int64) @ fresh_held.T.astype(np.int64)).astype(np.float64)  # [new, fresh]
+    assigned = np.zeros(world, dtype=np.int64)
+    for _ in range(world):
+        target, source = np.unravel_index(int(overlap.argmax()), overlap.shape)
+        assigned[target] = source
+        overlap[target, :] = -1
+        overlap[:, source] = -1
+    return fresh[assigned]
+
+
+def origin_held(previous: IntArray, origin: Sequence[int | None], num_logical: int) -> BoolArray:
+    """held[layer, new rank, expert] before the change: what each new rank's engine already holds."""
+    old_held = held_pairs(previous, num_logical)
+    kept = np.zeros((previous.shape[0], len(origin), num_logical), dtype=bool)
+    for new_rank, old_rank in enumerate(origin):
+        if old_rank is not None:
+            if not 0 <= old_rank < previous.shape[1]:
+                raise ValueError(
+                    f"new rank {new_rank} comes from old rank {old_rank}, not in the old placement"
+                )
+            kept[:, new_rank] = old_held[:, old_rank]
+    return kept
+
+
+def copies_moved(placement: IntArray, kept: BoolArray) -> int:
+    """(layer, rank, expert) the new placement needs that the rank did not hold before."""
+    return int((held_pairs(placement, kept.shape[2]) & ~kept).sum())
+
+
+def _lower_bounds(counts: IntArray, kept: BoolArray, per_rank: int) -> IntArray:
+    """Per layer, the fewest copies any placement with these replica counts needs: an expert needs a
+    copy for each replica beyond the new ranks that already hold it; a rank for each slot beyond the
+    experts it already holds (each is a bound; the larger one counts)."""
+    world = kept.shape[1]
+    num_logical = kept.shape[2]
+    by_expert = np.maximum(np.minimum(counts, world) - kept.sum(axis=1), 0).sum(axis=1)
+    by_rank = np.maximum(min(per_rank, num_logical) - kept.sum(axis=2), 0).sum(axis=1)
+    return np.maximum(by_expert, by_rank)
+
+
+def copies_lower_bound(counts: IntArray, kept: BoolArray, per_rank: int) -> int:
+    """`_lower_bounds` summed over layers."""
+    return int(_lower_bounds(counts, kept, per_rank).sum())
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """A per-layer placement and what it costs to get there."""
+
+    placement: IntArray  # [layer, rank, slot]
+    copies_moved: int
+    lower_bound: int  # for the plan's replica counts (see copies_lower_bound)
+    balance: FloatArray  # [layer], mean / max rank load
+    fresh_balance: FloatArray  # [layer], the same for a fresh placement
+    fallback_layers: int  # layers that took the overlap-matched fresh placement
+
+    def to_lists(self) -> list[list[list[int]]]:
+        return [[[int(e) for e in slots] for slots in layer] for layer in self.placement]
+
+
+def rebalance_layers(
+    expert_load: npt.ArrayLike,
+    num_redundant: int,
+    world_size: int,
+    *,
+    previous: npt.ArrayLike | None = None,
+    origin: Sequence[int | None] | None = None,
+    num_logical: int | None = None,
+    min_balance: float = 0.98,
+) -> LayerPlan:
+    """Plan every layer for `world_size` ranks, starting from `previous[layer, old rank, slot]`.
+
+    `origin[new rank]` is the old rank the same engine had (None: a joiner); by default new rank i was
+    old rank i where one existed. Without `previous` every copy moves (everything loads from the
+    checkpoint). Deterministic for the same inputs.
+    """
+    loads = normalized_loads(expert_load, num_logical)
+    num_layers, experts = loads.shape
+    per_rank = slots_per_rank(experts, num_redundant, world_size)
+    counts = replica_counts(loads, world_size * per_rank, world_size)
+    fresh = fresh_placement(loads, counts, world_size, per_rank)
+    fresh_balance = layer_balance(fresh, loads)
+    if previous is None:
+        kept = np.zeros((num_layers, world_size, experts), dtype=bool)
+        return _finish(LayerPlan(fresh, 0, 0, fresh_balance, fresh_balance, 0), counts, kept, per_rank)
+
+    old = np.asarray(previous, dtype=np.int64)
+    if old.ndim != 3 or old.shape[0] != num_layers:
+        raise ValueError(f"previous placement must be [{num_layers} layers, ranks, slots], got {old.shape}")
+    if old.size and (old.min() < 0 or old.max() >= experts):
+        raise ValueError(f"previous placement holds ids outside [0, {experts})")
+    if origin is None:
+        origin = [r if r < old.shape[1] else None for r in range(world_size)]
+    if len(origin) != world_size:
+        raise ValueError(f"origin has {len(origin)} entries for {world_size} ranks")
+    kept = origin_held(old, origin, experts)
+
+    # max rank load <= fresh max / min_balance  <=>  balance >= min_balance x fresh (same mean).
+    target = layer_rank_loads(fresh, loads).max(axis=1) / min_balance * _CAP_MARGIN
+    # Two ways per layer: every old pair that fits stays (the replica counts follow), or pairs stay up
+    # to the fresh replica counts. Each layer takes the cheaper way that reaches the balance, else the
+    # fresh placement matched to the old ranks.
+    # The second way runs only where the first missed or moved more than the bound allows for.
+    placement, _, unfit = incremental(loads, world_size, per_rank, kept, target)
+    cost = np.where(unfit, np.inf, (held_pairs(placement, experts) & ~kept).sum(axis=(1, 2)))
+    bound = _lower_bounds(counts, kept, per_rank)
+    retry = np.flatnonzero(cost > bound * _RETRY_ABOVE_BOUND)
+    if retry.size:
+        again, _, missed = incremental(
+            loads[retry], world_size, per_rank, kept[retry], target[retry], counts[retry]
+        )
+        again_cost = np.where(missed, np.inf, (held_pairs(again, experts) & ~kept[retry]).sum(axis=(1, 2)))
+        better = again_cost < cost[retry]
+        placement[retry[better]] = again[better]
+        unfit[retry] &= missed
+    for layer in np.flatnonzero(unfit):
+        placement[layer] = _match_by_overlap(fresh[layer], kept[layer])
+    balance = layer_balance(placement, loads)
+    plan = LayerPlan(placement, 0, 0, balance, fresh_balance, int(unfit.sum()))
+    return _finish(plan, counts, kept, per_rank)
+
+
+def _finish(plan: LayerPlan, counts: IntArray, kept: BoolArray, per_rank: int) -> LayerPlan:
+    return LayerPlan(
+        placement=plan.placement,
+        copies_moved=copies_moved(plan.placement, kept),
+        lower_bound=copies_lower_bound(counts, kept, per_rank),
+        balance=plan.balance,
+        fresh_balance=plan.fresh_balance,
+        fallback_layers=plan.fallback_layers,
+    )

@@ -1,0 +1,155 @@
+"""The phase and step tables that drive a reconfiguration, per role and per strategy.
+
+What a role does (`ROLES`):
+
+    role      in old gen  in new gen  builds the new generation with
+    joining   -           yes         connect_store agree create_groups stage_placement open_channel transfer
+    staying   yes         yes         connect_store agree create_groups stage_placement open_channel transfer
+    leaving   yes         -           connect_store agree open_channel transfer   (it serves weights only)
+
+A member of the old generation stops at the pause and serves the old generation again on a rollback;
+a member of the new generation syncs over the new group, warms it up and switches into it at commit (a
+leaver leaves instead, and goes idle). A leaver stops admitting requests at prepare and drains its
+queue before it pauses.
+
+Where the steps run (`steps_for`), per strategy and warm-up policy:
+
+    strategy    policy     prepare (the old generation serves)    window (stopped, inside pause)
+    background  eager      wait_cleanup, build..., warm_up        -
+    background  deferred   wait_cleanup, build...                 warm_up
+    blocking    either     wait_cleanup                           build..., warm_up
+
+(warm_up only for members of the new generation.) Which call may follow which (`ACCEPTS`):
+
+    background: prepare -> [sync] -> pause -> switch        blocking: prepare -> pause -> [sync] -> switch
+    background, engine-agreed commit: prepare -> [sync] -> arm (armed -> paused -> switching -> committed)
+
+resume and abort take a job back to the old generation from any phase before the switch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from engine_agent.protocol import ReconfigPhase, Role, Strategy, WarmupPolicy
+
+
+class Step(StrEnum):
+    """A named unit of work; the status reports the one running (`ReconfigStatus.step`), and fault
+    injection names one to fail or hold (`FaultInjection.fail_prepare_at_step`)."""
+
+    wait_cleanup = "wait_cleanup"  # the retired generation's groups are destroyed, without failure
+    connect_store = "connect_store"  # the job's rendezvous store
+    agree = "agree"  # warm-up policy and generation, before any collective on a new group
+    create_groups = "create_groups"  # the standby EP group of the new generation
+    stage_placement = "stage_placement"  # empty buffers for the experts this rank will hold
+    open_channel = "open_channel"  # the weight channel over old + new participants
+    transfer = "transfer"  # weights from peers, local copies, the checkpoint
+    warm_up = "warm_up"  # the first collective on the new group
+
+
+class Operation(StrEnum):
+    """The calls the coordinator makes, each named in the status while it runs."""
+
+    prepare = "prepare"
+    sync = "sync"
+    pause = "pause"
+    switch = "switch"
+    arm = "arm"  # the engine-agreed commit: pause and switch at the boundary every member armed for
+    resume = "resume"
+    abort = "abort"
+
+
+@dataclass(frozen=True)
+class RoleSteps:
+    """What one role does in a reconfiguration."""
+
+    in_old: bool  # stops at the pause; serves the old generation again on a rollback
+    in_new: bool  # syncs, warms up and switches into the new group (else: leaves at the switch)
+    build: tuple[Step, ...]  # the steps that build its part of the new generation
+    drains: bool  # stops admitting at prepare and drains its queue before the pause
+
+
+_BUILD_MEMBER = (
+    Step.connect_store,
+    Step.agree,
+    Step.create_groups,
+    Step.stage_placement,
+    Step.open_channel,
+    Step.transfer,
+)
+_BUILD_SOURCE_ONLY = (Step.connect_store, Step.agree, Step.open_channel, Step.transfer)
+
+ROLES: dict[Role, RoleSteps] = {
+    Role.joining: RoleSteps(in_old=False, in_new=True, build=_BUILD_MEMBER, drains=False),
+    Role.staying: RoleSteps(in_old=True, in_new=True, build=_BUILD_MEMBER, drains=False),
+    Role.leaving: RoleSteps(in_old=True, in_new=False, build=_BUILD_SOURCE_ONLY, drains=True),
+}
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The steps one engine runs for one job: in prepare, and inside the stopped window."""
+
+    prepare: tuple[Step, ...]
+    window: tuple[Step, ...]
+
+
+def steps_for(role: Role, strategy: Strategy, policy: WarmupPolicy) -> StepPlan:
+    """The module's second table, for one engine."""
+    steps = ROLES[role]
+    warm_up = (Step.warm_up,) if steps.in_new else ()
+    if strategy == Strategy.blocking:
+        return StepPlan(prepare=(Step.wait_cleanup,), window=steps.build + warm_up)
+    if policy == WarmupPolicy.eager:
+        return StepPlan(prepare=(Step.wait_cleanup, *steps.build, *warm_up), window=())
+    return StepPlan(prepare=(Step.wait_cleanup, *steps.build), window=warm_up)
+
+
+@dataclass(frozen=True)
+class Move:
+    """One forward call: the phase while it runs, and the phase it ends in."""
+
+    running: ReconfigPhase
+    done: ReconfigPhase
+
+
+MOVES: dict[Operation, Move] = {
+    Operation.prepare: Move(ReconfigPhase.preparing, ReconfigPhase.prepared),
+    Operation.sync: Move(ReconfigPhase.syncing, ReconfigPhase.synced),
+    Operation.pause: Move(ReconfigPhase.pausing, ReconfigPhase.paused),
+    Operation.switch: Move(ReconfigPhase.switching, ReconfigPhase.committed),
+    Operation.arm: Move(ReconfigPhase.armed, ReconfigPhase.committed),
+    Operation.resume: Move(ReconfigPhase.resuming, ReconfigPhase.resumed),
+    Operation.abort: Move(ReconfigPhase.aborting, ReconfigPhase.aborted),
+}
+
+# The phases each forward call may start from, per strategy (sync may be left out).
+ACCEPTS: dict[Strategy, dict[Operation, frozenset[ReconfigPhase]]] = {
+    Strategy.background: {
+        Operation.sync: frozenset({ReconfigPhase.prepared}),
+        Operation.pause: frozenset({ReconfigPhase.prepared, ReconfigPhase.synced}),
+        Operation.switch: frozenset({ReconfigPhase.paused}),
+        Operation.arm: frozenset({ReconfigPhase.prepared, ReconfigPhase.synced}),
+    },
+    Strategy.blocking: {
+        Operation.sync: frozenset({ReconfigPhase.paused}),
+        Operation.pause: frozenset({ReconfigPhase.prepared}),
+        Operation.switch: frozenset({ReconfigPhase.paused, ReconfigPhase.synced}),
+        Operation.arm: frozenset(),  # prepare's work runs inside the pause: the coordinator commits
+    },
+}
+
+# An arm that runs or ran: the phases it moves through (a retried arm changes nothing).
+ARMED_ONWARD = frozenset(
+    {ReconfigPhase.armed, ReconfigPhase.paused, ReconfigPhase.switching, ReconfigPhase.committed}
+)
+
+# Once switching, there is no old generation to go back to.
+COMMITTING = frozenset({ReconfigPhase.switching, ReconfigPhase.committed})
+
+# Phases that end an operation's work: the status counts every step of it as done.
+STEPS_COMPLETE = frozenset(
+    {ReconfigPhase.prepared, ReconfigPhase.synced, ReconfigPhase.paused, ReconfigPhase.committed}
+)

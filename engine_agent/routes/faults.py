@@ -1,0 +1,19 @@
+"""Test-only fault injection (accepted only by an agent started with --enable-fault-injection)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from engine_agent.problems import ProblemError, problem_responses
+from engine_agent.protocol import FaultInjection
+from engine_agent.routes.deps import AgentDep
+
+router = APIRouter(tags=["testing"])
+
+
+@router.post("/v1/faults", responses=problem_responses(404, 422))
+def faults(body: FaultInjection, agent: AgentDep) -> FaultInjection:
+    if not agent.settings.enable_fault_injection:
+        raise ProblemError(404, "fault-injection-disabled", "fault injection is not enabled on this agent")
+    agent.executor.inject(body)
+    return body

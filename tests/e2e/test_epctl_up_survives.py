@@ -1,0 +1,222 @@
+"""`epctl up` survives signals, a second instance and its own crash (issue 11, phase 1).
+
+Real processes: `epctl up` (coordinator + local reference agents) in its own session, signalled and
+killed like an operator or the OOM killer would. Every test ends with no agent left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.launchers.local import PIDS_FILE
+from tests.support.processes import Child, clean_environment, epctl_command, free_port, spawn
+from tests.support.waiting import wait_until
+
+
+@dataclass
+class Up:
+    """One data directory and port that `epctl up` instances run on, one after another."""
+
+    tmp: Path
+    port: int
+    env: dict[str, str]
+    runs: int = 0
+    started: list[Child] = field(default_factory=list)  # killed at the end, whatever a test did
+
+    @property
+    def data(self) -> Path:
+        return self.tmp / "data"
+
+    def start(self, *extra: str) -> Child:
+        self.runs += 1
+        argv = [*epctl_command(), "up", "--port", str(self.port), "--data-dir", str(self.data), *extra]
+        child = spawn(
+            f"epctl up #{self.runs}", argv, self.tmp / f"up-{self.runs}.log", env=self.env, cwd=self.tmp
+        )
+        self.started.append(child)
+        return child
+
+    def wait_welcome(self, up: Child) -> str:
+        def welcome() -> str | None:
+            text = up.log_path.read_text()
+            return text if "export EPCTL_TOKEN=" in text else None
+
+        return up.wait_for(welcome, timeout_s=120, what=f"{up.name} to print its welcome")
+
+    def pids(self) -> list[int]:
+        records = json.loads((self.data / PIDS_FILE).read_text())
+        return sorted(int(entry["pid"]) for entry in records.values())
+
+    def deployment(self) -> dict[str, object]:
+        token = (self.data / "admin-token").read_text().strip()
+        response = httpx.get(
+            f"http://127.0.0.1:{self.port}/v1/deployments/demo", headers={"Authorization": f"Bearer {token}"}
+        )
+        response.raise_for_status()
+        return dict(response.json())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 60) -> None:
+    wait_until(
+        lambda: not any(_alive(pid) for pid in pids),
+        timeout_s=timeout_s,
+        what=f"agents {pids} to exit",
+        interval_s=0.1,
+    )
+
+
+@pytest.fixture
+def up_env(tmp_path: Path) -> Iterator[Up]:
+    env = clean_environment({"EPCTL_RUNNER_LOCAL_AGENT_ARGS": "--heartbeat-s 1"})
+    session = Up(tmp_path, free_port(), env)
+    try:
+        yield session
+    finally:
+        for child in session.started:  # a test that failed half-way must not leave `epctl up` running
+            child.kill()
+        with_records = (session.data / PIDS_FILE).exists()
+        for pid in session.pids() if with_records else []:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_stops_every_engine_and_a_second_epctl_up_refuses_touching_nothing(up_env: Up) -> None:
+    first = up_env.start()
+    try:
+        up_env.wait_welcome(first)
+        pids = up_env.pids()
+        assert len(pids) == 2
+        database = up_env.data / "epctl.db"
+        before = up_env.deployment()
+
+        second = up_env.start()
+        assert second.popen.wait(timeout=60) == 1
+        refusal = second.log_path.read_text().strip().splitlines()
+        assert len(refusal) == 1 and "is in use by another coordinator" in refusal[0], refusal
+        assert all(_alive(pid) for pid in pids) and up_env.pids() == pids
+        after = up_env.deployment()
+        assert (after["current_dp_size"], after["generation"], after["updated_at"]) == (
+            before["current_dp_size"],
+            before["generation"],
+            before["updated_at"],
+        )
+        assert database.exists()
+
+        first.popen.send_signal(signal.SIGTERM)
+        assert first.popen.wait(timeout=60) == 0, first.log_tail()
+        assert "stopped 2 agent(s)" in first.log_path.read_text()
+        _wait_gone(pids, timeout_s=5)
+        assert json.loads((up_env.data / PIDS_FILE).read_text()) == {}
+    finally:
+        first.kill()
+
+
+def test_a_restarted_epctl_up_adopts_the_running_deployment_as_it_is_and_sighup_stops_it(up_env: Up) -> None:
+    first = up_env.start("--engines", "3")
+    up_env.wait_welcome(first)
+    pids = up_env.pids()
+    assert len(pids) == 3 and up_env.deployment()["current_dp_size"] == 3
+    first.kill()  # SIGKILL: nothing of `epctl up` runs; the agents wait to be adopted
+
+    second = up_env.start()  # the default would be 2 engines: an adopted deployment is never rescaled
+    try:
+        output = up_env.wait_welcome(second)
+        assert "adopted deployment demo as it runs: 3 engines" in output, output
+        assert up_env.pids() == pids and all(_alive(pid) for pid in pids)
+        deployment = up_env.deployment()
+        assert deployment["current_dp_size"] == 3 and deployment["active_job_id"] is None
+
+        second.popen.send_signal(signal.SIGHUP)
+        assert second.popen.wait(timeout=60) == 0, second.log_tail()
+        _wait_gone(pids, timeout_s=5)
+    finally:
+        second.kill()
+
+
+def test_engines_of_a_killed_epctl_up_exit_when_no_coordinator_adopts_them(up_env: Up) -> None:
+    up_env.env["EPCTL_RUNNER_LOCAL_AGENT_ORPHAN_GRACE_S"] = "2"
+    first = up_env.start("--engines", "1")
+    up_env.wait_welcome(first)
+    pids = up_env.pids()
+    first.kill()
+    _wait_gone(pids, timeout_s=60)
+
+    # The next `epctl up` finds the previous run's engines gone and starts the deployment afresh.
+    second = up_env.start()
+    try:
+        output = up_env.wait_welcome(second)
+        assert "engines of the previous run are gone" in output and "2 engines serving" in output, output
+        assert up_env.deployment()["current_dp_size"] == 2
+        second.popen.send_signal(signal.SIGINT)
+        assert second.popen.wait(timeout=60) == 0
+    finally:
+        second.kill()
+    with sqlite3.connect(up_env.data / "epctl.db") as db:
+        assert db.execute("select current_dp_size from deployments where name = 'demo'").fetchone() == (0,)
+
+
+def test_a_restarted_epctl_up_ends_the_job_its_crash_stranded_and_keeps_the_deployment_serving(
+    up_env: Up,
+) -> None:
+    """`epctl up` killed while a shrink 4 -> 3 is in prepare (held there by a test-only fault switch):
+    the next run reconciles the stranded job at once (the same coordinator name claims its own jobs; no
+    30 s lease to wait out), and adopts the 4 engines still serving, never exiting or rescaling."""
+    up_env.env["EPCTL_RUNNER_LOCAL_AGENT_ARGS"] = "--heartbeat-s 1 --enable-fault-injection"
+    # A lease far longer than the welcome wait: a restart that waited it out would fail this test.
+    up_env.env["EPCTL_JOB_LEASE_S"] = "600"
+    first = up_env.start("--engines", "4")
+    up_env.wait_welcome(first)
+    pids = up_env.pids()
+    assert len(pids) == 4
+    token = (up_env.data / "admin-token").read_text().strip()
+    api = httpx.Client(
+        base_url=f"http://127.0.0.1:{up_env.port}", headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+    for engine in api.get("/v1/engines", params={"deployment": "demo", "state": "serving"}).json()["data"]:
+        httpx.post(f"{engine['url']}/v1/faults", json={"hang_prepare_at_step": "agree"}).raise_for_status()
+    created = api.post("/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 3})
+    assert created.status_code == 202, created.text
+    job_id = created.json()["id"]
+    wait_until(
+        lambda: api.get(f"/v1/reconfigurations/{job_id}").json()["state"] == "preparing",
+        timeout_s=60,
+        what=f"job {job_id} to be preparing",
+    )
+    first.kill()  # SIGKILL inside prepare: the job is stranded, the agents wait to be adopted
+
+    second = up_env.start()
+    try:
+        output = up_env.wait_welcome(second)
+        assert "adopted deployment demo as it runs: 4 engines" in output, output
+        # Ended before the welcome (whether `epctl up` saw it active or the runner was quicker).
+        job = api.get(f"/v1/reconfigurations/{job_id}").json()
+        assert job["state"] == "rolled_back", job
+        assert job["error"]["type"] == "coordinator-restarted", job["error"]
+        deployment = up_env.deployment()
+        assert (deployment["current_dp_size"], deployment["status"]) == (4, "ready"), deployment
+        assert up_env.pids() == pids and all(_alive(pid) for pid in pids)
+
+        second.popen.send_signal(signal.SIGTERM)
+        assert second.popen.wait(timeout=60) == 0, second.log_tail()
+        _wait_gone(pids, timeout_s=5)
+    finally:
+        api.close()
+        second.kill()
+        first.kill()

@@ -1,0 +1,280 @@
+"""The coordinator against the clients operators run: Debian's Alertmanager (0.25) and Prometheus (2.42),
+started by the test from the packages `scripts/prometheus-tools` installs (skipped, saying why, where
+they are absent).
+
+- An alert fired at Alertmanager reaches `/v1/hooks/alertmanager` and scales; a second one refused for
+  the cooldown is deferred and acted on when the cooldown ends, without a repeat from Alertmanager; an
+  alert naming an unknown deployment shows as a 4xx in Alertmanager's own log.
+- Prometheus scrapes the coordinator and discovers the agents through `/v1/sd/agents`.
+- The README's receiver config is one Alertmanager accepts (`amtool check-config`).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import generate_latest
+
+from tests.support.monitoring import (
+    ALERTMANAGER,
+    PROMETHEUS,
+    Monitor,
+    active_targets,
+    fire,
+    missing,
+    prometheus_query,
+)
+from tests.support.processes import ROOT, Coordinator
+from tests.support.waiting import wait_until
+
+COOLDOWN_S = 4.0
+
+
+def alertmanager_config(coordinator: Coordinator, token_file: Path) -> str:
+    # group_by as the README advises; repeat_interval far beyond the test: a deferred request must be
+    # acted on without a repeat.
+    return f"""
+route:
+  receiver: epctl
+  group_by: [alertname, deployment]
+  group_wait: 0s
+  group_interval: 1s
+  repeat_interval: 4h
+receivers:
+  - name: epctl
+    webhook_configs:
+      - url: {coordinator.url}/v1/hooks/alertmanager
+        send_resolved: true
+        http_config:
+          authorization:
+            type: Bearer
+            credentials_file: {token_file}
+"""
+
+
+def static_deployment(admin: httpx.Client, name: str, *, cooldown_s: float = 0.0) -> None:
+    """A static deployment with four registered engines nobody answers for: jobs roll back at once,
+    which is all these tests need (a job is the decision)."""
+    body = {"name": name, "launcher": "static", "max_dp_size": 4, "autoscale_cooldown_s": cooldown_s}
+    admin.post("/v1/deployments", json=body).raise_for_status()
+    for index in range(4):
+        engine = {
+            "engine_id": f"{name}-e{index}",
+            "deployment": name,
+            "url": "http://127.0.0.1:9",
+            "platform": "cpu",
+            "device": "cpu",
+            "engine": {},
+        }
+        admin.post("/v1/engines", json=engine).raise_for_status()
+
+
+def jobs_of(admin: httpx.Client, deployment: str) -> list[dict[str, Any]]:
+    listed = admin.get("/v1/reconfigurations", params={"deployment": deployment, "limit": 50}).json()
+    return sorted(listed["data"], key=lambda job: job["created_at"])
+
+
+def hook_requests(admin: httpx.Client, deployment: str) -> list[dict[str, Any]]:
+    return list(admin.get("/v1/hooks/requests", params={"deployment": deployment}).json()["data"])
+
+
+@pytest.fixture
+def coordinator(database_url: str, tmp_path: Path) -> Iterator[Coordinator]:
+    env = {
+        "EPCTL_RUNNER_ENABLED": "true",
+        "EPCTL_RUNNER_DESIRED_SIZE_INTERVAL_S": "0.2",
+        "EPCTL_HEARTBEAT_TIMEOUT_S": "3600",  # the registered engines never heartbeat
+        "EPCTL_WEBHOOK_WORKER_ENABLED": "false",
+    }
+    with Coordinator(database_url, tmp_path / "coordinator", env=env) as live:
+        yield live
+
+
+@pytest.mark.skipif(bool(missing(ALERTMANAGER)), reason=missing(ALERTMANAGER) or "")
+def test_alertmanager_scales_defers_through_the_cooldown_and_sees_4xx_for_an_unknown_deployment(
+    coordinator: Coordinator, tmp_path: Path
+) -> None:
+    admin = coordinator.api
+    static_deployment(admin, "d1", cooldown_s=COOLDOWN_S)
+    token = admin.post("/v1/tokens", json={"name": "alertmanager", "role": "autoscaler"}).json()["token"]
+    token_file = tmp_path / "epctl-autoscaler.token"
+    token_file.write_text(token)
+    with Monitor(ALERTMANAGER, alertmanager_config(coordinator, token_file), tmp_path / "am") as alertmanager:
+        describe = lambda: coordinator.log_tail() + alertmanager.log()[-4000:]  # noqa: E731
+
+        # 1. A firing alert scales the deployment it names.
+        fire(alertmanager, {"alertname": "MoEQueueLong", "deployment": "d1", "target_dp_size": "2"})
+        [first] = wait_until(
+            lambda: jobs_of(admin, "d1"), timeout_s=60, what="a job from the alert", describe=describe
+        )
+        assert (first["to_dp_size"], first["requested_by"], first["requester"]) == (
+            2,
+            "autoscaler",
+            "alertmanager",
+        )
+        coordinator.wait_job(first["id"])
+
+        # 2. Another group's alert inside the cooldown is deferred, then acted on after it, unrepeated.
+        fire(alertmanager, {"alertname": "MoEBacklog", "deployment": "d1", "target_dp_size": "3"})
+        deferred = wait_until(
+            lambda: [r for r in hook_requests(admin, "d1") if r["decision"] == "deferred"],
+            timeout_s=60,
+            what="the second alert to be deferred for the cooldown",
+            describe=describe,
+        )
+        assert deferred[0]["details"]["code"] == "cooldown"
+        desired = admin.get("/v1/deployments/d1").json()["desired"]
+        assert (desired["dp_size"], desired["source"], desired["pending"]) == (3, "alertmanager", True)
+        second = wait_until(
+            lambda: jobs_of(admin, "d1")[1:],
+            timeout_s=60,
+            what="the reconciler to act on the deferred alert after the cooldown",
+            describe=describe,
+        )[0]
+        assert (second["to_dp_size"], second["requested_by"]) == (3, "autoscaler")
+        created = [r["created_at"] for r in hook_requests(admin, "d1")]
+        assert len(created) == 2, "Alertmanager sent each group once: nothing was repeated"
+
+        # 3. An unknown deployment is a 4xx that Alertmanager logs (and does not retry).
+        fire(alertmanager, {"alertname": "MoEQueueLong", "deployment": "ghost", "step": "+1"})
+        wait_until(
+            lambda: re.search(r"unexpected status code 404", alertmanager.log()),
+            timeout_s=60,
+            what="Alertmanager to log the 404",
+            describe=describe,
+        )
+        assert "unknown-deployment" in alertmanager.log()
+
+
+@pytest.mark.skipif(shutil.which("amtool") is None, reason=missing("amtool") or "")
+def test_the_readmes_alertmanager_config_is_valid(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```yaml\n(  route:.*?receivers:.*?)```", readme, re.S)
+    assert block is not None, "the README shows an Alertmanager receiver config"
+    token_file = tmp_path / "token"
+    token_file.write_text("secret")
+    config = "\n".join(line[2:] for line in block.group(1).splitlines())
+    config = config.replace("/etc/alertmanager/epctl-autoscaler.token", str(token_file))
+    (tmp_path / "alertmanager.yml").write_text(config)
+    done = subprocess.run(
+        ["amtool", "check-config", str(tmp_path / "alertmanager.yml")],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr).decode()
+
+
+@contextmanager
+def fake_agent() -> Iterator[str]:
+    """An HTTP server answering `/metrics` with the agent's own exposition (its real `AgentMetrics`)."""
+    from engine_agent.agent import AgentMetrics
+
+    counters = SimpleNamespace(steps=10, dummy_steps=2, requests_served=5, tokens_served=80, pauses=1)
+    agent_metrics = AgentMetrics(SimpleNamespace(counters=counters))  # type: ignore[arg-type]
+    agent_metrics.pause_seconds.observe(0.0123)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(agent_metrics.registry) if self.path == "/metrics" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def prometheus_config(coordinator: Coordinator, token_file: Path) -> str:
+    return f"""
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+scrape_configs:
+  - job_name: epctl
+    authorization: {{type: Bearer, credentials_file: {token_file}}}
+    static_configs: [{{targets: ["127.0.0.1:{coordinator.port}"]}}]
+  - job_name: epctl-agents
+    http_sd_configs:
+      - url: {coordinator.url}/v1/sd/agents
+        refresh_interval: 1s
+        authorization: {{type: Bearer, credentials_file: {token_file}}}
+"""
+
+
+@pytest.mark.skipif(bool(missing(PROMETHEUS)), reason=missing(PROMETHEUS) or "")
+def test_prometheus_scrapes_the_coordinator_and_discovers_agents(database_url: str, tmp_path: Path) -> None:
+    with Coordinator(database_url, tmp_path / "coordinator") as coordinator, fake_agent() as agent_url:
+        admin = coordinator.api
+        admin.post("/v1/deployments", json={"name": "d1", "launcher": "static"}).raise_for_status()
+        engine: dict[str, Any] = {"engine_id": "d1-e0", "deployment": "d1", "url": agent_url, "engine": {}}
+        engine.update(platform="cpu", device="cpu")
+        admin.post("/v1/engines", json=engine).raise_for_status()
+        heartbeat = {"state": "serving", "generation": 1, "rank": 0, "world_size": 1}
+        admin.post("/v1/engines/d1-e0/heartbeat", json=heartbeat).raise_for_status()
+        token = admin.post("/v1/tokens", json={"name": "prometheus", "role": "viewer"}).json()["token"]
+        token_file = tmp_path / "epctl-viewer.token"
+        token_file.write_text(token)
+
+        with Monitor(PROMETHEUS, prometheus_config(coordinator, token_file), tmp_path / "prom") as prometheus:
+
+            def agent_target() -> dict[str, Any] | None:
+                for target in active_targets(prometheus):
+                    if target["labels"].get("job") == "epctl-agents" and target["health"] == "up":
+                        return target
+                return None
+
+            target = wait_until(
+                agent_target,
+                timeout_s=90,
+                what="Prometheus to discover and scrape the agent",
+                describe=prometheus.log,
+            )
+            assert target["labels"]["deployment"] == "d1" and target["labels"]["engine_id"] == "d1-e0"
+            assert target["scrapeUrl"] == f"{agent_url}/metrics"
+            [pauses] = wait_until(
+                lambda: prometheus_query(prometheus, 'epctl_agent_pause_seconds_count{deployment="d1"}'),
+                timeout_s=60,
+                what="the agent's pause histogram in Prometheus",
+            )
+            assert pauses["metric"]["engine_id"] == "d1-e0"
+            [size] = wait_until(
+                lambda: prometheus_query(
+                    prometheus, 'epctl_deployment_engines{job="epctl",deployment="d1",state="serving"}'
+                ),
+                timeout_s=60,
+                what="the coordinator's deployment gauges in Prometheus",
+            )
+            assert size["value"][1] == "1"
+
+            admin.delete("/v1/engines/d1-e0").raise_for_status()  # the engine left: its target goes
+            wait_until(
+                lambda: (
+                    agent_target() is None
+                    and not any(t["labels"].get("job") == "epctl-agents" for t in active_targets(prometheus))
+                ),
+                timeout_s=60,
+                what="Prometheus to drop the target of the engine that left",
+            )

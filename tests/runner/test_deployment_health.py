@@ -1,0 +1,127 @@
+"""A deployment's status follows what its engines report (`app.deployments.health`): degraded when
+they do not all serve its generation, ready again when they do, each change announced once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sqlalchemy.engine import Engine as DbEngine
+from sqlmodel import Session, col, select
+
+from app.deployments.health import reconcile_health
+from app.deployments.models import Deployment
+from app.engines.models import Engine
+from app.engines.service import record_heartbeat
+from app.runner.record import JobRecord
+from app.runner.scheduled import follow_health
+from app.webhooks.models import EventType, OutboxEvent
+from engine_agent.protocol import AgentHeartbeat, AgentState
+from tests.runner.test_heartbeats import deployment_with, tick
+
+
+def heartbeat(db: DbEngine, engine_id: str, state: AgentState, generation: int, rank: int | None) -> None:
+    with Session(db) as session:
+        record_heartbeat(
+            session,
+            engine_id=engine_id,
+            heartbeat=AgentHeartbeat(
+                state=state,
+                generation=generation,
+                rank=rank,
+                world_size=2 if rank is not None else 0,
+                group_error=None if rank is not None else "RuntimeError: peer 1 closed the connection",
+            ),
+        )
+
+
+def follow(db: DbEngine, suspects: dict[str, float] | None = None, confirm_s: float = 0.0) -> None:
+    asyncio.run(follow_health(JobRecord(db), {} if suspects is None else suspects, confirm_s))
+
+
+def status(db: DbEngine, deployment_id: str) -> tuple[str, dict[str, object] | None]:
+    with Session(db) as session:
+        deployment = session.get(Deployment, deployment_id)
+        assert deployment is not None
+        return deployment.status, deployment.status_detail
+
+
+def announced(db: DbEngine) -> list[str]:
+    with Session(db) as session:
+        events = session.exec(select(OutboxEvent).order_by(col(OutboxEvent.created_at))).all()
+        return [e.type for e in events if e.type.startswith("deployment.")]
+
+
+def test_a_lost_member_degrades_the_deployment_with_a_reason_and_one_event(db_engine: DbEngine) -> None:
+    deployment_id = deployment_with(db_engine, silent=[1])
+    tick(db_engine)
+    follow(db_engine)
+    follow(db_engine)
+    state, detail = status(db_engine, deployment_id)
+    assert state == "degraded" and detail is not None
+    assert detail["reason"] == "engine-unreachable"
+    assert "1 of 2 engines serve generation 1" in str(detail["message"]) and "demo-engine-1" in str(
+        detail["message"]
+    )
+    assert announced(db_engine) == [EventType.deployment_degraded]
+
+
+def test_the_deployment_recovers_when_every_member_serves_its_generation_again(db_engine: DbEngine) -> None:
+    deployment_id = deployment_with(db_engine, silent=[1])
+    tick(db_engine)
+    follow(db_engine)
+    heartbeat(db_engine, "demo-engine-1", AgentState.serving, 1, 1)  # it was frozen, and came back
+    follow(db_engine)
+    assert status(db_engine, deployment_id) == ("ready", None)
+    assert announced(db_engine) == [EventType.deployment_degraded, EventType.deployment_recovered]
+
+
+def test_the_reason_of_a_degraded_deployment_follows_its_engines_without_a_second_event(
+    db_engine: DbEngine,
+) -> None:
+    deployment_id = deployment_with(db_engine, silent=[1])
+    tick(db_engine)
+    follow(db_engine)
+    assert "1 of 2 engines serve" in str(status(db_engine, deployment_id)[1])
+    heartbeat(db_engine, "demo-engine-0", AgentState.idle, 0, None)  # the survivor left the group too
+    follow(db_engine)
+    state, detail = status(db_engine, deployment_id)
+    assert state == "degraded" and detail is not None
+    assert "0 of 2 engines serve generation 1" in str(detail["message"]), detail
+    assert announced(db_engine) == [EventType.deployment_degraded]
+
+
+def test_an_engine_whose_group_broke_degrades_once_it_stays_so(db_engine: DbEngine) -> None:
+    deployment_id = deployment_with(db_engine, silent=[])
+    heartbeat(db_engine, "demo-engine-0", AgentState.idle, 0, None)  # its peer died: it left the group
+    suspects: dict[str, float] = {}
+    follow(db_engine, suspects, confirm_s=60.0)
+    assert status(db_engine, deployment_id)[0] == "ready"  # a heartbeat racing a switch proves nothing yet
+    suspects[deployment_id] = time.monotonic() - 61.0
+    follow(db_engine, suspects, confirm_s=60.0)
+    state, detail = status(db_engine, deployment_id)
+    assert state == "degraded" and detail is not None and detail["reason"] == "members-missing"
+    assert "on no generation: demo-engine-0" in str(detail["message"])
+
+
+def test_two_engines_claiming_one_rank_is_a_split_generation(db_engine: DbEngine) -> None:
+    deployment_id = deployment_with(db_engine, silent=[])
+    heartbeat(db_engine, "demo-engine-2", AgentState.serving, 1, 1)
+    follow(db_engine)
+    state, detail = status(db_engine, deployment_id)
+    assert state == "degraded" and detail is not None and detail["reason"] == "generation-split"
+
+
+def test_a_deployment_a_job_runs_is_left_to_the_job(db_engine: DbEngine) -> None:
+    from tests.support.factories import make_job
+
+    deployment_id = deployment_with(db_engine, silent=[1])
+    with Session(db_engine) as session:
+        deployment = session.get(Deployment, deployment_id)
+        assert deployment is not None
+        make_job(session, deployment, 3)
+    tick(db_engine)
+    with Session(db_engine) as session:
+        assert reconcile_health(session) == []
+        assert session.exec(select(Engine).where(Engine.state == "unreachable")).first() is not None
+    assert announced(db_engine) == []

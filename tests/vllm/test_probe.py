@@ -1,0 +1,147 @@
+"""The canary probe: figures from recorded canaries (pure), and the recorder against a fake canary."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.probe import CanaryRecorder, CanaryResult, CanarySample, probe_figures
+from app.probe.figures import percentile, success_windows
+
+
+def steady(
+    start: float, end: float, step: float, *, latency: float = 0.01, ok: bool = True
+) -> list[CanarySample]:
+    count = round((end - start) / step)
+    times = [start + i * step for i in range(count)]
+    return [CanarySample("a", t, t + latency, ok, 200 if ok else 503) for t in times]
+
+
+def test_percentile_is_nearest_rank() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
+    assert percentile([5.0], 99) == 5.0
+
+
+def test_no_failure_means_no_client_downtime() -> None:
+    samples = steady(0.0, 10.0, 0.1)
+    figures = probe_figures(samples, start=0.0, end=10.0, interval_s=0.1, stall_s=0.5)
+    assert figures.client_downtime_ms == 0.0
+    assert figures.downtime_window is None
+    assert figures.failed == 0
+    assert 100.0 <= figures.longest_gap_ms < 120.0  # the spacing, not downtime
+
+
+def test_a_window_of_503s_is_the_client_downtime() -> None:
+    # Successes until 2.0, 503s from 2.1 to 3.4, successes again from 3.5.
+    samples = steady(0.0, 2.1, 0.1) + steady(2.1, 3.5, 0.1, ok=False) + steady(3.5, 5.0, 0.1)
+    figures = probe_figures(
+        samples, start=0.0, end=5.0, interval_s=0.1, stall_s=0.5, epoch_offset=1000.0,
+        marks=[("before", 0.0), ("committing", 2.0), ("after", 4.0)],
+    )  # fmt: skip
+    # From the last success (2.01) to the first success after (3.51).
+    assert figures.client_downtime_ms == pytest.approx(1500.0, abs=1.0)
+    assert figures.downtime_window == pytest.approx((1002.01, 1003.51))
+    assert figures.failures == {"503": 14}
+    assert figures.latency_p50_ms_outside == pytest.approx(10.0)
+    phases = {p.name: p for p in figures.phases}
+    assert phases["before"].failed == 0 and phases["before"].longest_gap_ms < 120.0
+    assert phases["committing"].failed == 14
+    assert phases["committing"].longest_gap_ms == pytest.approx(1500.0, abs=1.0)
+    assert phases["after"].failed == 0
+
+
+def test_a_stall_without_failures_counts_past_the_stall_threshold_only() -> None:
+    samples = steady(0.0, 1.0, 0.1) + steady(1.8, 3.0, 0.1)  # last success at 0.91, next at 1.81
+    long_stall = probe_figures(samples, start=0.0, end=3.0, interval_s=0.1, stall_s=0.5)
+    assert long_stall.client_downtime_ms == pytest.approx(900.0, abs=1.0)
+    short_enough = probe_figures(samples, start=0.0, end=3.0, interval_s=0.1, stall_s=1.0)
+    assert short_enough.client_downtime_ms == 0.0
+
+
+def test_an_outage_that_lasts_to_the_end_counts_to_the_end() -> None:
+    samples = steady(0.0, 1.0, 0.1) + steady(1.0, 2.0, 0.1, ok=False)
+    windows = success_windows(samples, start=0.0, end=2.0, stall_s=0.5)
+    assert windows[-1].outage and windows[-1].end == 2.0
+    figures = probe_figures(samples, start=0.0, end=2.0, interval_s=0.1, stall_s=0.5)
+    assert figures.client_downtime_ms == pytest.approx(1090.0, abs=1.0)
+
+
+def test_several_targets_show_each_ones_longest_outage() -> None:
+    a = steady(0.0, 3.0, 0.1)
+    b = [
+        CanarySample("b", s.sent_at, s.done_at, not 1.0 <= s.sent_at < 2.0, None)
+        for s in steady(0.0, 3.0, 0.1)
+    ]
+    figures = probe_figures(a + b, start=0.0, end=3.0, interval_s=0.1, stall_s=0.5)
+    assert figures.client_downtime_ms == 0.0  # "a" answered throughout: someone was served
+    assert figures.per_target_downtime_ms["a"] == 0.0
+    assert figures.per_target_downtime_ms["b"] == pytest.approx(1100.0, abs=1.0)
+
+
+class FlakyCanary:
+    """Answers 200, except 503 while `down` is set; records every target it was sent to."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.targets: list[str] = []
+
+    async def send(self, target: str) -> CanaryResult:
+        self.targets.append(target)
+        await asyncio.sleep(0.002)
+        return (
+            CanaryResult(ok=False, status=503, detail="scaling")
+            if self.down
+            else CanaryResult(ok=True, status=200)
+        )
+
+
+class HangingCanary:
+    async def send(self, target: str) -> CanaryResult:
+        await asyncio.sleep(3600)
+        return CanaryResult(ok=True)
+
+
+def test_the_recorder_sends_to_every_target_and_measures_the_outage() -> None:
+    asyncio.run(_recorder_with_an_outage())
+
+
+async def _recorder_with_an_outage() -> None:
+    canary = FlakyCanary()
+    async with CanaryRecorder(canary, interval_s=0.02, timeout_s=1.0) as recorder:
+        recorder.set_targets(["http://a", "http://b"])
+        recorder.mark("before")
+        await asyncio.sleep(0.3)
+        recorder.mark("committing")
+        canary.down = True
+        await asyncio.sleep(0.4)
+        assert recorder.live().last_ok is False
+        assert recorder.live().failing_for_s is not None
+        canary.down = False
+        await asyncio.sleep(0.3)
+        assert recorder.live().last_ok is True
+    figures = recorder.figures()
+    assert set(canary.targets) == {"http://a", "http://b"}
+    assert figures.failed > 0 and figures.sent > figures.failed
+    # The outage lasted 0.4 s; the canaries see it to within a few intervals on a loaded machine.
+    assert 300.0 <= figures.client_downtime_ms <= 2000.0
+    phases = {p.name: p for p in figures.phases}
+    assert phases["before"].failed == 0
+    assert phases["committing"].failed == figures.failed
+
+
+def test_a_canary_without_an_answer_fails_at_its_timeout_and_sending_goes_on() -> None:
+    asyncio.run(_recorder_with_a_hanging_canary())
+
+
+async def _recorder_with_a_hanging_canary() -> None:
+    recorder = CanaryRecorder(HangingCanary(), interval_s=0.05, timeout_s=0.2, max_in_flight=2)
+    async with recorder:
+        recorder.set_targets(["http://a"])
+        await asyncio.sleep(0.6)
+    figures = recorder.figures()
+    assert figures.failed >= 1
+    assert figures.failures.get("timeout", 0) >= 1
+    assert figures.skipped >= 1  # at most 2 in flight: later ticks were skipped, not queued

@@ -22,7 +22,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from app.api.deps import Reader
-from app.api.params import INT64_MAX, JobIdPath
+from app.api.params import INT32_MAX, INT64_MAX, JobIdPath
 from app.core.errors import InvalidRequestError
 from app.core.problems import problem_responses
 from app.jobs.event_hub import PAGE_SIZE, JobLogHub, LogPage
@@ -130,7 +130,9 @@ async def resume_after(
         ),
     ] = None,
 ) -> int:
-    return resume_point(last_event_id_header, last_event_id)
+    # Seqs are 32-bit in the database (Postgres refuses a larger bound): an id past every one of them
+    # resumes after all, as it would with no limit.
+    return min(resume_point(last_event_id_header, last_event_id), INT32_MAX)
 
 
 async def first_page(

@@ -159,6 +159,22 @@ def test_resume_after_the_last_event_of_a_finished_job_sends_only_end(
     assert [e.event for e in sse.events(iter(response.text.splitlines()))] == ["end"]
 
 
+@pytest.mark.databases("sqlite", "postgres")
+def test_resume_after_an_id_beyond_every_stored_one_sends_only_end(
+    client: TestClient, db_engine: Engine, job_id: str
+) -> None:
+    """Any id up to 2^63-1 is valid, though seqs are 32-bit in the database (Postgres once refused the
+    query with a 422 for a request that was valid)."""
+    move(db_engine, job_id, S.pending, S.cancelled)
+    path = f"/v1/reconfigurations/{job_id}/events"
+    for response in (
+        client.get(path, headers={"Last-Event-ID": str(2**63 - 1)}),
+        client.get(path, params={"last_event_id": 2**31}),
+    ):
+        assert response.status_code == 200, response.text
+        assert [e.event for e in sse.events(iter(response.text.splitlines()))] == ["end"]
+
+
 def test_unknown_job_is_404_problem_before_any_stream(client: TestClient) -> None:
     response = client.get("/v1/reconfigurations/rcfg_nope/events")
     assert response.status_code == 404

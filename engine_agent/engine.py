@@ -224,6 +224,7 @@ class ReferenceEngine:
             if self._state == AgentState.serving:
                 raise RuntimeError("switch needs a paused or idle engine")
             retired, self._active, self._layers = self._active, new, layers
+            self.counters.last_error = None  # an old generation's failure is history once a new one serves
             self._pause_requested = False
             self._armed_for = 0
             self._paused_at = None

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from app.agents.client import AgentClient
 from app.agents.fleet import Fleet
 from app.jobs.states import JobState
 from app.launchers.base import Launcher
@@ -380,7 +381,7 @@ class Flow:
         await self.record.progress(run, "switching")
         run.mark("arm_sent")
         try:
-            await self._drive_arm(run, fanout)
+            await drive_arm(run, fanout, self.settings)
         except JobFailure as failure:
             # An engine that overran the budget is named by the engines' shared verdict.
             for status in run.statuses.values():
@@ -393,36 +394,6 @@ class Flow:
                     break
             raise
         run.mark("all_committed")
-
-    async def _drive_arm(self, run: JobRun, fanout: Fanout) -> None:
-        settings = self.settings
-        if settings.test_hang_at == "armed":  # tests: the coordinator dies with every engine armed
-            await fanout.fleet.all(
-                run.participant_clients(),
-                lambda c: c.arm(
-                    run.job_id,
-                    deadline_s=settings.arm_deadline_s,
-                    lease_s=settings.pause_lease_s,
-                    max_downtime_ms=run.max_downtime_ms,
-                ),
-            )
-            await hang_for_test(settings, "armed")
-        await fanout.drive(
-            run,
-            run.participant_clients(),
-            {ReconfigPhase.committed},
-            send=lambda c, wait_s: c.arm(
-                run.job_id,
-                deadline_s=settings.arm_deadline_s,
-                lease_s=settings.pause_lease_s,
-                max_downtime_ms=run.max_downtime_ms,
-                wait_s=wait_s,
-            ),
-            job_phase=run.state.value,
-            # The engines' own deadline for arming, then the window (its warm-up and switch).
-            deadline_s=settings.arm_deadline_s + settings.switch_deadline_s,
-            poll_interval_s=settings.commit_poll_interval_s,
-        )
 
     async def _switch(self, run: JobRun, fanout: Fanout, step: Step) -> None:
         """Second half of the commit. Nothing but the switch inside the window: it goes out the moment
@@ -438,3 +409,32 @@ class Flow:
             poll_interval_s=self.settings.commit_poll_interval_s,
         )
         run.mark("all_committed")
+
+
+async def drive_arm(run: JobRun, fanout: Fanout, settings: RunnerSettings) -> None:
+    """Arm every participant and follow each until it committed. A retried arm changes nothing on an
+    engine already armed, so recovery uses this too, to finish a commit a dead coordinator began."""
+
+    def arm(client: AgentClient, wait_s: float = 0.0) -> Awaitable[ReconfigStatus]:
+        return client.arm(
+            run.job_id,
+            deadline_s=settings.arm_deadline_s,
+            lease_s=settings.pause_lease_s,
+            max_downtime_ms=run.max_downtime_ms,
+            wait_s=wait_s,
+        )
+
+    if settings.test_hang_at in ("arming", "armed"):  # tests: the coordinator dies, one / every engine armed
+        clients = run.participant_clients()
+        await fanout.fleet.all(clients[:1] if settings.test_hang_at == "arming" else clients, arm)
+        await hang_for_test(settings, settings.test_hang_at)
+    await fanout.drive(
+        run,
+        run.participant_clients(),
+        {ReconfigPhase.committed},
+        send=arm,
+        job_phase=run.state.value,
+        # The engines' own deadline for arming, then the window (its warm-up and switch).
+        deadline_s=settings.arm_deadline_s + settings.switch_deadline_s,
+        poll_interval_s=settings.commit_poll_interval_s,
+    )

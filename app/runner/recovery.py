@@ -7,7 +7,10 @@ asks every participant for `GET /v1/reconfig` and `GET /v1/info`:
 - every engine switched -> finish (`cleaning_up` -> `succeeded`), the deployment on the new generation;
 - some paused, none switched -> resume all -> `rolled_back` (with the downtime the pause cost);
 - some switched, some not -> engines still paused for the job are sent `switch` (their part of the
-  commit); if they all complete, finish; otherwise `failed`, deployment `degraded`.
+  commit); if they all complete, finish; otherwise `failed`, deployment `degraded`;
+- an engine-agreed commit the coordinator had begun (job `committing`) with some engines armed and the
+  rest synced -> arm the rest, so the engines finish the commit (armed ones would otherwise wait out
+  their arm deadline and roll back).
 
 No job stays non-terminal and no engine stays paused.
 """
@@ -26,6 +29,7 @@ from app.jobs.states import TERMINAL_STATES, JobState
 from app.launchers.base import Launcher
 from app.runner.endings import Endings
 from app.runner.fanout import Fanout
+from app.runner.flow import drive_arm
 from app.runner.job import JobFailure, JobRun
 from app.runner.planner import Plan
 from app.runner.record import JobRecord
@@ -50,6 +54,7 @@ S = JobState
 PAUSED_PHASES = frozenset({ReconfigPhase.pausing, ReconfigPhase.paused, ReconfigPhase.switching})
 # An engine-agreed commit the engines finish without the coordinator.
 ENGINES_FINISHING = frozenset({ReconfigPhase.armed, ReconfigPhase.paused, ReconfigPhase.switching})
+ARMABLE_PHASES = ENGINES_FINISHING | {ReconfigPhase.synced, ReconfigPhase.committed}
 
 
 def plan_from_job(job: ReconfigurationJob) -> Plan | None:
@@ -129,8 +134,16 @@ class Recovery:
         run.clients = {m.engine_id: fleet.client(m.engine_id, m.url) for m in plan.participants}
         fanout = Fanout(fleet, self.settings)
         if run.commit_mode == CommitMode.engines:
-            # Armed engines commit (or withdraw) on their own: let them finish before judging.
             await fanout.read_statuses(run, run.participant_clients())
+            if run.state == S.committing and self._arming_cut_short(run):
+                # The dead coordinator had begun the commit: arm the rest, and the engines finish it
+                # (armed ones would otherwise wait out their arm deadline, then roll back).
+                await self.record.note(run, "recovery", "arming the engines the stopped coordinator had not")
+                try:
+                    await drive_arm(run, fanout, self.settings)
+                except JobFailure as failure:
+                    log.warning("job %s: arming after the restart failed: %s", run.job_id, failure)
+            # Armed engines commit (or withdraw) on their own: let them finish before judging.
             if any(s.phase in ENGINES_FINISHING for s in run.statuses.values()):
                 await self.record.note(run, "recovery", "waiting for the armed engines to finish the commit")
                 await fanout.await_settled(run, run.participant_clients(), TERMINAL_PHASES)
@@ -156,6 +169,16 @@ class Recovery:
                     "engine_results": run.engine_results(),
                 },
             )
+
+    @staticmethod
+    def _arming_cut_short(run: JobRun) -> bool:
+        """Every participant synced or further along the engine-agreed commit, and not all of them
+        armed yet: the commit can go on where the coordinator stopped."""
+        phases = [
+            status.phase if (status := run.statuses.get(client.engine_id)) is not None else None
+            for client in run.participant_clients()
+        ]
+        return ReconfigPhase.synced in phases and all(phase in ARMABLE_PHASES for phase in phases)
 
     async def _survey(self, run: JobRun, fleet: Fleet) -> tuple[set[str], set[str]]:
         """Ask every participant where it stands: (engines switched, engines paused for the job)."""

@@ -20,7 +20,7 @@ from engine_agent.protocol import TransferBackend
 log = logging.getLogger(__name__)
 
 # Where a test may stop a job (EPCTL_RUNNER_TEST_HANG_AT), in the order a job passes them.
-HANG_POINTS = ("prepared", "synced", "paused", "armed", "switched", "cleaning_up")
+HANG_POINTS = ("prepared", "synced", "paused", "arming", "armed", "switched", "cleaning_up")
 
 
 class RunnerSettings(BaseSettings):

@@ -280,11 +280,13 @@ def test_two_concurrent_scale_requests_make_one_job_and_one_409(stack: Stack) ->
 
 # Where the coordinator dies, and how the restarted one must end the job.
 # ("paused" exists in the coordinator's two-step commit only; "armed" in the engine-agreed one, where the
-# engines finish the switch without the coordinator and the restarted one records it.)
+# engines finish the switch without the coordinator and the restarted one records it; "arming" too: one
+# engine armed, the rest not yet, and the restarted coordinator arms them so the commit goes on.)
 CRASH_POINTS = [
     pytest.param("prepared", "rolled_back", "engines", id="prepared"),
     pytest.param("synced", "rolled_back", "engines", id="synced"),
     pytest.param("paused", "rolled_back", "coordinator", id="paused"),
+    pytest.param("arming", "succeeded", "engines", id="arming"),
     pytest.param("armed", "succeeded", "engines", id="armed"),
     pytest.param("switched", "succeeded", "engines", id="switched"),
     pytest.param("cleaning_up", "succeeded", "engines", id="cleaning_up"),
@@ -309,7 +311,9 @@ def test_on_postgres_a_coordinator_killed_with_engines_paused_is_reconciled_afte
 def assert_reconciled_after_a_crash_at(stack: Stack, point: str, outcome: str, *, commit: str) -> None:
     coordinator = stack.coordinator
     coordinator.kill()
-    coordinator.start(EPCTL_RUNNER_TEST_HANG_AT=point)
+    # The armed engine must still be waiting when the successor looks (not have timed out its arm,
+    # whatever the restart costs on a loaded machine): the arm deadline travels with the arm.
+    coordinator.start(EPCTL_RUNNER_TEST_HANG_AT=point, EPCTL_RUNNER_ARM_DEADLINE_S="120")
     try:
         job_id = coordinator.scale(3, commit=commit)
         assert coordinator.wait_marker() == point

@@ -5,8 +5,10 @@ they are absent).
 - An alert fired at Alertmanager reaches `/v1/hooks/alertmanager` and scales; a second one refused for
   the cooldown is deferred and acted on when the cooldown ends, without a repeat from Alertmanager; an
   alert naming an unknown deployment shows as a 4xx in Alertmanager's own log.
-- Prometheus scrapes the coordinator and discovers the agents through `/v1/sd/agents`.
-- The README's receiver config is one Alertmanager accepts (`amtool check-config`).
+- Prometheus, configured with the README's own scrape config, scrapes the coordinator and discovers the
+  agents through `/v1/sd/agents`.
+- The README's receiver config is one Alertmanager accepts (`amtool check-config`), and its scrape
+  config one Prometheus accepts (`promtool check config`).
 """
 
 from __future__ import annotations
@@ -207,21 +209,34 @@ def fake_agent() -> Iterator[str]:
         server.server_close()
 
 
-def prometheus_config(coordinator: Coordinator, token_file: Path) -> str:
-    return f"""
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-scrape_configs:
-  - job_name: epctl
-    authorization: {{type: Bearer, credentials_file: {token_file}}}
-    static_configs: [{{targets: ["127.0.0.1:{coordinator.port}"]}}]
-  - job_name: epctl-agents
-    http_sd_configs:
-      - url: {coordinator.url}/v1/sd/agents
-        refresh_interval: 1s
-        authorization: {{type: Bearer, credentials_file: {token_file}}}
-"""
+def readme_prometheus_config(coordinator: Coordinator, token_file: Path) -> str:
+    """The README's scrape config, pointed at this coordinator and token, on a test's short intervals."""
+    block = re.search(r"```yaml\n(scrape_configs:.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block is not None, "the README shows a Prometheus scrape config"
+    config = (
+        block.group(1)
+        .replace("http://coordinator:8000", coordinator.url)
+        .replace("coordinator:8000", f"127.0.0.1:{coordinator.port}")
+        .replace("/etc/prometheus/epctl-viewer.token", str(token_file))
+        .replace("refresh_interval: 30s", "refresh_interval: 1s")
+    )
+    assert "coordinator:8000" not in config and "/etc/" not in config, config
+    return "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n" + config
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason=missing("promtool") or "")
+def test_the_readmes_prometheus_config_is_valid(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("secret")
+    coordinator = SimpleNamespace(url="http://127.0.0.1:8000", port=8000)
+    (tmp_path / "prometheus.yml").write_text(readme_prometheus_config(coordinator, token_file))  # type: ignore[arg-type]
+    done = subprocess.run(
+        ["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr).decode()
 
 
 @pytest.mark.skipif(bool(missing(PROMETHEUS)), reason=missing(PROMETHEUS) or "")
@@ -238,7 +253,8 @@ def test_prometheus_scrapes_the_coordinator_and_discovers_agents(database_url: s
         token_file = tmp_path / "epctl-viewer.token"
         token_file.write_text(token)
 
-        with Monitor(PROMETHEUS, prometheus_config(coordinator, token_file), tmp_path / "prom") as prometheus:
+        config = readme_prometheus_config(coordinator, token_file)
+        with Monitor(PROMETHEUS, config, tmp_path / "prom") as prometheus:
 
             def agent_target() -> dict[str, Any] | None:
                 for target in active_targets(prometheus):

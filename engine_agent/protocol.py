@@ -250,6 +250,19 @@ class ArmRequest(BaseModel):
     )
 
 
+class DowntimeOverrun(BaseModel):
+    """Which engine overran a job's downtime budget, in which part, by how much."""
+
+    engine_id: str
+    part: str = Field(
+        description="what took the time: `step boundary`, `warm_up`, `blocking prepare` or `pause "
+        "confirmation` (the coordinator's commit), `warm_up` or `window` (the engine-agreed commit)",
+        examples=["warm_up"],
+    )
+    stopped_ms: float = Field(description="how long the engine had been stopped when the budget was judged")
+    budget_ms: int
+
+
 class AgentError(BaseModel):
     type: str = Field(
         description="machine-readable, kebab-case", examples=["policy-mismatch", "rendezvous-timeout"]
@@ -257,6 +270,7 @@ class AgentError(BaseModel):
     message: str
     step: str | None = None
     engines: list[str] = Field(default_factory=list, description="the engines the error names, if any")
+    overrun: DowntimeOverrun | None = Field(None, description="for `downtime-budget-exceeded`: the overrun")
 
 
 class PauseInterval(BaseModel):

@@ -3,7 +3,6 @@ durations, per-engine pauses, the error (and which engine overran its budget), t
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
@@ -151,25 +150,16 @@ def describe_placement(job: dict[str, Any]) -> str | None:
     return line
 
 
-# The runner and the agents name the part that overran only in the message: "engine E was stopped
-# 12.3 ms by its warm_up before the switch (budget 5 ms)" / "... in its window (budget 5 ms); ...".
-_OVERRUN = re.compile(
-    r"engine (?P<engine>\S+) was stopped (?P<took>[\d.]+) ms (?:by|in) its (?P<part>.+?) (?:before|\()"
-)
-
-
 def describe_overrun(job: dict[str, Any]) -> str | None:
     """For a `downtime-budget-exceeded` error: which engine overran, in which part, against what budget."""
     error = job.get("error") or {}
-    if error.get("type") != "downtime-budget-exceeded":
+    overrun = error.get("overrun")
+    if error.get("type") != "downtime-budget-exceeded" or not overrun:
         return None
-    match = _OVERRUN.search(error.get("message") or "")
-    engine = error.get("engine_id") or (match["engine"] if match else None)
-    line = f"[bold]over budget:[/] engine {engine or '?'}, part {match['part'] if match else '?'}"
-    if match:
-        line += f" (stopped {match['took']} ms"
-        line += f" of a {job['max_downtime_ms']} ms budget)" if job.get("max_downtime_ms") else ")"
-    return line
+    return (
+        f"[bold]over budget:[/] engine {overrun['engine_id']}, part {overrun['part']} "
+        f"(stopped {overrun['stopped_ms']} ms of a {overrun['budget_ms']} ms budget)"
+    )
 
 
 def print_failure(job: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from app.core.clock import utc_now
 from app.core.db import NullableJSON, UTCDateTime
 from app.deployments.models import MAX_DOWNTIME_BUDGET_MS, WarmupPolicyChoice
 from app.jobs.states import TERMINAL_STATES, JobState
-from engine_agent.protocol import CommitMode, Strategy, WarmupPolicy
+from engine_agent.protocol import CommitMode, DowntimeOverrun, Strategy, WarmupPolicy
 
 JOB_ID_PREFIX = "rcfg"
 
@@ -203,6 +203,9 @@ class JobError(BaseModel):
         None, description="the engine's HTTP answer, for engines driven over their own API (vLLM)"
     )
     hint: str | None = ApiField(None, description="what to do about it, when there is something to do")
+    overrun: DowntimeOverrun | None = ApiField(
+        None, description="for `downtime-budget-exceeded`: which engine overran, in which part, by how much"
+    )
 
 
 class PhaseTimes(BaseModel):

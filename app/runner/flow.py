@@ -49,6 +49,7 @@ from app.runner.settings import RunnerSettings, hang_for_test
 from engine_agent.protocol import (
     TERMINAL_PHASES,
     CommitMode,
+    DowntimeOverrun,
     ReconfigPhase,
     ReconfigStatus,
     Role,
@@ -373,6 +374,7 @@ class Flow:
             f"engine {engine_id} was stopped {took:.1f} ms by its {part} before the switch "
             f"(budget {budget} ms)",
             engine_id,
+            DowntimeOverrun(engine_id=engine_id, part=part, stopped_ms=round(took, 1), budget_ms=budget),
         )
 
     async def _arm(self, run: JobRun, fanout: Fanout, step: Step) -> None:
@@ -391,6 +393,8 @@ class Flow:
                     and status.error.engines
                 ):
                     failure.error["engine_id"] = status.error.engines[0]
+                    if status.error.overrun is not None:
+                        failure.error["overrun"] = status.error.overrun.model_dump(mode="json")
                     break
             raise
         run.mark("all_committed")

@@ -18,7 +18,14 @@ from app.jobs.states import JobState
 from app.launchers.base import EngineHandle, LaunchError
 from app.runner.downtime import Downtime, job_downtime
 from app.runner.planner import Plan, PlanError
-from engine_agent.protocol import AgentInfo, CommitMode, EngineConfig, ReconfigStatus, Strategy
+from engine_agent.protocol import (
+    AgentInfo,
+    CommitMode,
+    DowntimeOverrun,
+    EngineConfig,
+    ReconfigStatus,
+    Strategy,
+)
 
 # Progress bands per phase: percent = start + (end - start) * fraction done.
 PROGRESS_BANDS: Mapping[str, tuple[float, float]] = {
@@ -34,7 +41,14 @@ PROGRESS_BANDS: Mapping[str, tuple[float, float]] = {
 class JobFailure(Exception):
     """Stops a job; `error` is what the job records: `{phase, engine_id, type, message}`."""
 
-    def __init__(self, phase: str, type_: str, message: str, engine_id: str | None = None) -> None:
+    def __init__(
+        self,
+        phase: str,
+        type_: str,
+        message: str,
+        engine_id: str | None = None,
+        overrun: DowntimeOverrun | None = None,
+    ) -> None:
         super().__init__(message)
         self.error: dict[str, Any] = {
             "phase": phase,
@@ -42,6 +56,8 @@ class JobFailure(Exception):
             "type": type_,
             "message": message,
         }
+        if overrun is not None:
+            self.error["overrun"] = overrun.model_dump(mode="json")
 
     @classmethod
     def from_exception(cls, phase: str, exc: BaseException) -> JobFailure:

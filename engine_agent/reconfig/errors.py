@@ -7,7 +7,7 @@ becomes the job's `AgentError`, whose `type` the coordinator copies into its job
 from __future__ import annotations
 
 from engine_agent.groups import CollectiveTimeout, GroupRendezvousTimeout
-from engine_agent.protocol import AgentError
+from engine_agent.protocol import AgentError, DowntimeOverrun
 from engine_agent.serving import EngineUnavailable
 from engine_agent.transfer import TransferError, TransferTimeout
 
@@ -15,10 +15,17 @@ from engine_agent.transfer import TransferError, TransferTimeout
 class ReconfigError(Exception):
     """A reconfiguration step failed; `type` is the machine-readable AgentError type."""
 
-    def __init__(self, type_: str, message: str, engines: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        type_: str,
+        message: str,
+        engines: list[str] | None = None,
+        overrun: DowntimeOverrun | None = None,
+    ) -> None:
         super().__init__(message)
         self.type = type_
         self.engines = engines or []
+        self.overrun = overrun
 
 
 class Conflict(Exception):
@@ -51,7 +58,9 @@ def agent_error_of(exc: Exception, step: str | None) -> AgentError:
     """The status's error for a step that raised `exc`. An exception nobody expected is reported as
     `internal-error`, its class named in the message."""
     if isinstance(exc, ReconfigError):
-        return AgentError(type=exc.type, message=str(exc), step=step, engines=exc.engines)
+        return AgentError(
+            type=exc.type, message=str(exc), step=step, engines=exc.engines, overrun=exc.overrun
+        )
     for exc_type, type_ in _TYPE_OF:
         if isinstance(exc, exc_type):
             return AgentError(type=type_, message=str(exc), step=step)

@@ -22,6 +22,7 @@ from engine_agent.protocol import (
     TERMINAL_PHASES,
     AgentError,
     AgentState,
+    DowntimeOverrun,
     PauseInterval,
     ReconfigPhase,
     layer_placements,
@@ -263,6 +264,9 @@ class CommitWindow:
                 f"engine {job.old_ids[worst]} was stopped {took:.1f} ms in its {part} "
                 f"(budget {budget_ms} ms); every engine resumed generation {request.old_generation}",
                 engines=[job.old_ids[worst]],
+                overrun=DowntimeOverrun(
+                    engine_id=job.old_ids[worst], part=part, stopped_ms=round(took, 1), budget_ms=budget_ms
+                ),
             )
         store = job.store
         assert store is not None

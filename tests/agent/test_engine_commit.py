@@ -128,6 +128,8 @@ def test_a_window_over_the_downtime_budget_ends_on_the_old_generation_everywhere
     assert len(errors) == 3 and {error.type for error in errors} == {"downtime-budget-exceeded"}
     named = {engine for error in errors for engine in error.engines}
     assert named and named <= {"e0", "e1"}
+    overruns = [error.overrun for error in errors if error.overrun is not None]
+    assert overruns and all(o.engine_id in named and o.budget_ms == 1 and o.stopped_ms > 1 for o in overruns)
     for engine_id in ("e0", "e1"):  # they stopped, then went back: the stop is on record
         pause = after[engine_id].pause
         assert pause is not None and pause.pause_ms is not None and pause.resumed_at is not None

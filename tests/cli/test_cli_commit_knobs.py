@@ -104,6 +104,7 @@ def test_jobs_show_names_the_engine_and_part_that_overran_the_budget(
             "type": "downtime-budget-exceeded",
             "message": f"engine {overran} was stopped 7.4 ms in its warm_up (budget 5 ms); every engine "
             "resumed generation 1",
+            "overrun": {"engine_id": overran, "part": "warm_up", "stopped_ms": 7.4, "budget_ms": 5},
         },
     )
     driver.close()

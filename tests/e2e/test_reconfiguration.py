@@ -153,6 +153,9 @@ def test_a_window_over_the_downtime_budget_ends_rolled_back_naming_the_engine_an
     participants = {r["engine_id"] for r in job["engine_results"]}
     assert job["error"]["engine_id"] in participants, (job["error"], participants)
     assert re.search(r"stopped [0-9.]+ ms in its (warm_up|window)", job["error"]["message"]), job["error"]
+    overrun = job["error"]["overrun"]  # the same, as fields
+    assert overrun["engine_id"] == job["error"]["engine_id"] and overrun["part"] in ("warm_up", "window")
+    assert overrun["budget_ms"] == 1 and overrun["stopped_ms"] > 1
     assert job["downtime_ms"] > 0  # what the overrun cost is on record
     after = stack.coordinator.deployment()
     assert (after["current_dp_size"], after["generation"]) == (

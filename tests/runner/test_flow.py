@@ -373,6 +373,13 @@ def test_an_engine_over_the_budget_before_the_switch_sends_everyone_back(stage: 
     assert job.error["type"] == "downtime-budget-exceeded"
     assert job.error["engine_id"] == stage.serving[1].engine_id
     assert "step boundary" in job.error["message"]
+    overrun = job.error["overrun"]
+    assert (overrun["engine_id"], overrun["part"], overrun["budget_ms"]) == (
+        stage.serving[1].engine_id,
+        "step boundary",
+        100,
+    )
+    assert overrun["stopped_ms"] > 100
     assert job.downtime_ms is not None and job.downtime_ms > 0  # the stop it cost is recorded
     assert all("switch" not in a.ops(job.id) for a in stage.agents.values())
     assert all(a.generation == 1 and not a.paused for a in stage.serving)

@@ -408,7 +408,9 @@ function jobPage(jobId) {
     let out = "";
     const error = job.error(j);
     if (error) {
-      const kv = ["phase", "engine_id", "type"].filter((k) => error[k]).map((k) => `<dt>${k.replace("_id", "")}</dt><dd class="mono">${esc(error[k])}</dd>`).join("");
+      let kv = ["phase", "engine_id", "type"].filter((k) => error[k]).map((k) => `<dt>${k.replace("_id", "")}</dt><dd class="mono">${esc(error[k])}</dd>`).join("");
+      const over = error.overrun;
+      if (over) kv += `<dt>over budget</dt><dd id="job-overrun">engine ${esc(over.engine_id)}, part ${esc(over.part)}: stopped ${esc(fmtMs(over.stopped_ms))} of a ${esc(over.budget_ms)} ms budget</dd>`;
       out += `<div class="alert ${job.state(j) === "failed" ? "bad" : "warn"}" id="job-error"><h2>${job.state(j) === "failed" ? "Failed" : "Error"}${error.phase ? ` during ${esc(error.phase)}` : ""}</h2>
         <dl class="kv">${kv}</dl><pre>${esc(error.message || JSON.stringify(error))}</pre></div>`;
     }

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from engine_agent import moe
 from engine_agent.engine import ReferenceEngine
 from engine_agent.groups import GroupAbandoned, start_store_server
 from engine_agent.peers import notify_peers
@@ -95,7 +96,11 @@ class Agent:
         self._stop = threading.Event()
         self._beat_now = threading.Event()  # wakes the heartbeat (the generation broke: say so now)
         self.engine = ReferenceEngine(
-            self.config, self.device, on_paused=self._on_engine_paused, on_broken=self._on_broken
+            self.config,
+            self.device,
+            on_paused=self._on_engine_paused,
+            on_broken=self._on_broken,
+            grouped_step=moe.grouped_step(settings.grouped_step, self.device),
         )
         self.metrics = AgentMetrics(self.engine)
         self.cleanup = CleanupWorker(on_failure=self._on_cleanup_failure)

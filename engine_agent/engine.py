@@ -66,9 +66,11 @@ class ReferenceEngine:
         on_paused: Callable[[PausedAt], None] | None = None,
         on_step: Callable[[int], None] | None = None,
         on_broken: Callable[[ActiveGeneration, Exception], None] | None = None,
+        grouped_step: bool = False,
     ) -> None:
         self.config = config
         self.device = device
+        self.grouped_step = grouped_step  # a layer's experts batched (`moe.GroupedExperts`)
         self._routers = [moe.router_weights(config, device, layer) for layer in range(config.num_moe_layers)]
         self._on_paused = on_paused
         self._on_step = on_step
@@ -219,7 +221,15 @@ class ReferenceEngine:
     def switch(self, new: ActiveGeneration) -> ActiveGeneration | None:
         """Swap groups, placement and weights together and serve the new generation. Only while
         paused or idle (the loop holds no group then). Returns the retired generation."""
-        layers = moe.layer_views(self.config, new.placements, new.weights, self._routers, self.device)
+        layers = moe.layer_views(
+            self.config,
+            new.placements,
+            new.weights,
+            self._routers,
+            self.device,
+            rank=new.rank,
+            stacks=new.stacks if self.grouped_step else None,
+        )
         with self._cond:
             if self._state == AgentState.serving:
                 raise RuntimeError("switch needs a paused or idle engine")

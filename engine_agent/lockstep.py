@@ -81,7 +81,7 @@ def moe_step(
             timeout_s=timeout_s,
         )
         partial, experts = moe.local_contribution(
-            config, view.router, gathered, group.rank, view.placement, view.table, view.weights
+            config, view.router, gathered, group.rank, view.placement, view.table, view.weights, view.grouped
         )
         back = torch.empty(group.size * my_count, hidden, dtype=torch.float32, device=device)
         group.alltoall(back, partial, [my_count] * group.size, per_rank, timeout_s=timeout_s)

@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-moe-layers", type=int, default=1, help="MoE layers, each with its own experts")
+    p.add_argument(
+        "--grouped-step",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="a layer's experts in two batched matmuls (on) or one at a time (off); auto: batched on GPU",
+    )
     p.add_argument("--coordinator", help="coordinator base URL: register there and send heartbeats")
     p.add_argument("--deployment", help="the deployment to register into")
     p.add_argument(
@@ -112,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype,
         seed=args.seed,
         num_moe_layers=args.num_moe_layers,
+        grouped_step=args.grouped_step,
         coordinator=args.coordinator,
         deployment=args.deployment,
         token=args.token,

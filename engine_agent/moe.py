@@ -12,6 +12,11 @@ SiLU-gated, `down(silu(gate(x)) * up(x))`.
 Layers: `num_moe_layers` MoE layers applied one after the other, each with its own router and experts.
 An expert is named across layers by its *flat id*, `layer * num_logical_experts + expert`: weights
 dictionaries and transfers use it, so layer 0's ids are the logical ids.
+
+Stacks: a rank holds each layer's experts as the rows of one buffer (`ExpertStack`), each expert's
+packed buffer a view of its row. Moving an expert is still moving one row; and on a GPU the step runs
+every expert of a layer in two batched matmuls (`GroupedExperts`) instead of a loop of small ones
+whose kernel launches cost more than their arithmetic.
 """
 
 from __future__ import annotations
@@ -118,6 +123,55 @@ def reference_forward(config: EngineConfig, tokens: torch.Tensor) -> torch.Tenso
 
 
 @dataclass(frozen=True)
+class ExpertStack:
+    """One layer's experts held by a rank as the rows of one buffer [R, expert_numel]."""
+
+    buffer: torch.Tensor
+    experts: list[int]  # the logical expert of each row
+
+
+def stack_buffers(
+    config: EngineConfig, experts_by_layer: Mapping[int, list[int]], device: torch.device | str
+) -> tuple[dict[int, torch.Tensor], dict[int, ExpertStack]]:
+    """Uninitialised buffers for the experts a rank will hold: (flat id -> packed view of its row,
+    layer -> its stack). Same bytes as one buffer per expert."""
+    views: dict[int, torch.Tensor] = {}
+    stacks: dict[int, ExpertStack] = {}
+    for layer, experts in experts_by_layer.items():
+        buffer = torch.empty(len(experts), expert_numel(config), dtype=torch_dtype(config), device=device)
+        stacks[layer] = ExpertStack(buffer, list(experts))
+        for row, expert in enumerate(experts):
+            views[flat_id(config, layer, expert)] = buffer[row]
+    return views, stacks
+
+
+@dataclass(frozen=True)
+class GroupedExperts:
+    """A layer's stack as batched matrices, with the stack row of each of the rank's slots."""
+
+    gate_up: torch.Tensor  # [R, 2I, H]
+    down: torch.Tensor  # [R, H, I]
+    slot_rows: torch.Tensor  # [S] int64
+
+    @classmethod
+    def over(cls, config: EngineConfig, stack: ExpertStack, slots: list[int]) -> GroupedExperts:
+        hidden, inter = config.hidden_size, config.intermediate_size
+        rows, block = len(stack.experts), inter * hidden
+        row_of = {expert: row for row, expert in enumerate(stack.experts)}
+        return cls(
+            gate_up=stack.buffer[:, : 2 * block].view(rows, 2 * inter, hidden),
+            down=stack.buffer[:, 2 * block : 3 * block].view(rows, hidden, inter),
+            slot_rows=torch.tensor([row_of[e] for e in slots], dtype=torch.int64, device=stack.buffer.device),
+        )
+
+
+def grouped_step(setting: str, device: torch.device) -> bool:
+    """Whether a step runs its experts batched (`auto`: on a GPU, where launches dominate a loop of
+    small matmuls; not on CPU, where the padding to the busiest expert costs more than the loop)."""
+    return setting == "on" or (setting == "auto" and device.type == "cuda")
+
+
+@dataclass(frozen=True)
 class ReplicaTable:
     """For each logical expert, its replicas' (rank, slot) as tensors, for vectorised replica choice."""
 
@@ -150,12 +204,14 @@ def local_contribution(
     placement: list[list[int]],
     table: ReplicaTable,
     weights: Mapping[int, torch.Tensor],
+    grouped: GroupedExperts | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One EP rank's share of a step over the gathered batch tokens [T, H] (every rank sees the same).
 
     A (token, expert) pair is computed by exactly one replica of the expert: replica number
     (global token index mod replica count), so the ranks' partial outputs sum (all-reduce) to the
     layer's output. Returns (partial output [T, H] fp32, top-k expert ids [T, k] for load accounting).
+    With `grouped`, the rank's experts run batched (`_grouped_contribution`), else one at a time.
     """
     tokens = tokens.float()
     experts, gate_weights = route(config, router, tokens)
@@ -172,6 +228,9 @@ def local_contribution(
     if mine_rows.numel() == 0:
         return out, experts
     mine_slots = chosen_slot[mine_rows, mine_which]
+    if grouped is not None:
+        _grouped_contribution(config, grouped, tokens, gate_weights, mine_rows, mine_which, mine_slots, out)
+        return out, experts
     order = torch.argsort(mine_slots, stable=True)
     mine_rows, mine_which = mine_rows[order], mine_which[order]
     slots, counts = torch.unique_consecutive(mine_slots[order], return_counts=True)
@@ -185,6 +244,35 @@ def local_contribution(
     return out, experts
 
 
+def _grouped_contribution(
+    config: EngineConfig,
+    grouped: GroupedExperts,
+    tokens: torch.Tensor,
+    gate_weights: torch.Tensor,
+    rows: torch.Tensor,
+    which: torch.Tensor,
+    slots: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """The rank's (token, choice) pairs through its experts as two batched matmuls: each stack row
+    gets its pairs' tokens, padded to the busiest row's count, then `out` gains each pair's output
+    times its gate weight (the same sum the per-expert loop makes)."""
+    stack_rows = grouped.slot_rows[slots]
+    order = torch.argsort(stack_rows, stable=True)
+    rows, which, stack_rows = rows[order], which[order], stack_rows[order]
+    counts = torch.bincount(stack_rows, minlength=grouped.gate_up.shape[0])
+    capacity = int(counts.max())  # the one host sync of this path
+    position = (
+        torch.arange(stack_rows.numel(), device=tokens.device) - (counts.cumsum(0) - counts)[stack_rows]
+    )
+    dtype, inter = torch_dtype(config), config.intermediate_size
+    x = torch.zeros(counts.numel(), capacity, tokens.shape[1], dtype=dtype, device=tokens.device)
+    x[stack_rows, position] = tokens[rows].to(dtype)
+    h = torch.bmm(x, grouped.gate_up.transpose(1, 2))
+    y = torch.bmm(torch.nn.functional.silu(h[..., :inter]) * h[..., inter:], grouped.down.transpose(1, 2))
+    out.index_add_(0, rows, y[stack_rows, position].float() * gate_weights[rows, which].unsqueeze(-1))
+
+
 @dataclass(frozen=True)
 class LayerView:
     """What one rank serves of one MoE layer: its router, placement, replica table and weights (by
@@ -194,6 +282,7 @@ class LayerView:
     placement: list[list[int]]
     table: ReplicaTable
     weights: Mapping[int, torch.Tensor]
+    grouped: GroupedExperts | None = None  # the batched form of `weights`, where the step uses it
 
 
 def layer_views(
@@ -202,8 +291,12 @@ def layer_views(
     weights: Mapping[int, torch.Tensor],
     routers: list[torch.Tensor],
     device: torch.device | str,
+    *,
+    rank: int | None = None,
+    stacks: Mapping[int, ExpertStack] | None = None,
 ) -> list[LayerView]:
-    """One view per layer over the flat-id weights a rank holds."""
+    """One view per layer over the flat-id weights a rank holds; with the rank and its stacks, each
+    view also carries the batched form of its experts (`GroupedExperts`)."""
     views = []
     for layer, placement in enumerate(placements):
         base = flat_id(config, layer, 0)
@@ -213,5 +306,9 @@ def layer_views(
             if base <= flat < base + config.num_logical_experts
         }
         table = ReplicaTable.build(placement, config.num_logical_experts, device)
-        views.append(LayerView(routers[layer], placement, table, mine))
+        stack = (stacks or {}).get(layer)
+        grouped = None
+        if stack is not None and rank is not None and placement[rank]:
+            grouped = GroupedExperts.over(config, stack, placement[rank])
+        views.append(LayerView(routers[layer], placement, table, mine, grouped))
     return views

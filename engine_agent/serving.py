@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 
 from engine_agent.groups import CommGroup
+from engine_agent.moe import ExpertStack
 from engine_agent.protocol import AgentState
 
 
@@ -30,6 +31,7 @@ class ActiveGeneration:
     placements: list[list[list[int]]]  # per MoE layer
     weights: dict[int, torch.Tensor]  # flat expert id (moe.flat_id) -> packed buffer held by this rank
     member_urls: list[str] = field(default_factory=list)  # agents' URLs by rank: who to tell it broke
+    stacks: dict[int, ExpertStack] = field(default_factory=dict)  # layer -> the stack `weights` views
 
     @property
     def placement(self) -> list[list[int]]:

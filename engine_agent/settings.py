@@ -54,6 +54,12 @@ class AgentSettings(BaseSettings):
         "small, and several engines per host each taking every core (torch's default) stall one another",
     )
 
+    grouped_step: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="run a layer's experts in two batched matmuls (on), one at a time (off), or batched "
+        "on a GPU only (auto: there kernel launches dominate a loop of small matmuls)",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> AgentSettings:
         if self.platform == Platform.cpu and self.device not in (None, "cpu"):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from engine_agent import groups
+from engine_agent import groups, moe
 from engine_agent.protocol import (
     EngineConfig,
     Platform,
@@ -45,7 +45,8 @@ class Job:
     store: dist.Store | None = None  # the job's prefix of the rendezvous store
     store_client: dist.TCPStore | None = None
     standby: groups.StandbyRegistry = field(default_factory=groups.StandbyRegistry)
-    staged: dict[int, torch.Tensor] = field(default_factory=dict)
+    staged: dict[int, torch.Tensor] = field(default_factory=dict)  # flat id -> a row of `stacks`
+    stacks: dict[int, moe.ExpertStack] = field(default_factory=dict)  # layer -> the staged stack
     channel: WeightChannel | None = None
     warmed: bool = False
     paused: bool = False  # this job stopped the engine (or it is a joiner inside the window)

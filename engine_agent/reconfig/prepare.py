@@ -159,11 +159,9 @@ class Builder:
         assert rank is not None
         config, device = self.site.config, self.site.device
         placements = layer_placements(job.request.placement, job.request.placements)
-        wanted = {moe.flat_id(config, layer, e) for layer, p in enumerate(placements) for e in p[rank]}
-        for expert in sorted(wanted):
-            job.staged[expert] = torch.empty(
-                moe.expert_numel(config), dtype=moe.torch_dtype(config), device=device
-            )
+        # One stack per layer, each expert a view of its row (`moe.ExpertStack`).
+        wanted = {layer: sorted(set(p[rank])) for layer, p in enumerate(placements)}
+        job.staged, job.stacks = moe.stack_buffers(config, wanted, device)
         self.site.board.update(job, bytes_total=len(job.staged) * moe.expert_nbytes(config))
 
     def _open_channel(self, job: Job) -> None:

@@ -109,9 +109,10 @@ class CommitWindow:
                 placements=layer_placements(request.placement, request.placements),
                 weights=job.staged,
                 member_urls=[m.url for m in request.members],
+                stacks=job.stacks,
             )
             retired = site.engine.switch(new)
-            job.staged = {}
+            job.staged, job.stacks = {}, {}
         else:
             retired = site.engine.leave(fail_queued=False)  # a leaver drained its queue before the pause
         switch_ms = (time.monotonic() - started) * 1000.0
@@ -302,7 +303,7 @@ class CommitWindow:
             job.channel = None
         for error in job.standby.destroy_all():
             log.warning("destroying a standby group failed: %s", error)
-        job.staged = {}
+        job.staged, job.stacks = {}, {}
         if job.steps.in_old:
             engine.set_drain_before_pause(False)
             engine.set_admitting(True)

@@ -1,6 +1,7 @@
 """Real agents running a model of two MoE layers, each with its own router, experts, load counters and
 placement: per-layer placements planned from the previous ones survive 2 -> 3 -> 2 with reference-exact
-outputs (the way down retires the middle engine)."""
+outputs (the way down retires the middle engine), with the experts of a layer run one at a time or
+batched."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import torch
 
 from engine_agent import moe
@@ -63,8 +65,15 @@ def serve_some(agents: list[AgentProcess]) -> None:
             assert agent.infer(random_tokens(LAYERED, 8)).status_code == 200
 
 
-def test_two_layer_placements_survive_2_to_3_to_2_with_exact_outputs(spawn_agents: Spawn) -> None:
-    agents = spawn_agents(3, config=LAYERED)
+# `on`: each layer's experts in two batched matmuls over its stack, the path a GPU takes by default;
+# the CPU's default (`auto`) loops over them.
+@pytest.mark.parametrize("grouped_step", ["auto", "on"])
+def test_two_layer_placements_survive_2_to_3_to_2_with_exact_outputs(
+    spawn_agents: Spawn, grouped_step: str
+) -> None:
+    agents = spawn_agents(
+        3, config=LAYERED, extra_args=("--enable-fault-injection", "--grouped-step", grouped_step)
+    )
     driver = LayeredDriver()
     driver.reconfigure(agents[:2])
     assert_serves_reference(agents[:2], config=LAYERED)

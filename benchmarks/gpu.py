@@ -328,6 +328,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--infer-requests", type=int, default=50)
     parser.add_argument("--infer-tokens", type=int, default=64)
     parser.add_argument("--allow-cpu", action="store_true", help="dry run on CPU/gloo (checks the script)")
+    parser.add_argument(
+        "--grouped-step", choices=["auto", "on", "off"], default="auto", help="the agent's --grouped-step"
+    )
+    parser.add_argument("--name", help="results file name (default gpu, or gpu-dryrun-cpu)")
     args = parser.parse_args(argv)
 
     import torch
@@ -342,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     on_gpu = torch.cuda.is_available()
     platform, device = ("cuda", "cuda:0") if on_gpu else ("cpu", "cpu")
 
-    report = Report("gpu" if on_gpu else "gpu-dryrun-cpu")
+    report = Report(args.name or ("gpu" if on_gpu else "gpu-dryrun-cpu"))
     report.parameters = vars(args) | {"platform": platform, "device": device}
     if on_gpu:
         report.machine["gpu"] = torch.cuda.get_device_name(0)
@@ -363,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "--platform", platform, *(["--device", device] if on_gpu else []),
             "--num-logical-experts", str(args.experts), "--hidden-size", str(args.hidden),
             "--intermediate-size", str(args.intermediate), "--top-k", str(args.top_k), "--dtype", args.dtype,
+            "--grouped-step", args.grouped_step,
         ]  # fmt: skip
         agent = group.start("agent", argv_agent)
         url = wait_ready_file(ready, agent, timeout_s=300)

@@ -208,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int, default=1)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--json", action="store_true", help="a JSON request before each binary one")
+    parser.add_argument(
+        "--grouped-step", choices=["auto", "on", "off"], default="auto", help="the agent's --grouped-step"
+    )
+    parser.add_argument("--name", help="results file name (default infer_path, or infer_path-cpu)")
     args = parser.parse_args(argv)
 
     import gpu  # its reconfigure() forms generation 1
@@ -215,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     on_gpu = torch.cuda.is_available()
     platform, device = ("cuda", "cuda:0") if on_gpu else ("cpu", "cpu")
-    report = Report("infer_path" if on_gpu else "infer_path-cpu")
+    report = Report(args.name or ("infer_path" if on_gpu else "infer_path-cpu"))
     report.parameters = vars(args) | {"platform": platform, "device": device}
     scratch = scratch_dir("infer_path")
     ready = scratch / "agent.ready"
@@ -226,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "--engine-id", "infer-path-0", "--platform", platform, *(["--device", device] if on_gpu else []),
             "--num-logical-experts", str(args.experts), "--hidden-size", str(args.hidden),
             "--intermediate-size", str(args.intermediate), "--top-k", str(args.top_k), "--dtype", args.dtype,
+            "--grouped-step", args.grouped_step,
         ]  # fmt: skip
         agent = group.start("agent", argv_agent)
         url = wait_ready_file(ready, agent, timeout_s=300)

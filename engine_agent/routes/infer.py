@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from engine_agent import tensor_wire
 from engine_agent.problems import ProblemError, problem_responses
@@ -79,11 +80,17 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise ProblemError(413, "body-too-large", f"the body is larger than {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ProblemError(413, "body-too-large", f"the body is larger than {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ProblemError(413, "body-too-large", f"the body is larger than {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # Nobody is left to answer; a problem (not an unhandled error's traceback) ends the request.
+        raise ProblemError(
+            400, "client-disconnected", "the client left before sending its whole body"
+        ) from None
     return b"".join(chunks)
 
 

@@ -4,8 +4,12 @@ agent's engine_id and deployment; a bad value stops start-up with the reason."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
+import time
 from pathlib import Path
+
+import httpx
 
 from tests.support.processes import PYTHON, clean_environment, start_agents
 
@@ -35,3 +39,17 @@ def test_an_unknown_log_format_stops_the_agent_with_the_reason() -> None:
     )
     assert result.returncode == 2
     assert "EPCTL_LOG_FORMAT must be one of text, json, not 'xml'" in result.stderr
+
+
+def test_a_client_that_leaves_mid_body_costs_no_traceback(tmp_path: Path) -> None:
+    """`/v1/infer` with half a body, then the connection closed: a problem ends the request quietly."""
+    (agent,) = start_agents(["e0"], tmp_path, flags={"log_level": "info"})
+    host, port = agent.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        head = "POST /v1/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        raw.sendall(head.encode() + b'content-length: 100000\r\n\r\n{"tokens": [[0.1')
+        time.sleep(0.5)
+    assert httpx.get(f"{agent.url}/v1/info", timeout=10).status_code == 200  # still serving
+    agent.child.stop()
+    log = agent.child.log_path.read_text()
+    assert "Traceback" not in log and "ClientDisconnect" not in log, log[-3000:]

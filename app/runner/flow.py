@@ -27,6 +27,7 @@ rule, ending `cancelled`), or it arrives after the move and the API answers 409 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -385,19 +386,30 @@ class Flow:
         try:
             await drive_arm(run, fanout, self.settings)
         except JobFailure as failure:
-            # An engine that overran the budget is named by the engines' shared verdict.
-            for status in run.statuses.values():
-                if (
-                    status.error is not None
-                    and status.error.type == failure.error["type"]
-                    and status.error.engines
-                ):
-                    failure.error["engine_id"] = status.error.engines[0]
-                    if status.error.overrun is not None:
-                        failure.error["overrun"] = status.error.overrun.model_dump(mode="json")
-                    break
+            await self._name_the_overrun(run, fanout, failure)
             raise
         run.mark("all_committed")
+
+    async def _name_the_overrun(self, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:
+        """An engine that overran the budget is named by the old members' shared verdict: the job
+        reports that member's error, whoever failed first (a joiner only hears "not switching", and
+        may say so before the old members' statuses are read)."""
+        if failure.error["type"] != "downtime-budget-exceeded":
+            return
+        give_up = time.monotonic() + self.settings.abort_deadline_s
+        while True:
+            for status in run.statuses.values():
+                error = status.error
+                if error is not None and error.type == failure.error["type"] and error.engines:
+                    failure.error["engine_id"] = error.engines[0]
+                    failure.error["message"] = error.message
+                    if error.overrun is not None:
+                        failure.error["overrun"] = error.overrun.model_dump(mode="json")
+                    return
+            if time.monotonic() >= give_up:
+                return
+            await asyncio.sleep(self.settings.agent_poll_interval_s)
+            await fanout.read_statuses(run, run.participant_clients())
 
     async def _switch(self, run: JobRun, fanout: Fanout, step: Step) -> None:
         """Second half of the commit. Nothing but the switch inside the window: it goes out the moment

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -158,13 +158,19 @@ def available_engines(session: Session, *, deployment_id: str) -> list[Engine]:
 
 
 def mark_unreachable(
-    session: Session, *, silent_since: datetime, only: Collection[str] | None = None
+    session: Session,
+    *,
+    silent_since: datetime,
+    only: Collection[str] | None = None,
+    follow: Callable[[Session], object] | None = None,
 ) -> list[EnginePublic]:
     """Engines whose last heartbeat is older than `silent_since` (of `only`, when given: engines found
     gone some other way) become `unreachable`. One that served
     its deployment's current generation leaves the deployment `degraded` (the EP group cannot run a
     collective without it); each is announced as an `engine.unreachable` webhook event, in the same
-    transaction. Returns the engines as they are now.
+    transaction. `follow`, when an engine was marked, runs in that transaction too, before it commits:
+    the health pass, so that a deployment never reads `degraded` without its reason in between.
+    Returns the engines as they are now.
 
     A deployment stays degraded until a reconfiguration commits a new generation (which sets it
     `ready`): the engine's return alone does not prove the group whole."""
@@ -224,6 +230,8 @@ def mark_unreachable(
                 created_at=now,
             )
         )
+    if follow is not None and expired:
+        follow(session)
     session.commit()
     return expired
 

@@ -97,9 +97,13 @@ def scheduled_tasks(
     started = utc_now()
     suspects: dict[str, float] = {}
 
+    def health(session: Session) -> None:
+        health_pass(session, suspects, settings.health_confirm_s)
+
     async def heartbeats() -> None:
-        await confirm_losses(record)  # a dead engine found before its heartbeat timeout
-        await expire_heartbeats(record, heartbeat_timeout_s, watching_since=started)
+        # An engine marked lost and its deployment's reason go in one transaction (`follow`).
+        await confirm_losses(record, follow=health)  # a dead engine found before its heartbeat timeout
+        await expire_heartbeats(record, heartbeat_timeout_s, watching_since=started, follow=health)
         await follow_health(record, suspects, settings.health_confirm_s)
         if launchers is not None:
             await heal(record, launchers)
@@ -140,16 +144,23 @@ class Retention:
 
 
 async def expire_heartbeats(
-    record: JobRecord, timeout_s: float, *, watching_since: datetime | None = None
+    record: JobRecord,
+    timeout_s: float,
+    *,
+    watching_since: datetime | None = None,
+    follow: Callable[[Session], object] | None = None,
 ) -> list[EnginePublic]:
-    """Mark engines silent for longer than `timeout_s` unreachable (and their deployment degraded).
+    """Mark engines silent for longer than `timeout_s` unreachable (and their deployment degraded);
+    `follow` (the health pass) in the same transaction, when one was marked.
 
     Silence counts from `watching_since` at the earliest (when this coordinator started): agents
     could not reach a coordinator that was down, so each gets one full timeout to be heard from."""
     silent_since = utc_now() - timedelta(seconds=timeout_s)
     if watching_since is not None and silent_since <= watching_since:
         return []
-    expired = await record.run_in_session(lambda s: mark_unreachable(s, silent_since=silent_since))
+    expired = await record.run_in_session(
+        lambda s: mark_unreachable(s, silent_since=silent_since, follow=follow)
+    )
     for engine in expired:
         log.warning(
             "engine %s of %s: no heartbeat since %s; marked unreachable",
@@ -164,9 +175,12 @@ async def follow_health(
     record: JobRecord, suspects: dict[str, float], confirm_s: float
 ) -> list[HealthChange]:
     """Each deployment's status from its engines' heartbeats (`app.deployments.health`)."""
-    changes = await record.run_in_session(
-        lambda s: reconcile_health(s, suspects=suspects, confirm_s=confirm_s)
-    )
+    return await record.run_in_session(lambda s: health_pass(s, suspects, confirm_s))
+
+
+def health_pass(session: Session, suspects: dict[str, float], confirm_s: float) -> list[HealthChange]:
+    """`reconcile_health`, its changes logged; in the caller's session (it commits)."""
+    changes = reconcile_health(session, suspects=suspects, confirm_s=confirm_s)
     for change in changes:
         if change.detail is None:
             log.warning("deployment %s recovered: every member serves its generation", change.deployment)

@@ -381,9 +381,11 @@ async def process_gone(url: str) -> bool:
     return False
 
 
-async def confirm_losses(record: JobRecord, probe: Probe = process_gone) -> list[str]:
-    """Mark `unreachable` now the suspects (see the module doc) whose process is gone; their ids. Run
-    before the heartbeat expiry and the health pass, so the status says why in the same pass."""
+async def confirm_losses(
+    record: JobRecord, probe: Probe = process_gone, *, follow: Callable[[Session], object] | None = None
+) -> list[str]:
+    """Mark `unreachable` now the suspects (see the module doc) whose process is gone; their ids.
+    `follow` (the health pass) runs in the same transaction, so the status says why at once."""
     probed_at = utc_now()
     suspects = await record.run_in_session(_suspects)
     if not suspects:
@@ -393,7 +395,9 @@ async def confirm_losses(record: JobRecord, probe: Probe = process_gone) -> list
     if not dead:
         return []
     # A heartbeat that arrived since the probe began wins (the compare-and-set in mark_unreachable).
-    marked = await record.run_in_session(lambda s: mark_unreachable(s, silent_since=probed_at, only=dead))
+    marked = await record.run_in_session(
+        lambda s: mark_unreachable(s, silent_since=probed_at, only=dead, follow=follow)
+    )
     for engine in marked:
         log.warning(
             "engine %s of %s: gone (connection refused); marked unreachable", engine.id, engine.deployment

@@ -15,7 +15,7 @@ from app.engines.models import Engine
 from app.engines.service import record_heartbeat
 from app.runner.loop import JobRunner
 from app.runner.record import JobRecord
-from app.runner.scheduled import expire_heartbeats
+from app.runner.scheduled import expire_heartbeats, health_pass
 from app.runner.settings import RunnerSettings
 from app.webhooks.models import EventType, OutboxEvent
 from engine_agent.protocol import AgentHeartbeat, AgentState
@@ -142,3 +142,22 @@ def test_the_runners_loop_expires_silent_engines(db_engine: DbEngine) -> None:
         "unreachable",
         "serving",
     )
+
+
+def test_with_the_health_pass_a_lost_member_degrades_its_deployment_with_the_reason_at_once(
+    db_engine: DbEngine,
+) -> None:
+    """The runner's pass runs the health pass in the expiry's own transaction: no reader sees
+    `degraded` without a reason (one transaction, one `deployment.degraded` event)."""
+    deployment_id = deployment_with(db_engine, silent=[1])
+    record, suspects = JobRecord(db_engine), dict[str, float]()
+    asyncio.run(expire_heartbeats(record, 15.0, follow=lambda session: health_pass(session, suspects, 0.0)))
+    with Session(db_engine) as session:
+        deployment = session.get(Deployment, deployment_id)
+        assert deployment is not None and deployment.status == "degraded"
+        assert deployment.status_detail is not None
+        assert deployment.status_detail["reason"] == "engine-unreachable", deployment.status_detail
+        degraded = session.exec(
+            select(OutboxEvent).where(OutboxEvent.type == EventType.deployment_degraded)
+        ).all()
+    assert len(degraded) == 1

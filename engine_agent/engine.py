@@ -218,18 +218,33 @@ class ReferenceEngine:
                 self._cond.wait(left)
             return not (self._paused_at is not None and self._paused_at.armed)
 
-    def switch(self, new: ActiveGeneration) -> ActiveGeneration | None:
-        """Swap groups, placement and weights together and serve the new generation. Only while
-        paused or idle (the loop holds no group then). Returns the retired generation."""
-        layers = moe.layer_views(
+    def views_for(
+        self,
+        placements: list[list[list[int]]],
+        weights: dict[int, torch.Tensor],
+        *,
+        rank: int,
+        stacks: dict[int, moe.ExpertStack],
+    ) -> list[moe.LayerView]:
+        """What a generation with these placements and weights serves each layer from (built ahead of
+        the switch: `switch(views=...)`)."""
+        return moe.layer_views(
             self.config,
-            new.placements,
-            new.weights,
+            placements,
+            weights,
             self._routers,
             self.device,
-            rank=new.rank,
-            stacks=new.stacks if self.grouped_step else None,
+            rank=rank,
+            stacks=stacks if self.grouped_step else None,
         )
+
+    def switch(
+        self, new: ActiveGeneration, views: list[moe.LayerView] | None = None
+    ) -> ActiveGeneration | None:
+        """Swap groups, placement and weights together and serve the new generation. Only while
+        paused or idle (the loop holds no group then). Returns the retired generation. `views`: the
+        layers built ahead for `new` (`views_for`), else built here."""
+        layers = views or self.views_for(new.placements, new.weights, rank=new.rank, stacks=new.stacks)
         with self._cond:
             if self._state == AgentState.serving:
                 raise RuntimeError("switch needs a paused or idle engine")

@@ -47,6 +47,7 @@ class Job:
     standby: groups.StandbyRegistry = field(default_factory=groups.StandbyRegistry)
     staged: dict[int, torch.Tensor] = field(default_factory=dict)  # flat id -> a row of `stacks`
     stacks: dict[int, moe.ExpertStack] = field(default_factory=dict)  # layer -> the staged stack
+    views: list[moe.LayerView] | None = None  # what the engine serves from after the switch (prepare)
     channel: WeightChannel | None = None
     warmed: bool = False
     paused: bool = False  # this job stopped the engine (or it is a joiner inside the window)

@@ -216,6 +216,7 @@ class Builder:
             progress(expert_bytes)
         if job.channel is None:  # nothing to receive or send (`_open_channel`)
             log.info("job %s: staged %d experts locally, no weight channel", request.job_id, len(job.staged))
+            self._build_views(job)
             return
         received_so_far = 0
 
@@ -236,6 +237,7 @@ class Builder:
         self._barrier(job, "xfer_done", job.participants, request.timeouts.transfer_s)
         job.channel.close()
         job.channel = None
+        self._build_views(job)
         log.info(
             "job %s: staged %d experts (%d bytes local/checkpoint, %d received, %d sent) via %s in %.3f s",
             request.job_id,
@@ -246,6 +248,17 @@ class Builder:
             stats.backend,
             stats.seconds,
         )
+
+    def _build_views(self, job: Job) -> None:
+        """What the engine serves each layer from (replica tables, the batched stacks), built here and
+        not at the switch: it is host-side work and device copies that would sit inside the window."""
+        if job.steps.in_new and job.me_new_rank is not None:
+            job.views = self.site.engine.views_for(
+                layer_placements(job.request.placement, job.request.placements),
+                job.staged,
+                rank=job.me_new_rank,
+                stacks=job.stacks,
+            )
 
     def _transfer_plan(self, job: Job) -> list[TransferItem]:
         """Every expert move of the job, the same on every participant (it depends on the request alone)."""

@@ -111,8 +111,8 @@ class CommitWindow:
                 member_urls=[m.url for m in request.members],
                 stacks=job.stacks,
             )
-            retired = site.engine.switch(new)
-            job.staged, job.stacks = {}, {}
+            retired = site.engine.switch(new, views=job.views)
+            job.staged, job.stacks, job.views = {}, {}, None
         else:
             retired = site.engine.leave(fail_queued=False)  # a leaver drained its queue before the pause
         switch_ms = (time.monotonic() - started) * 1000.0
@@ -303,7 +303,7 @@ class CommitWindow:
             job.channel = None
         for error in job.standby.destroy_all():
             log.warning("destroying a standby group failed: %s", error)
-        job.staged, job.stacks = {}, {}
+        job.staged, job.stacks, job.views = {}, {}, None
         if job.steps.in_old:
             engine.set_drain_before_pause(False)
             engine.set_admitting(True)

@@ -37,6 +37,7 @@ from app.backends.vllm.record import (
     Record,
     VllmJob,
     restart_hint,
+    serving_as_scaled,
     set_degraded,
     set_serving,
 )
@@ -281,22 +282,12 @@ class VllmFlow:
             return
         outcome = scaled.outcome
         if outcome.accepted:
-
-            def serving(session: Session) -> None:
-                set_serving(
-                    session,
-                    job.deployment_id,
-                    dp_size=job.to_size,
-                    generation=job.to_generation,
-                    metrics_dp_size=job.to_size if job.scale_up else None,
-                )
-
             await self.record.move(
                 job,
                 S.succeeded,
                 message=f"vLLM serves at DP size {job.to_size}; {downtime}",
                 changes={"progress_step": "done", "progress_percent": 100.0, **probe},
-                also=serving,
+                also=serving_as_scaled(job),
             )
             return
         failure = FlowFailure(

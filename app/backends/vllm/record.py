@@ -6,7 +6,7 @@ Database work runs in worker threads; the flow awaits it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,6 +172,21 @@ def set_degraded(session: Session, deployment_id: str, degradation: Degradation,
     }
     deployment.updated_at = utc_now()
     session.add(deployment)
+
+
+def serving_as_scaled(job: VllmJob) -> Callable[[Session], None]:
+    """For a job's success (`also=`): the deployment serves at the job's target size and generation."""
+
+    def apply(session: Session) -> None:
+        set_serving(
+            session,
+            job.deployment_id,
+            dp_size=job.to_size,
+            generation=job.to_generation,
+            metrics_dp_size=job.to_size if job.scale_up else None,
+        )
+
+    return apply
 
 
 def set_serving(

@@ -16,13 +16,18 @@ import asyncio
 import time
 
 from sqlalchemy.engine import Engine as DbEngine
-from sqlmodel import Session
 
 from app.backends.vllm.checks import POLL_S, EngineChecks, FlowFailure
 from app.backends.vllm.client import VllmCallError, VllmClient
 from app.backends.vllm.discovery import Observation, observe
 from app.backends.vllm.flow import VllmFlow
-from app.backends.vllm.record import Degradation, JobMovedOn, VllmJob, restart_hint, set_serving
+from app.backends.vllm.record import (
+    Degradation,
+    JobMovedOn,
+    VllmJob,
+    restart_hint,
+    serving_as_scaled,
+)
 from app.jobs.states import JobState
 
 S = JobState
@@ -111,21 +116,12 @@ async def _reconcile(flow: VllmFlow, job: VllmJob) -> None:
             await flow.end(job, failure)
             return
 
-        def serving(session: Session) -> None:
-            set_serving(
-                session,
-                job.deployment_id,
-                dp_size=job.to_size,
-                generation=job.to_generation,
-                metrics_dp_size=job.to_size if job.scale_up else None,
-            )
-
         await flow.record.move(
             job,
             S.succeeded,
             message=f"reconciled after a coordinator restart: vLLM serves at {job.to_size}",
             changes={"progress_step": "done", "progress_percent": 100.0},
-            also=serving,
+            also=serving_as_scaled(job),
         )
 
 

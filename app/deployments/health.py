@@ -1,10 +1,10 @@
 """A deployment's status from what its engines report, not from what the coordinator last wrote.
 
 A deployment of size N at generation G is whole when exactly N of its engines report serving (or paused)
-on G, on ranks 0..N-1. Engines tell this in their heartbeats (state, generation, rank); one that stops
-heartbeating is marked `unreachable` (`app.engines.service.mark_unreachable`), one whose group broke
-reports itself idle on no generation. So a dead, frozen or broken member shows here within a heartbeat
-timeout or one heartbeat.
+on G, on ranks 0..N-1, and none serves (or is paused on) another generation. Engines tell this in their
+heartbeats (state, generation, rank); one that stops heartbeating is marked `unreachable`
+(`app.engines.service.mark_unreachable`), one whose group broke reports itself idle on no generation. So
+a dead, frozen or broken member shows here within a heartbeat timeout or one heartbeat.
 
 `reconcile_health` (the runner's `heartbeats` task) compares that truth with the record while no job
 runs the deployment (a job owns the status while it runs): whole and `degraded` -> `ready`, announced
@@ -58,7 +58,14 @@ def assess(deployment: Deployment, engines: Sequence[Engine]) -> Health:
     size, generation = deployment.current_dp_size, deployment.generation
     on_generation = [e for e in engines if e.generation == generation and e.state in SERVING_STATES]
     ranks = sorted(e.dp_rank for e in on_generation if e.dp_rank is not None)
-    if len(on_generation) == size and ranks == list(range(size)):
+    # An engine serving another generation is a second group beside the deployment's (a switch that
+    # failed part-way): the deployment is not whole even when its own generation is.
+    strays = sorted(
+        f"{e.id} (generation {e.generation})"
+        for e in engines
+        if e.generation != generation and e.state in SERVING_STATES
+    )
+    if len(on_generation) == size and ranks == list(range(size)) and not strays:
         return Health(whole=True, serving=size)
     unreachable = sorted(e.id for e in engines if e.state == EngineState.unreachable.value)
     left_group = sorted(
@@ -69,9 +76,11 @@ def assess(deployment: Deployment, engines: Sequence[Engine]) -> Health:
     parts = [f"{len(on_generation)} of {size} engines serve generation {generation}"]
     if unreachable:
         parts.append(f"unreachable: {', '.join(unreachable)}")
-    if len(on_generation) > size or len(set(ranks)) != len(ranks):
+    if len(on_generation) > size or len(set(ranks)) != len(ranks) or strays:
         reason = REASON_GENERATION_SPLIT
         parts.append(f"ranks reported: {ranks}")
+        if strays:
+            parts.append(f"serving another generation: {', '.join(strays)}")
     elif unreachable:
         reason = REASON_UNREACHABLE
     else:

@@ -105,7 +105,7 @@ class Endings:
                 "engine_results": results,
                 **run.downtime_record(now=time.time()),
             },
-            also=lambda session: degrade(session, run.deployment_id, generations),
+            also=lambda session: degrade(session, run.deployment_id, generations, run.job_id),
         )
 
     async def finish(self, run: JobRun) -> None:

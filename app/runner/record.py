@@ -14,7 +14,8 @@ from sqlmodel import Session, select
 
 from app.core.clock import utc_now
 from app.core.errors import ConflictError
-from app.deployments.models import Deployment, DeploymentStatus
+from app.deployments.health import REASON_GENERATION_SPLIT, SERVING_STATES, announce_degraded
+from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.engines.models import Engine, EngineState
 from app.jobs.async_record import AsyncJobRecord
 from app.jobs.models import ReconfigurationJob
@@ -205,14 +206,17 @@ def apply_generation(session: Session, deployment_id: str, plan: Plan) -> None:
     session.flush()
 
 
-def degrade(session: Session, deployment_id: str, generations: Mapping[str, Mapping[str, Any]]) -> None:
-    """A switch that failed part-way: the deployment `degraded`, each engine row on the generation,
-    rank and state its agent reports (in the caller's transaction)."""
+def degrade(
+    session: Session,
+    deployment_id: str,
+    generations: Mapping[str, Mapping[str, Any]],
+    job_id: str | None = None,
+) -> None:
+    """A switch that failed part-way: the deployment `degraded` with the reason (which engine is on
+    which generation) and announced, each engine row on the generation, rank and state its agent
+    reports (in the caller's transaction). The heartbeat pass keeps the reason true from then on."""
     deployment = session.get(Deployment, deployment_id)
     assert deployment is not None
-    deployment.status = DeploymentStatus.degraded.value
-    deployment.updated_at = utc_now()
-    session.add(deployment)
     for engine_id, view in generations.items():
         row = session.get(Engine, engine_id)
         if row is not None and view["generation"] is not None:
@@ -222,6 +226,24 @@ def degrade(session: Session, deployment_id: str, generations: Mapping[str, Mapp
             row.state = str(view["state"])
             row.updated_at = utc_now()
             session.add(row)
+    by_generation: dict[str, list[str]] = {}
+    for engine_id, view in sorted(generations.items()):
+        generation = view["generation"]
+        by_generation.setdefault("unknown" if generation is None else str(generation), []).append(engine_id)
+    where = "; ".join(f"generation {g}: {', '.join(ids)}" for g, ids in sorted(by_generation.items()))
+    detail = StatusDetail(
+        reason=REASON_GENERATION_SPLIT,
+        message=f"a switch failed part-way ({where}); the record stays on generation {deployment.generation}",
+        hint="scale the deployment to form a new generation on the engines that serve",
+        since=utc_now(),
+        job_id=job_id,
+    )
+    serving = sum(
+        1
+        for view in generations.values()
+        if view["generation"] == deployment.generation and view["state"] in SERVING_STATES
+    )
+    announce_degraded(session, deployment, detail, serving=serving)
 
 
 def is_member_row(row: Engine, deployment: Deployment) -> bool:

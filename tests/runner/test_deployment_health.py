@@ -13,7 +13,7 @@ from app.deployments.health import reconcile_health
 from app.deployments.models import Deployment
 from app.engines.models import Engine
 from app.engines.service import record_heartbeat
-from app.runner.record import JobRecord
+from app.runner.record import JobRecord, degrade
 from app.runner.scheduled import follow_health
 from app.webhooks.models import EventType, OutboxEvent
 from engine_agent.protocol import AgentHeartbeat, AgentState
@@ -110,6 +110,40 @@ def test_two_engines_claiming_one_rank_is_a_split_generation(db_engine: DbEngine
     follow(db_engine)
     state, detail = status(db_engine, deployment_id)
     assert state == "degraded" and detail is not None and detail["reason"] == "generation-split"
+
+
+def test_a_switch_failed_part_way_stays_degraded_while_a_joiner_serves_the_next_generation(
+    db_engine: DbEngine,
+) -> None:
+    """The member serves the recorded generation on its own (whole by itself), while the joiner whose
+    switch went through serves generation 2 as rank 2 of a group that never formed: a second group
+    beside the deployment's. The heartbeat pass must not call that ready (it once did, and erased the
+    job's verdict)."""
+    deployment_id = deployment_with(db_engine, silent=[])
+    with Session(db_engine) as session:
+        degrade(
+            session,
+            deployment_id,
+            {
+                "demo-engine-0": {"generation": 1, "state": "serving", "rank": 0},
+                "demo-engine-1": {"generation": 1, "state": "serving", "rank": 1},
+                "demo-engine-2": {"generation": 2, "state": "serving", "rank": 2},
+            },
+            job_id="job-1",
+        )
+        session.commit()
+    state, detail = status(db_engine, deployment_id)
+    assert state == "degraded" and detail is not None and detail["reason"] == "generation-split"
+    assert "generation 2: demo-engine-2" in str(detail["message"]) and detail["job_id"] == "job-1"
+    follow(db_engine)
+    follow(db_engine)
+    state, detail = status(db_engine, deployment_id)
+    assert state == "degraded" and detail is not None and detail["reason"] == "generation-split"
+    assert "serving another generation: demo-engine-2 (generation 2)" in str(detail["message"]), detail
+    assert announced(db_engine) == [EventType.deployment_degraded]
+    heartbeat(db_engine, "demo-engine-2", AgentState.idle, 0, None)  # the stray left its broken group
+    follow(db_engine)
+    assert status(db_engine, deployment_id) == ("ready", None)
 
 
 def test_a_deployment_a_job_runs_is_left_to_the_job(db_engine: DbEngine) -> None:

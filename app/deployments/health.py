@@ -65,7 +65,8 @@ def assess(deployment: Deployment, engines: Sequence[Engine]) -> Health:
         for e in engines
         if e.generation != generation and e.state in SERVING_STATES
     )
-    if len(on_generation) == size and ranks == list(range(size)) and not strays:
+    own_whole = len(on_generation) == size and ranks == list(range(size))
+    if own_whole and not strays:
         return Health(whole=True, serving=size)
     unreachable = sorted(e.id for e in engines if e.state == EngineState.unreachable.value)
     left_group = sorted(
@@ -76,17 +77,20 @@ def assess(deployment: Deployment, engines: Sequence[Engine]) -> Health:
     parts = [f"{len(on_generation)} of {size} engines serve generation {generation}"]
     if unreachable:
         parts.append(f"unreachable: {', '.join(unreachable)}")
-    if len(on_generation) > size or len(set(ranks)) != len(ranks) or strays:
+    if len(on_generation) > size or len(set(ranks)) != len(ranks) or own_whole:
+        # Two claims on one rank, or a whole generation with a second group beside it.
         reason = REASON_GENERATION_SPLIT
         parts.append(f"ranks reported: {ranks}")
-        if strays:
-            parts.append(f"serving another generation: {', '.join(strays)}")
     elif unreachable:
         reason = REASON_UNREACHABLE
     else:
+        # A member missing is the reason even with a stray beside it: self-healing re-forms the
+        # generation on what there is (a stray's fenced group ends at its first collective's deadline).
         reason = REASON_MEMBERS_MISSING
         if left_group:
             parts.append(f"on no generation: {', '.join(left_group)}")
+    if strays:
+        parts.append(f"serving another generation: {', '.join(strays)}")
     return Health(whole=False, serving=len(on_generation), reason=reason, message="; ".join(parts))
 
 

@@ -146,6 +146,21 @@ def test_a_switch_failed_part_way_stays_degraded_while_a_joiner_serves_the_next_
     assert status(db_engine, deployment_id) == ("ready", None)
 
 
+def test_a_member_missing_stays_the_reason_beside_a_stray_so_self_healing_re_forms_the_group(
+    db_engine: DbEngine,
+) -> None:
+    """One member switched to generation 2 and the other stayed on 1 and then left its broken group:
+    the deployment's own generation lacks members, and that is what self-healing acts on (the stray's
+    group ends at its first collective's deadline)."""
+    deployment_id = deployment_with(db_engine, silent=[])
+    heartbeat(db_engine, "demo-engine-0", AgentState.serving, 2, 0)
+    heartbeat(db_engine, "demo-engine-1", AgentState.idle, 0, None)
+    follow(db_engine)
+    state, detail = status(db_engine, deployment_id)
+    assert state == "degraded" and detail is not None and detail["reason"] == "members-missing"
+    assert "serving another generation: demo-engine-0 (generation 2)" in str(detail["message"]), detail
+
+
 def test_a_deployment_a_job_runs_is_left_to_the_job(db_engine: DbEngine) -> None:
     from tests.support.factories import make_job
 

@@ -7,10 +7,11 @@ WORKDIR /srv/epctl
 # The CPU torch first, so the project's unpinned torch does not pull a CUDA build of several GB.
 RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
 
-COPY pyproject.toml alembic.ini ./
+COPY pyproject.toml setup.py alembic.ini ./
 COPY app ./app
 COPY engine_agent ./engine_agent
-# A regular install: the migrations ship inside the package (app/migrations), so the installed
+COPY migrations ./migrations
+# A regular install: the migrations ship inside the package (migrations/, mapped to app/migrations), so the installed
 # coordinator migrates its database to head at start.
 RUN pip install .
 

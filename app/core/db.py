@@ -18,8 +18,16 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Dialect, Engine, make_url
 from sqlmodel import create_engine
 
-# Inside the package (package data), so an installed wheel can migrate its database.
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+def _migrations_dir() -> Path:
+    """The Alembic tree: `migrations/` beside `app/` in a checkout, `app/migrations` in an installed wheel
+    (setup.py maps it there), so an installed coordinator migrates its own database."""
+    package = Path(__file__).resolve().parent.parent
+    checkout = package.parent / "migrations"
+    return checkout if (checkout / "env.py").is_file() else package / "migrations"
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 
 class UTCDateTime(sa.types.TypeDecorator[datetime]):

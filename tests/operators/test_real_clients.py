@@ -5,10 +5,10 @@ they are absent).
 - An alert fired at Alertmanager reaches `/v1/hooks/alertmanager` and scales; a second one refused for
   the cooldown is deferred and acted on when the cooldown ends, without a repeat from Alertmanager; an
   alert naming an unknown deployment shows as a 4xx in Alertmanager's own log.
-- Prometheus, configured with the README's own scrape config, scrapes the coordinator and discovers the
-  agents through `/v1/sd/agents`.
-- The README's receiver config is one Alertmanager accepts (`amtool check-config`), and its scrape
-  config one Prometheus accepts (`promtool check config`).
+- Prometheus, configured with the docs' own scrape config (`docs/api.md`), scrapes the coordinator and
+  discovers the agents through `/v1/sd/agents`.
+- The docs' receiver config (`docs/operations/webhooks-and-autoscalers.md`) is one Alertmanager accepts
+  (`amtool check-config`), and its scrape config one Prometheus accepts (`promtool check config`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ COOLDOWN_S = 4.0
 
 
 def alertmanager_config(coordinator: Coordinator, token_file: Path) -> str:
-    # group_by as the README advises; repeat_interval far beyond the test: a deferred request must be
+    # group_by as the docs advise; repeat_interval far beyond the test: a deferred request must be
     # acted on without a repeat.
     return f"""
 route:
@@ -161,9 +161,9 @@ def test_alertmanager_scales_defers_through_the_cooldown_and_sees_4xx_for_an_unk
 
 @pytest.mark.skipif(shutil.which("amtool") is None, reason=missing("amtool") or "")
 def test_the_readmes_alertmanager_config_is_valid(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"```yaml\n(  route:.*?receivers:.*?)```", readme, re.S)
-    assert block is not None, "the README shows an Alertmanager receiver config"
+    guide = (ROOT / "docs" / "operations" / "webhooks-and-autoscalers.md").read_text()
+    block = re.search(r"```yaml\n(  route:.*?receivers:.*?)```", guide, re.S)
+    assert block is not None, "the autoscalers guide shows an Alertmanager receiver config"
     token_file = tmp_path / "token"
     token_file.write_text("secret")
     config = "\n".join(line[2:] for line in block.group(1).splitlines())
@@ -210,9 +210,9 @@ def fake_agent() -> Iterator[str]:
 
 
 def readme_prometheus_config(coordinator: Coordinator, token_file: Path) -> str:
-    """The README's scrape config, pointed at this coordinator and token, on a test's short intervals."""
-    block = re.search(r"```yaml\n(scrape_configs:.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert block is not None, "the README shows a Prometheus scrape config"
+    """The docs' scrape config, pointed at this coordinator and token, on a test's short intervals."""
+    block = re.search(r"```yaml\n(scrape_configs:.*?)```", (ROOT / "docs" / "api.md").read_text(), re.S)
+    assert block is not None, "the API guide shows a Prometheus scrape config"
     config = (
         block.group(1)
         .replace("http://coordinator:8000", coordinator.url)

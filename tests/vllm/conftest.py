@@ -28,8 +28,8 @@ SCRIPTS = Path(__file__).resolve().parent
 def vllm_venv_missing() -> str | None:
     if not VLLM_PYTHON.exists():
         return f"the vLLM venv is missing ({VLLM_PYTHON}): run scripts/vllm-env (scripts/test does)"
-    if not list(VLLM_PYTHON.parent.parent.glob(".vllm-env-*")):
-        return "the vLLM venv is incomplete (no stamp): run scripts/vllm-env again"
+    if not (VLLM_PYTHON.parent.parent / ".ready").exists():
+        return "the vLLM venv is incomplete (its build did not finish): run scripts/vllm-env again"
     return None
 
 

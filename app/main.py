@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from alembic import command
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from sqlalchemy.engine import Engine, make_url
@@ -22,7 +23,7 @@ from app.api.deps import PrincipalCache
 from app.backends.vllm.lifespan import vllm_backend
 from app.backends.vllm.router import router as vllm_engine_router
 from app.core.config import Settings, load_settings
-from app.core.db import make_engine, migrate_to_head
+from app.core.db import alembic_config, make_engine, start_lock
 from app.core.limits import Limits, RequestLimits
 from app.core.problems import install_problem_handlers, problem_responses
 from app.dashboard.router import router as dashboard_router
@@ -64,8 +65,6 @@ def operation_id(route: APIRoute) -> str:
 def start_database(settings: Settings) -> tuple[Engine, str | None]:
     """Migrate (when enabled), connect, and make sure an admin token exists.
     Returns (engine, generated admin secret or None)."""
-    if settings.auto_migrate:
-        migrate_to_head(settings.database_url)
     engine = make_engine(
         settings.database_url,
         busy_timeout_ms=settings.db_busy_timeout_ms,
@@ -74,8 +73,13 @@ def start_database(settings: Settings) -> tuple[Engine, str | None]:
         pool_timeout_s=settings.db_pool_timeout_s,
     )
     env_secret = settings.admin_token.get_secret_value() if settings.admin_token else None
-    with Session(engine) as session:
-        generated = ensure_first_admin(session, env_secret=env_secret)
+    # Coordinators started together on one empty Postgres: one migrates and makes the first admin,
+    # the others wait for it, then find the schema at head and the token there.
+    with start_lock(settings.database_url):
+        if settings.auto_migrate:
+            command.upgrade(alembic_config(settings.database_url), "head")
+        with Session(engine) as session:
+            generated = ensure_first_admin(session, env_secret=env_secret)
     return engine, generated
 
 

@@ -6,6 +6,8 @@ its transaction at the first write, so a read-then-write sequence does not hold 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -97,8 +99,33 @@ def alembic_config(database_url: str) -> Config:
     return config
 
 
+@contextlib.contextmanager
+def start_lock(database_url: str) -> Iterator[None]:
+    """One coordinator at a time through start-up's writes (the migration, the first admin token): on
+    Postgres a session advisory lock per schema, held on a connection of its own, so any number of
+    coordinators started at once on an empty database all come up (without it, the losers died on a
+    unique violation of `alembic_version`). SQLite needs none: one coordinator owns a data directory."""
+    if make_url(database_url).get_backend_name() != "postgresql":
+        yield
+        return
+    engine = make_engine(database_url, pool_size=1, max_overflow=0)
+    key = sa.text("hashtext('epctl-start:' || current_schema())")
+    try:
+        with engine.connect() as connection:
+            connection.execute(sa.select(sa.func.pg_advisory_lock(key)))
+            connection.commit()
+            try:
+                yield
+            finally:
+                connection.execute(sa.select(sa.func.pg_advisory_unlock(key)))
+                connection.commit()
+    finally:
+        engine.dispose()
+
+
 def migrate_to_head(database_url: str) -> None:
-    command.upgrade(alembic_config(database_url), "head")
+    with start_lock(database_url):
+        command.upgrade(alembic_config(database_url), "head")
 
 
 def head_revisions() -> set[str]:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -9,7 +13,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from app.core.db import alembic_config, current_revisions, head_revisions, make_engine, migrate_to_head
+from app.core.config import Settings
 from app.core.tables import metadata
+from app.main import start_database
 
 # The migrations themselves: on both databases.
 pytestmark = pytest.mark.databases("sqlite", "postgres")
@@ -52,3 +58,38 @@ def test_downgrade_base_removes_every_table(empty_database_url: str) -> None:
     migrate_to_head(empty_database_url)
     command.downgrade(alembic_config(empty_database_url), "base")
     assert _tables(empty_database_url) <= {"alembic_version"}
+
+
+@pytest.mark.databases("postgres")
+def test_coordinators_starting_together_on_an_empty_postgres_all_come_up(
+    empty_database_url: str, tmp_path: Path
+) -> None:
+    """Start-up's writes (the migration, the first admin token) run one coordinator at a time: without
+    the lock the others died on a unique violation of `alembic_version` (2 of 2 in the issue). Separate
+    processes, as coordinators are (Alembic's context is one per process)."""
+    settings = Settings(database_url=empty_database_url, data_dir=tmp_path, admin_token=None)
+    forked = multiprocessing.get_context("fork")
+    gate, results = forked.Barrier(3), forked.Queue()
+    starts = [forked.Process(target=_start_after, args=(settings, gate, results)) for _ in range(3)]
+    for process in starts:
+        process.start()
+    outcomes = [results.get(timeout=120) for _ in starts]
+    for process in starts:
+        process.join(timeout=30)
+    assert [kind for kind, _ in outcomes] == ["ok"] * 3, outcomes
+    assert sum(secret is not None for _, secret in outcomes) == 1, "exactly one first admin token"
+    engine = make_engine(empty_database_url)
+    try:
+        assert current_revisions(engine) == head_revisions()
+    finally:
+        engine.dispose()
+
+
+def _start_after(settings: Settings, gate: Any, results: Any) -> None:
+    gate.wait()
+    try:
+        engine, generated = start_database(settings)
+        engine.dispose()
+        results.put(("ok", generated))
+    except Exception as exc:
+        results.put(("failed", f"{type(exc).__name__}: {exc}"[:300]))

@@ -12,8 +12,8 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from app.core.db import alembic_config, current_revisions, head_revisions, make_engine, migrate_to_head
 from app.core.config import Settings
+from app.core.db import alembic_config, current_revisions, head_revisions, make_engine, migrate_to_head
 from app.core.tables import metadata
 from app.main import start_database
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,8 +18,10 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from engine_agent import moe
+from engine_agent.coordinators import CoordinatorSet
 from engine_agent.engine import ReferenceEngine
 from engine_agent.groups import GroupAbandoned, start_store_server
+from engine_agent.peer_check import BrokenGroup, check_peers
 from engine_agent.peers import notify_peers
 from engine_agent.protocol import (
     AgentHeartbeat,
@@ -95,6 +98,7 @@ class Agent:
         self._executor: ReconfigExecutor | None = None
         self._stop = threading.Event()
         self._beat_now = threading.Event()  # wakes the heartbeat (the generation broke: say so now)
+        self._broken: BrokenGroup | None = None  # the last group that broke under us, and who stalled
         self.engine = ReferenceEngine(
             self.config,
             self.device,
@@ -117,7 +121,7 @@ class Agent:
         self._executor = self.executor
         self._last_contact = time.monotonic()  # the last heartbeat a coordinator answered
         self._announcer: threading.Thread | None = None
-        if settings.parent_pid is not None:
+        if settings.parent_pid is not None and settings.orphan_grace_s is not None:
             threading.Thread(target=self._watch_parent, name="parent-watch", daemon=True).start()
         if settings.coordinator:
             self._announcer = threading.Thread(target=self._announce, name="announce", daemon=True)
@@ -128,16 +132,28 @@ class Agent:
             self._executor.on_engine_paused(paused)
 
     def _on_broken(self, active: ActiveGeneration, exc: Exception) -> None:
-        """The serving generation broke: the coordinator hears it in a heartbeat sent now, and, unless
-        a peer told us, the other members are told to give the group up (`engine_agent.peers`)."""
+        """The serving generation broke: the coordinator hears it in a heartbeat sent now, and again
+        once the other members were probed (`engine_agent.peer_check`: who stalled); unless a peer told
+        us, the other members are told to give the group up (`engine_agent.peers`)."""
+        self._broken = BrokenGroup(active.generation)
         self._beat_now.set()
+        others = [
+            (engine_id, url)
+            for engine_id, url in zip(active.members, active.member_urls, strict=False)
+            if engine_id != self.engine_id
+        ]
+
+        def found(broken: BrokenGroup) -> None:
+            self._broken = broken
+            self._beat_now.set()
+
+        check_peers(active.generation, others, found)
         if isinstance(exc, GroupAbandoned):
             return
-        peers = [url for url in active.member_urls if url.rstrip("/") != self.url.rstrip("/")]
         notice = GenerationBroken(
             generation=active.generation, reason=str(exc)[:2000], reporter=self.engine_id
         )
-        notify_peers(peers, notice)
+        notify_peers([url for _, url in others], notice)
 
     def _on_pause(self, pause_ms: float) -> None:
         if pause_ms > 0:
@@ -180,6 +196,7 @@ class Agent:
     def heartbeat(self) -> AgentHeartbeat:
         active = self.engine.active
         counters = self.engine.counters
+        broken = self._broken if active is None else None  # a serving engine's old break is history
         return AgentHeartbeat(
             state=self.engine.state,
             generation=active.generation if active else 0,
@@ -187,57 +204,72 @@ class Agent:
             world_size=active.world_size if active else 0,
             serving_steps=counters.steps,
             group_error=counters.last_error[:2000] if active is None and counters.last_error else None,
+            broken_generation=broken.generation if broken else None,
+            unresponsive_peers=broken.unresponsive if broken else [],
         )
 
     def _announce(self) -> None:
-        """Register with the coordinator, then heartbeat; an unreachable coordinator is retried."""
-        base = (self.settings.coordinator or "").rstrip("/")
+        """Register with a coordinator, then heartbeat. Every coordinator sharing the database will do:
+        the list starts as the launch gave it (`--coordinator`, comma-separated) and follows what each
+        heartbeat's answer names; one that does not answer is skipped for the next, however long none
+        answers (serving never waits for a coordinator)."""
+        coordinators = CoordinatorSet(self.settings.coordinator_urls())
         headers = {"Authorization": f"Bearer {self.settings.token}"} if self.settings.token else {}
         registered = False
         warned = False
         with httpx.Client(timeout=5.0, headers=headers) as client:
             while not self._stop.is_set():
-                try:
-                    if not registered:
-                        registration = AgentRegistration(
-                            engine_id=self.engine_id,
-                            deployment=self.settings.deployment or "",
-                            url=self.url,
-                            platform=self.settings.platform,
-                            device=str(self.device),
-                            engine=self.config,
-                            generation=self.heartbeat().generation,
-                            rank=self.heartbeat().rank,
-                        )
-                        client.post(
-                            f"{base}/v1/engines", json=registration.model_dump(mode="json")
-                        ).raise_for_status()
-                        registered = True
-                        log.info("registered with %s as %s", base, self.engine_id)
-                    else:
+                for base in coordinators.in_order():
+                    try:
+                        if not registered:
+                            client.post(
+                                f"{base}/v1/engines", json=self._registration().model_dump(mode="json")
+                            ).raise_for_status()
+                            registered = True
+                            log.info("registered with %s as %s", base, self.engine_id)
                         response = client.post(
                             f"{base}/v1/engines/{self.engine_id}/heartbeat",
                             json=self.heartbeat().model_dump(mode="json"),
                         )
                         if response.status_code == 404:
-                            registered = False  # the coordinator forgot us: register again
-                        else:
-                            response.raise_for_status()
+                            registered = False  # the coordinators forgot us: register again
+                            continue
+                        response.raise_for_status()
+                    except httpx.HTTPError as exc:
+                        if not warned:
+                            log.warning(
+                                "coordinator %s unreachable or refused: %s (trying others)", base, exc
+                            )
+                            warned = True
+                        continue
+                    coordinators.answered(base, response.json().get("coordinators") or [])
                     warned = False
                     self._last_contact = time.monotonic()
-                except httpx.HTTPError as exc:
-                    if not warned:
-                        log.warning("coordinator %s unreachable or refused: %s (will retry)", base, exc)
-                        warned = True
+                    break
                 self._beat_now.wait(self.settings.heartbeat_s)
                 self._beat_now.clear()
 
+    def _registration(self) -> AgentRegistration:
+        beat = self.heartbeat()
+        return AgentRegistration(
+            engine_id=self.engine_id,
+            deployment=self.settings.deployment or "",
+            url=self.url,
+            platform=self.settings.platform,
+            device=str(self.device),
+            engine=self.config,
+            generation=beat.generation,
+            rank=beat.rank,
+            pid=self.pid,
+            hostname=socket.gethostname(),
+        )
+
     def _watch_parent(self) -> None:
-        """Exit once the launcher is gone and no coordinator has answered for `orphan_grace_s`: engines
-        never outlive a killed coordinator, unless a restarted one (same URL) adopts them by answering
-        their heartbeats. SIGTERM to ourselves: the server shuts down as on any stop."""
-        parent = self.settings.parent_pid
-        assert parent is not None
+        """Opt-in only (throwaway machines): exit once the launcher is gone and no coordinator has
+        answered for `orphan_grace_s`. By default serving never depends on a coordinator. SIGTERM to
+        ourselves: the server shuts down as on any stop."""
+        parent, grace_s = self.settings.parent_pid, self.settings.orphan_grace_s
+        assert parent is not None and grace_s is not None
         started_under_parent = os.getppid() == parent
         orphaned_at: float | None = None
         while not self._stop.wait(0.5):
@@ -249,13 +281,11 @@ class Agent:
             if not self.settings.coordinator:
                 break
             silent_s = time.monotonic() - max(orphaned_at, self._last_contact)
-            if silent_s >= self.settings.orphan_grace_s:
+            if silent_s >= grace_s:
                 break
         else:
             return
-        log.warning(
-            "no coordinator adopted this orphaned engine within %.1f s; exiting", self.settings.orphan_grace_s
-        )
+        log.warning("no coordinator adopted this orphaned engine within %.1f s; exiting", grace_s)
         os.kill(os.getpid(), signal.SIGTERM)
 
     def close(self) -> None:

@@ -60,10 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--parent-pid",
         type=int,
-        help="the launcher's pid: once it is gone, exit unless a coordinator answers the heartbeats "
-        "within --orphan-grace-s (a restarted coordinator adopts its engines; a dead one takes them along)",
+        help="opt-in orphan exit, with --orphan-grace-s (throwaway machines only): the launcher's pid; "
+        "once it is gone, exit unless a coordinator answers the heartbeats within the grace",
     )
-    p.add_argument("--orphan-grace-s", type=float, default=15.0)
+    p.add_argument(
+        "--orphan-grace-s",
+        type=float,
+        default=None,
+        help="off by default: the engine serves however long no coordinator answers",
+    )
     p.add_argument(
         "--enable-fault-injection", action="store_true", help="accept POST /v1/faults (tests only)"
     )

@@ -388,6 +388,8 @@ class AgentRegistration(BaseModel):
     engine: EngineConfig
     generation: int = 0
     rank: int | None = None
+    pid: int | None = Field(None, description="the agent's process, so a coordinator on its host can stop it")
+    hostname: str | None = Field(None, description="the host the agent runs on")
 
 
 class FaultInjection(BaseModel):
@@ -421,6 +423,15 @@ class AgentHeartbeat(BaseModel):
         None,
         max_length=2000,
         description="why the engine left its generation's group, while it serves none (a peer died)",
+    )
+    broken_generation: int | None = Field(
+        None, ge=1, description="the generation whose group broke under this engine, while it serves none"
+    )
+    unresponsive_peers: list[str] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="members of `broken_generation` that did not answer this engine's health probe when "
+        "the group broke (the coordinator fences the one every survivor names)",
     )
 
 

@@ -32,15 +32,22 @@ class AgentSettings(BaseSettings):
     seed: int = 0
     num_moe_layers: int = Field(1, ge=1, le=256)
 
-    coordinator: str | None = Field(None, description="coordinator base URL to register with")
+    coordinator: str | None = Field(
+        None,
+        description="the coordinator base URL to register with; several, comma-separated, for "
+        "coordinators sharing one database (the agent fails over between them)",
+    )
     deployment: str | None = None
     token: str | None = None
     heartbeat_s: float = Field(3.0, gt=0)
     parent_pid: int | None = Field(
         None, description="the launcher's process: once it is gone, live only while a coordinator answers"
     )
-    orphan_grace_s: float = Field(
-        15.0, gt=0, description="how long an orphan waits for a coordinator to adopt it before it exits"
+    orphan_grace_s: float | None = Field(
+        None,
+        gt=0,
+        description="opt-in, for throwaway machines: with --parent-pid, exit this long after the launcher "
+        "is gone unless a coordinator answers; unset (the default), never exit for want of a coordinator",
     )
 
     enable_fault_injection: bool = False
@@ -81,6 +88,9 @@ class AgentSettings(BaseSettings):
             seed=self.seed,
             num_moe_layers=self.num_moe_layers,
         )
+
+    def coordinator_urls(self) -> list[str]:
+        return [url.strip() for url in (self.coordinator or "").split(",") if url.strip()]
 
     def device_name(self) -> str:
         if self.device:

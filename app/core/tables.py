@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import MetaData
 from sqlmodel import SQLModel
 
+import app.coordinators.models
 import app.deployments.models
 import app.engines.models
 import app.hooks.models

@@ -74,9 +74,12 @@ def assess(deployment: Deployment, engines: Sequence[Engine]) -> Health:
         for e in engines
         if e.generation != generation and e.state == EngineState.idle.value and e.dp_rank is None
     )
+    fenced = sorted(e.id for e in engines if e.state == EngineState.fenced.value)
     parts = [f"{len(on_generation)} of {size} engines serve generation {generation}"]
     if unreachable:
         parts.append(f"unreachable: {', '.join(unreachable)}")
+    if fenced:
+        parts.append(f"fenced (stalled): {', '.join(fenced)}")
     if len(on_generation) > size or len(set(ranks)) != len(ranks) or own_whole:
         # Two claims on one rank, or a whole generation with a second group beside it.
         reason = REASON_GENERATION_SPLIT

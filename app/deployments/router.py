@@ -91,7 +91,7 @@ async def delete_deployment(name: DeploymentRefPath, db: DatabaseDep, request: R
             backend=deployment.backend,
             launcher=deployment.launcher,
             engine=EngineConfig.model_validate(deployment.engine_config),
-            engines=tuple(EngineHandle(engine_id=e.id, url=e.url) for e in engines),
+            engines=tuple(EngineHandle(engine_id=e.id, url=e.url, pid=e.pid) for e in engines),
         )
         jobs.delete_deployment(session, ref=name)
         return deleted

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Annotated
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict
@@ -12,7 +13,7 @@ from sqlmodel import Field, SQLModel
 
 from app.api.params import ENGINE_ID_PATTERN, INT32_MAX, INT64_MAX, REF_PATTERN
 from app.core.clock import utc_now
-from app.core.db import UTCDateTime
+from app.core.db import NullableJSON, UTCDateTime
 from app.core.urls import PRINTABLE_HTTP_URL_PATTERN, HttpUrlText
 from app.deployments.models import EngineConfigSpec
 from engine_agent.protocol import AgentHeartbeat, AgentRegistration, Platform
@@ -25,6 +26,10 @@ class EngineState(StrEnum):
     paused = "paused"
     left = "left"  # deregistered: kept for history, never picked again
     unreachable = "unreachable"  # heartbeats stopped
+    # Out of its generation on evidence that it stalled (every other member named it when the group
+    # broke, or it did not answer a restarted coordinator): not stopped, re-admitted if it comes back
+    # within the heartbeat timeout, written off after it.
+    fenced = "fenced"
 
 
 class Engine(SQLModel, table=True):
@@ -41,6 +46,14 @@ class Engine(SQLModel, table=True):
     generation: int = 0
     last_heartbeat_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     launched_by: str = Field(sa_type=sa.String(16))
+    # Where its process runs (from its registration): a coordinator on the same host can stop an engine
+    # another coordinator launched (`app.launchers.local`).
+    pid: int | None = None
+    hostname: str | None = Field(default=None, max_length=255)
+    # The last group that broke under it (from its heartbeats) and whom it found unresponsive then.
+    broken_generation: int | None = None
+    unresponsive_peers: list[str] | None = Field(default=None, sa_type=NullableJSON)
+    broken_reported_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
 
@@ -58,6 +71,8 @@ class EngineRegistration(AgentRegistration):
     engine: EngineConfigSpec
     generation: int = ApiField(0, ge=0, le=INT32_MAX, strict=True)
     rank: int | None = ApiField(None, ge=0, le=INT32_MAX, strict=True)
+    pid: int | None = ApiField(None, ge=1, le=INT32_MAX, strict=True)
+    hostname: str | None = ApiField(None, min_length=1, max_length=255, pattern=r"^[!-~]+$")
 
 
 class EngineHeartbeat(AgentHeartbeat):
@@ -70,6 +85,10 @@ class EngineHeartbeat(AgentHeartbeat):
     world_size: int = ApiField(0, ge=0, le=INT32_MAX, strict=True)
     serving_steps: int = ApiField(
         0, ge=0, le=INT64_MAX, strict=True, description="real serving steps so far (the last step's number)"
+    )
+    broken_generation: int | None = ApiField(None, ge=1, le=INT32_MAX, strict=True)
+    unresponsive_peers: list[Annotated[str, ApiField(pattern=ENGINE_ID_PATTERN)]] = ApiField(
+        default_factory=list, max_length=1024
     )
 
 
@@ -86,6 +105,10 @@ class EnginePublic(BaseModel):
     generation: int
     last_heartbeat_at: datetime | None
     launched_by: str
+    pid: int | None = None
+    hostname: str | None = None
+    broken_generation: int | None = None
+    unresponsive_peers: list[str] | None = None
     created_at: datetime
     updated_at: datetime
 
@@ -104,9 +127,22 @@ class EnginePublic(BaseModel):
             generation=row.generation,
             last_heartbeat_at=row.last_heartbeat_at,
             launched_by=row.launched_by,
+            pid=row.pid,
+            hostname=row.hostname,
+            broken_generation=row.broken_generation,
+            unresponsive_peers=row.unresponsive_peers,
             created_at=row.created_at,
             updated_at=row.updated_at,
         )
+
+
+class EngineHeartbeatAnswer(EnginePublic):
+    """The heartbeat's answer: the engine as recorded, and every coordinator sharing the database, so
+    an agent fails over to another when the one it talks to dies."""
+
+    coordinators: list[str] = ApiField(
+        default_factory=list, description="the live coordinators' URLs (heartbeat to any of them)"
+    )
 
 
 class EngineList(BaseModel):

@@ -5,11 +5,13 @@ from sqlmodel import Session
 
 from app.api.deps import DatabaseDep, EngineAgent, Reader
 from app.api.params import DeploymentFilterQuery, EngineIdPath
+from app.coordinators import service as coordinators
 from app.core.problems import problem_responses
 from app.engines import service
 from app.engines.models import (
     Engine,
     EngineHeartbeat,
+    EngineHeartbeatAnswer,
     EngineList,
     EnginePublic,
     EngineRegistration,
@@ -74,12 +76,17 @@ async def get_engine(engine_id: EngineIdPath, db: DatabaseDep, _: Reader) -> Eng
 @router.post("/{engine_id}/heartbeat", name="heartbeat", responses=problem_responses(404, 409))
 async def heartbeat(
     engine_id: EngineIdPath, body: EngineHeartbeat, db: DatabaseDep, _: EngineAgent
-) -> EnginePublic:
-    return await db.run(
-        lambda session: _public(
-            session, service.record_heartbeat(session, engine_id=engine_id, heartbeat=body)
+) -> EngineHeartbeatAnswer:
+    """The engine's own truth (state, generation, rank, a broken group). The answer lists every live
+    coordinator sharing the database: the agent fails over to another when this one dies."""
+
+    def work(session: Session) -> EngineHeartbeatAnswer:
+        engine = service.record_heartbeat(session, engine_id=engine_id, heartbeat=body)
+        return EngineHeartbeatAnswer(
+            **_public(session, engine).model_dump(), coordinators=coordinators.live_urls(session)
         )
-    )
+
+    return await db.run(work)
 
 
 @router.delete(

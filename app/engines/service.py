@@ -71,6 +71,7 @@ def register_engine(session: Session, *, registration: AgentRegistration) -> tup
     engine.dp_rank = registration.rank
     engine.state = EngineState.registered.value
     engine.launched_by = deployment.launcher
+    engine.pid, engine.hostname = registration.pid, registration.hostname
     engine.last_heartbeat_at = now
     engine.updated_at = now
     session.add(engine)
@@ -98,6 +99,13 @@ def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartb
     engine.generation = heartbeat.generation
     engine.dp_rank = heartbeat.rank
     engine.world_size = heartbeat.world_size
+    if heartbeat.broken_generation is None:
+        engine.broken_generation, engine.unresponsive_peers, engine.broken_reported_at = None, None, None
+    else:
+        if engine.broken_generation != heartbeat.broken_generation:
+            engine.broken_reported_at = now
+        engine.broken_generation = heartbeat.broken_generation
+        engine.unresponsive_peers = list(heartbeat.unresponsive_peers) or None
     engine.last_heartbeat_at = now
     engine.updated_at = now
     session.add(engine)

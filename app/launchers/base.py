@@ -33,7 +33,9 @@ class LaunchSpec:
 
     deployment: str
     engine: EngineConfig
-    coordinator_url: str | None = None  # agents announce themselves here
+    # Agents announce themselves here: one URL, or several comma-separated (every live coordinator
+    # sharing the database, the launching one first) that they fail over between.
+    coordinator_url: str | None = None
     token: str | None = None  # the bearer token agents register with
     extra_args: tuple[str, ...] = ()
 

@@ -3,11 +3,12 @@
 Each agent starts with `--port 0 --ready-file F` (the agent binds a free port and writes its URL to F
 once it serves), `--coordinator/--deployment` so it registers itself (its token in the environment,
 `EPCTL_TOKEN`, never on the command line), and the deployment's engine options. Pids are recorded
-in `<state_dir>/local-agents.json`, so a coordinator restarted after a crash can still stop the agents
-its predecessor started. Agents run in their own session, so a signal to the coordinator's terminal
-does not reach them, and watch the coordinator (`--parent-pid`): once it is gone they wait
-`orphan_grace_s` for a restarted coordinator to answer their heartbeats (it adopts them and reconciles
-from them), and exit otherwise. No engine outlives a coordinator that is not coming back.
+in `<state_dir>/local-agents.json`, so a coordinator restarted after a crash (any time later) adopts
+the agents its predecessor started and can stop them, and `epctl down` stops them by that record.
+Agents run in their own session, so a signal to the coordinator's terminal does not reach them, and
+serving never depends on the coordinator: they outlive it, however long it is gone. Only an explicit
+opt-in (`orphan_grace_s`, for throwaway machines) makes them watch it (`--parent-pid`) and exit once
+it is gone and no coordinator answered their heartbeats for that long.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from app.launchers.processes import ProcessRecords, is_alive, start_detached
 
 PIDS_FILE = "local-agents.json"
 STOP_GRACE_S = 3.0
-ORPHAN_GRACE_S = 15.0  # how long agents wait for a restarted coordinator before they exit
 
 
 def agent_executable() -> list[str]:
@@ -56,7 +56,7 @@ def agent_command(
 ) -> list[str]:
     watch: list[str] = []
     if orphan_grace_s is not None:
-        # The agent watches us: it exits once we are gone, unless a restarted coordinator adopts it.
+        # Opted in (throwaway machines): the agent exits once we are gone, unless a coordinator adopts it.
         watch = ["--parent-pid", str(os.getpid()), "--orphan-grace-s", str(orphan_grace_s)]
     return [
         *(executable or agent_executable()),
@@ -146,7 +146,7 @@ class LocalLauncher(Launcher):
         *,
         ready_timeout_s: float = 30.0,
         executable: Sequence[str] | None = None,
-        orphan_grace_s: float | None = ORPHAN_GRACE_S,
+        orphan_grace_s: float | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.orphan_grace_s = orphan_grace_s
@@ -185,15 +185,25 @@ class LocalLauncher(Launcher):
         return chosen + list(ready)
 
     async def release(self, spec: LaunchSpec, engines: Sequence[EngineHandle]) -> list[str]:
-        records = self.records()
-        ours = [e.engine_id for e in engines if e.engine_id in records or e.engine_id in self._processes]
-        await asyncio.to_thread(self._stop_ids, ours)
-        return ours
+        return await asyncio.to_thread(self._stop_handles, engines)
 
     async def release_lost(self, engines: Sequence[EngineHandle]) -> None:
+        await asyncio.to_thread(self._stop_handles, engines)  # SIGTERM, then SIGKILL: a frozen one too
+
+    def _stop_handles(self, engines: Sequence[EngineHandle]) -> list[str]:
+        """Stop the engines we (or a predecessor on this data directory) started, and those another
+        coordinator sharing the database started on this host: their pid is known from their
+        registration, and the process's command line must name the engine (pids are reused)."""
         records = self.records()
         ours = [e.engine_id for e in engines if e.engine_id in records or e.engine_id in self._processes]
-        await asyncio.to_thread(self._stop_ids, ours)  # SIGTERM, then SIGKILL: a frozen one too
+        self._stop_ids(ours)
+        theirs = [
+            e for e in engines if e.engine_id not in ours and e.pid and is_agent_process(e.pid, e.engine_id)
+        ]
+        for engine in theirs:
+            assert engine.pid is not None
+            stop_pid(engine.pid)
+        return ours + [e.engine_id for e in theirs]
 
     async def shutdown(self) -> None:
         await asyncio.to_thread(self.stop_all)

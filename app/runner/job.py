@@ -142,17 +142,23 @@ class JobRun:
         if self.plan is not None:
             known = {h.engine_id for h in handles}
             handles += [
-                EngineHandle(engine_id=m.engine_id, url=m.url)
+                self._handle(m.engine_id, m.url)
                 for m in self.plan.members
                 if m.engine_id in self.plan.joiners and m.engine_id not in known
             ]
         return handles
 
+    def _handle(self, engine_id: str, url: str) -> EngineHandle:
+        """With its pid where its agent told it: a launcher on its host can stop an engine another
+        coordinator launched."""
+        info = self.infos.get(engine_id)
+        return EngineHandle(engine_id=engine_id, url=url, pid=info.pid if info is not None else None)
+
     def leaver_handles(self) -> list[EngineHandle]:
         if self.plan is None:
             return []
         return [
-            EngineHandle(engine_id=m.engine_id, url=m.url)
+            self._handle(m.engine_id, m.url)
             for m in self.plan.old_members
             if m.engine_id in self.plan.leavers
         ]

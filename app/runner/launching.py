@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from app.agents.errors import AgentCallError
 from app.agents.fleet import Fleet
+from app.coordinators import service as coordinators
 from app.deployments.models import Deployment
 from app.engines.models import Engine
 from app.launchers.base import EngineHandle, Launcher, LaunchSpec
@@ -29,12 +30,16 @@ PHASE = "preparing"
 CANCEL_CHECK_S = 0.2
 
 
-def launch_spec(settings: RunnerSettings, deployment: str, engine: EngineConfig) -> LaunchSpec:
-    """What a launcher is told about the deployment it starts (or releases) engines for."""
+def launch_spec(
+    settings: RunnerSettings, deployment: str, engine: EngineConfig, coordinators: Sequence[str] = ()
+) -> LaunchSpec:
+    """What a launcher is told about the deployment it starts (or releases) engines for. `coordinators`:
+    every live coordinator sharing the database (this one first), for the agents to fail over between."""
+    urls = list(dict.fromkeys([*coordinators, *([settings.public_url] if settings.public_url else [])]))
     return LaunchSpec(
         deployment=deployment,
         engine=engine,
-        coordinator_url=settings.public_url,
+        coordinator_url=",".join(urls) or None,
         token=settings.agent_token,
         extra_args=tuple(shlex.split(settings.local_agent_args)),
     )
@@ -108,9 +113,11 @@ class Participants:
         launcher = self.launchers.get(run.launcher_name)
         if launcher is None:
             raise JobFailure(PHASE, "unknown-launcher", f"no launcher {run.launcher_name!r} is configured")
+        public_url = self.settings.public_url
+        live = await self.record.run_in_session(lambda s: coordinators.live_urls(s, first=public_url))
         launch = asyncio.ensure_future(
             launcher.ensure_engines(
-                launch_spec(self.settings, run.deployment_name, run.engine_config),
+                launch_spec(self.settings, run.deployment_name, run.engine_config, live),
                 need,
                 idle,
                 deadline_s=self.settings.launch_deadline_s,

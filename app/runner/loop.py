@@ -26,15 +26,17 @@ from app.agents.transport import AgentSession
 from app.backends.dispatch import backend_of_job
 from app.backends.vllm.flow import run_vllm_job
 from app.backends.vllm.recovery import reconcile_vllm_job
+from app.coordinators import service as coordinators
 from app.deployments.models import EngineBackend
 from app.launchers.base import DeletedDeployment, Launcher
+from app.runner.adoption import Adoption, adopt_engines
 from app.runner.flow import Flow
 from app.runner.job import LeaseLost
 from app.runner.launching import launch_spec
 from app.runner.leases import Leases
 from app.runner.record import JobRecord
 from app.runner.recovery import Recovery
-from app.runner.scheduled import Retention, Scheduled, scheduled_tasks
+from app.runner.scheduled import Periodic, Retention, Scheduled, scheduled_tasks
 from app.runner.settings import RunnerSettings
 
 log = logging.getLogger(__name__)
@@ -68,12 +70,16 @@ class JobRunner:
         self.flow = Flow(self.record, self.settings, launchers, owner)
         self.recovery = Recovery(self.record, self.settings, launchers)
         self.scheduled = Scheduled(
-            scheduled_tasks(
-                self.record, self.settings, self.new_fleet, heartbeat_timeout_s, retention, launchers
-            )
+            [
+                Periodic("presence", coordinators.PRESENCE_INTERVAL_S, self._announce),
+                *scheduled_tasks(
+                    self.record, self.settings, self.new_fleet, heartbeat_timeout_s, retention, launchers
+                ),
+            ]
         )
         self._running: dict[str, asyncio.Task[None]] = {}
         self._loop_task: asyncio.Task[None] | None = None
+        self._adoption_task: asyncio.Task[list[Adoption]] | None = None
         self._stopping = False
 
     async def release_deleted_deployment(self, deployment: DeletedDeployment) -> None:
@@ -89,28 +95,57 @@ class JobRunner:
         except Exception:
             log.exception("deployment %s deleted: stopping its engines failed", deployment.name)
 
+    async def _announce(self) -> None:
+        """This coordinator's presence row: agents learn every live coordinator from their heartbeats."""
+        if self.settings.public_url:
+            url = self.settings.public_url
+            await self.record.run_in_session(
+                lambda s: coordinators.announce(s, coordinator_id=self.leases.owner, url=url)
+            )
+
     def new_fleet(self) -> Fleet:
         if self._new_fleet is not None:
             return self._new_fleet()
         return Fleet(timeout_s=self.agent_timeout_s, session=self._agent_session)
 
     async def start(self) -> None:
-        """Claim and run jobs in the background (a predecessor's are reconciled as they are found)."""
+        """Claim and run jobs in the background (a predecessor's are reconciled as they are found), and
+        check once that the engines the record names still serve (`app.runner.adoption`)."""
         if not self.settings.enabled:
             return
         self._loop_task = asyncio.create_task(self._loop(), name="job-runner")
+        self._adoption_task = asyncio.create_task(self._adopt(), name="adoption")
+
+    async def adoption(self) -> list[Adoption]:
+        """What the start-up adoption found (waits for it); [] when the runner is off or it failed."""
+        if self._adoption_task is None:
+            return []
+        return await asyncio.shield(self._adoption_task)
+
+    async def _adopt(self) -> list[Adoption]:
+        try:
+            async with self.new_fleet() as fleet:
+                return await adopt_engines(self.record, fleet)
+        except Exception:
+            log.exception("adopting the recorded engines failed (the heartbeats will tell)")
+            return []
 
     async def stop(self) -> None:
         self._stopping = True
-        tasks = [t for t in [self._loop_task, *self._running.values()] if t is not None]
+        tasks = [t for t in [self._loop_task, self._adoption_task, *self._running.values()] if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        # Let our leases go so another coordinator (or our successor) reconciles without waiting.
+        # Let our leases go so another coordinator (or our successor) reconciles without waiting, and
+        # leave the coordinators' list: agents stop trying us.
         with contextlib.suppress(Exception):
             await self.record.run_in_session(self.leases.release_all)
+        with contextlib.suppress(Exception):
+            await self.record.run_in_session(
+                lambda s: coordinators.forget(s, coordinator_id=self.leases.owner)
+            )
         await self._agent_session.aclose()
 
     async def tick(self) -> None:

@@ -46,6 +46,7 @@ from app.retention import prune_all
 from app.runner.record import JobRecord
 from app.runner.selfheal import confirm_losses, heal
 from app.runner.settings import RunnerSettings
+from app.runner.stalls import fence_stalled
 from app.scale import desired
 from app.webhooks.models import EventType
 from engine_agent.protocol import CleanupRecord, CleanupStatus
@@ -103,10 +104,11 @@ def scheduled_tasks(
     async def heartbeats() -> None:
         # An engine marked lost and its deployment's reason go in one transaction (`follow`).
         await confirm_losses(record, follow=health)  # a dead engine found before its heartbeat timeout
+        await record.run_in_session(fence_stalled)  # a frozen one, on its peers' evidence
         await expire_heartbeats(record, heartbeat_timeout_s, watching_since=started, follow=health)
         await follow_health(record, suspects, settings.health_confirm_s)
         if launchers is not None:
-            await heal(record, launchers)
+            await heal(record, launchers, fence_grace_s=heartbeat_timeout_s)
 
     return [
         Periodic(

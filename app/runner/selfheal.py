@@ -82,6 +82,7 @@ MAX_ATTEMPTS = 3  # self-heal jobs in a row that did not succeed, before self-he
 REASON_NO_SURVIVORS = "no-survivors"
 REASON_HEAL_STOPPED = "self-heal-stopped"
 PROBE_TIMEOUT_S = 1.0  # a suspect's /healthz: only a refused connection counts, never a slow answer
+FENCE_GRACE_S = 15.0  # a fenced engine not back within this is written off (the heartbeat timeout)
 
 
 @dataclass
@@ -92,8 +93,9 @@ class Healing:
     written_off: dict[str, list[EngineHandle]] = field(default_factory=dict)
 
 
-def plan_healing(session: Session) -> Healing:
-    """Write off lost engines and create the self-heal jobs due now (see the module doc); commits."""
+def plan_healing(session: Session, *, fence_grace_s: float = FENCE_GRACE_S) -> Healing:
+    """Write off lost engines and create the self-heal jobs due now (see the module doc); commits.
+    A fenced engine not heard from within `fence_grace_s` of its fencing is written off for good."""
     healing = Healing()
     deployments = session.exec(
         select(Deployment).where(
@@ -119,6 +121,23 @@ def plan_healing(session: Session) -> Healing:
         if lost:
             _write_off(session, deployment, lost, policy, healing)
             engines = [e for e in engines if e not in lost]
+        given_up = [
+            e
+            for e in engines
+            if e.state in (EngineState.fenced.value, EngineState.unreachable.value)
+            and e.dp_rank is None
+            and (utc_now() - e.updated_at).total_seconds() >= fence_grace_s
+        ]
+        if given_up:  # fenced and never came back (or unreachable off any generation): stop them
+            for engine in given_up:
+                healing.written_off.setdefault(engine.launched_by or deployment.launcher, []).append(
+                    EngineHandle(engine_id=engine.id, url=engine.url, pid=engine.pid)
+                )
+                engine.state = EngineState.left.value
+                session.add(engine)
+            session.commit()
+            log.warning("deployment %s: wrote off %s (not back)", deployment.name, [e.id for e in given_up])
+            engines = [e for e in engines if e not in given_up]
         still_on_generation = [
             e for e in engines if e.generation == deployment.generation and e.state in SERVING_STATES
         ]
@@ -139,6 +158,12 @@ def plan_healing(session: Session) -> Healing:
             deployment.heal_lost or deployment.heal_target_dp_size is not None or deployment.heal_loss_at
         ):
             deployment.heal_lost = None  # healed (by us or by an operator's job)
+            if any(e.state == EngineState.fenced.value for e in engines):
+                # A fenced engine may come back (a freeze that ends): wait for it, up to the grace,
+                # before launching a replacement; the deployment serves on the survivors meanwhile.
+                session.add(deployment)
+                session.commit()
+                continue
             _grow_back(session, deployment, healing)
     return healing
 
@@ -199,7 +224,7 @@ def _broken_in_place(deployment: Deployment, engines: Sequence[Engine], idle: Se
         and deployment.status == DeploymentStatus.degraded.value
         and detail.get("reason") in (REASON_MEMBERS_MISSING, REASON_HEAL_STOPPED)
         and bool(idle)
-        and not any(e.state == EngineState.unreachable.value for e in engines)
+        and not any(e.state in (EngineState.unreachable.value, EngineState.fenced.value) for e in engines)
     )
 
 
@@ -256,30 +281,55 @@ def _say(session: Session, deployment: Deployment, reason: str, message: str, hi
 def _write_off(
     session: Session, deployment: Deployment, lost: Sequence[Engine], policy: OnEngineLoss, healing: Healing
 ) -> None:
+    """Lost engines out of the deployment for good (`left`), to be stopped by their launcher."""
+    for engine in lost:
+        healing.written_off.setdefault(engine.launched_by or deployment.launcher, []).append(
+            EngineHandle(engine_id=engine.id, url=engine.url, pid=engine.pid)
+        )
+    _take_out(session, deployment, lost, EngineState.left, policy, why=None)
+
+
+def fence(session: Session, deployment: Deployment, stalled: Sequence[Engine], *, why: str) -> None:
+    """Stalled engines out of the deployment's generation (`fenced`) but not stopped: one that comes back
+    within the grace is re-admitted by the grow-back (see `app.runner.stalls`); commits."""
+    policy = effective_on_engine_loss(deployment.on_engine_loss, deployment.launcher)
+    _take_out(session, deployment, stalled, EngineState.fenced, policy, why=why)
+
+
+def _take_out(
+    session: Session,
+    deployment: Deployment,
+    engines: Sequence[Engine],
+    state: EngineState,
+    policy: OnEngineLoss,
+    *,
+    why: str | None,
+) -> None:
+    """The engines off the deployment's generation, the loss recorded for the self-heal jobs; commits."""
     now = utc_now()
-    silent = [
-        f"{e.id} (silent {(now - e.last_heartbeat_at).total_seconds():.1f} s)"
+    named = [
+        f"{e.id} ({why})"
+        if why
+        else f"{e.id} (silent {(now - e.last_heartbeat_at).total_seconds():.1f} s)"
         if e.last_heartbeat_at
         else e.id
-        for e in lost
+        for e in engines
     ]
-    for engine in lost:
-        engine.state = EngineState.left.value
+    for engine in engines:
+        engine.state = state.value
         engine.dp_rank = None
         engine.updated_at = now
         session.add(engine)
-        healing.written_off.setdefault(engine.launched_by or deployment.launcher, []).append(
-            EngineHandle(engine_id=engine.id, url=engine.url)
-        )
-    deployment.heal_lost = ", ".join(filter(None, [deployment.heal_lost, *silent]))[:1000]
+    deployment.heal_lost = ", ".join(filter(None, [deployment.heal_lost, *named]))[:1000]
     # The loss happened after the last heartbeat heard from it: the earliest such, over the losses.
-    heard = [e.last_heartbeat_at for e in lost if e.last_heartbeat_at is not None]
+    heard = [e.last_heartbeat_at for e in engines if e.last_heartbeat_at is not None]
     deployment.heal_loss_at = min([*heard, *filter(None, [deployment.heal_loss_at])], default=now)
     if policy is OnEngineLoss.replace:
         deployment.heal_target_dp_size = max(deployment.heal_target_dp_size or 0, deployment.current_dp_size)
     session.add(deployment)
     session.commit()
-    log.warning("deployment %s: wrote off %s", deployment.name, ", ".join(silent))
+    verb = "fenced" if state is EngineState.fenced else "wrote off"
+    log.warning("deployment %s: %s %s", deployment.name, verb, ", ".join(named))
 
 
 def _grow_back(session: Session, deployment: Deployment, healing: Healing) -> None:
@@ -405,9 +455,11 @@ async def confirm_losses(
     return [engine.id for engine in marked]
 
 
-async def heal(record: JobRecord, launchers: Mapping[str, Launcher]) -> Healing:
+async def heal(
+    record: JobRecord, launchers: Mapping[str, Launcher], *, fence_grace_s: float = FENCE_GRACE_S
+) -> Healing:
     """One pass: create the jobs due, then stop the engines written off (a frozen one never returns)."""
-    healing = await record.run_in_session(plan_healing)
+    healing = await record.run_in_session(lambda s: plan_healing(s, fence_grace_s=fence_grace_s))
     for launcher_name, handles in healing.written_off.items():
         launcher = launchers.get(launcher_name)
         if launcher is None:

@@ -85,8 +85,12 @@ class RunnerSettings(BaseSettings):
     state_dir: Path | None = Field(None, description="local launcher state; default <data_dir>")
     local_agent_args: str = Field("", description="extra arguments for locally launched agents")
     local_agent_command: str = Field("", description="the agent command for the local launcher (epctl-agent)")
-    local_agent_orphan_grace_s: float = Field(
-        15.0, gt=0, description="local agents exit this long after their coordinator died, unless adopted"
+    local_agent_orphan_grace_s: float | None = Field(
+        None,
+        gt=0,
+        description="off by default: local agents never exit because no coordinator answers (a later "
+        "`epctl up` adopts them, `epctl down` stops them). A number opts in to an orphan exit, for "
+        "throwaway machines only: agents exit this long after their coordinator died, unless adopted",
     )
     transfer_backend: TransferBackend | None = Field(
         None, description="force the weight-transfer backend (default: NIXL when every engine has it)"

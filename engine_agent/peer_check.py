@@ -1,0 +1,65 @@
+"""Which members of a broken generation still answer: the evidence the coordinator fences a frozen
+member on, instead of waiting out its heartbeat timeout.
+
+When a serving collective fails or runs past its deadline, the engine cannot tell from the collective
+which peer stalled (a gloo ring or an all-to-all just stops). So each member that leaves the group asks
+every other member's `/healthz` once, concurrently, with a short deadline: a live peer answers within
+milliseconds even on a loaded host (its HTTP server is not the stalled serving loop), a frozen or dead
+one does not. The names go out in the heartbeat (`unresponsive_peers`); the member that every survivor
+names, and that has not heartbeated since, is fenced by the coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 1.0  # far above a live agent's /healthz (ms), far below the heartbeat timeout
+MAX_PARALLEL_PROBES = 16
+
+
+@dataclass(frozen=True)
+class BrokenGroup:
+    """This engine's account of the last group that broke under it."""
+
+    generation: int
+    unresponsive: list[str] = field(default_factory=list)  # engine ids, in rank order
+
+
+def unresponsive_members(members: Sequence[tuple[str, str]], timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
+    """The ids of `(engine_id, url)` members whose `/healthz` did not answer 200 within `timeout_s`."""
+    if not members:
+        return []
+
+    def answers(url: str) -> bool:
+        try:
+            return httpx.get(f"{url.rstrip('/')}/healthz", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_PROBES, len(members))) as pool:
+        answered = list(pool.map(answers, [url for _, url in members]))
+    return [engine_id for (engine_id, _), ok in zip(members, answered, strict=True) if not ok]
+
+
+def check_peers(
+    generation: int, members: Sequence[tuple[str, str]], report: Callable[[BrokenGroup], None]
+) -> threading.Thread:
+    """Probe `members` in a background thread, then `report` what was found."""
+
+    def run() -> None:
+        found = BrokenGroup(generation, unresponsive_members(members))
+        if found.unresponsive:
+            log.warning("generation %s broke; unresponsive members: %s", generation, found.unresponsive)
+        report(found)
+
+    thread = threading.Thread(target=run, name="peer-check", daemon=True)
+    thread.start()
+    return thread

@@ -8,6 +8,7 @@ import sys
 import typer
 
 from app.cli import deployments, engines, jobs, tokens, webhooks
+from app.cli.down import down
 from app.cli.scale import scale
 from app.cli.serve import serve
 from app.cli.up import up
@@ -27,6 +28,7 @@ def _root() -> None:
 
 app.command("serve")(serve)
 app.command("up")(up)
+app.command("down")(down)
 app.add_typer(deployments.app, name="deployments")
 app.add_typer(engines.app, name="engines")
 app.command("scale")(scale)

@@ -8,9 +8,11 @@ stop the coordinator and every agent it launched (the deployment is left at size
 
 The data directory is locked first (`app.launchers.state_lock`): a second `epctl up` on it refuses with
 one line and touches nothing. After a crash the agents wait for a coordinator to adopt them
-(`--parent-pid` in `app.launchers.local`); a restarted `epctl up` adopts the deployment as it runs
-(never rescales it, and never stops it because the job the crash interrupted rolled back). When every
-engine of the previous run is gone, it starts the deployment afresh.
+(serving never depends on the coordinator), however long it takes; a restarted `epctl up` adopts the
+deployment as it runs (never rescales it, and never stops it because the job the crash interrupted
+rolled back), saying `adopted` only once every member answered it (`app.runner.adoption`), else what
+is missing while self-healing makes it whole. When every engine of the previous run is gone, it starts
+the deployment afresh; `epctl down` stops a crashed run's engines instead.
 
 The admin token: `EPCTL_ADMIN_TOKEN` when set; otherwise the first start creates one admin token,
 prints it once and keeps it in `<data dir>/admin-token` (mode 0600), and every later `epctl up` reuses
@@ -33,6 +35,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
+from app.cli.down import state_dir, stop_recorded
 from app.cli.serve import claim_data_dir
 from app.core.config import ConfigError, Settings, load_settings
 from app.launchers.state_lock import DataDirInUseError
@@ -115,13 +118,12 @@ async def _run(settings: Settings, engines: int | None) -> None:
     from app.main import create_app
 
     token, first = await asyncio.to_thread(_session_admin_token, settings)
+    app = create_app(settings)
     server = _server_class()(
-        uvicorn.Config(
-            create_app(settings), host=settings.host, port=settings.port, log_level="warning", log_config=None
-        )
+        uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", log_config=None)
     )
     serving = asyncio.create_task(server.serve())
-    setup = asyncio.create_task(_set_up(server, settings, engines, token, first))
+    setup = asyncio.create_task(_set_up(server, app, settings, engines, token, first))
     try:
         done, _ = await asyncio.wait({serving, setup}, return_when=asyncio.FIRST_COMPLETED)
         if setup in done and setup.exception() is not None:
@@ -134,7 +136,9 @@ async def _run(settings: Settings, engines: int | None) -> None:
             await setup
 
 
-async def _set_up(server: Any, settings: Settings, engines: int | None, token: str, first: bool) -> None:
+async def _set_up(
+    server: Any, app: Any, settings: Settings, engines: int | None, token: str, first: bool
+) -> None:
     while not server.started:
         if server.should_exit:
             return
@@ -153,18 +157,44 @@ async def _set_up(server: Any, settings: Settings, engines: int | None, token: s
             deployment = await _demo_deployment(api)
         size = int(deployment["current_dp_size"])
         if size > 0:
-            ignored = ""
-            if engines is not None and engines != size:
-                ignored = f"; --engines {engines} ignored (to resize: epctl scale {DEMO} {engines})"
-            typer.echo(
-                f"epctl up: adopted deployment {DEMO} as it runs: {size} engines, generation "
-                f"{deployment['generation']}, {deployment['status']}{ignored}",
-                err=True,
-            )
+            deployment = await _adopt(api, app, deployment, engines)
+            size = int(deployment["current_dp_size"])
         else:
             size = engines or DEMO_ENGINES
             await _start_engines(api, size)
     _print_welcome(url, token if first else None, settings, size)
+
+
+async def _adopt(
+    api: httpx.AsyncClient, app: Any, deployment: dict[str, Any], engines: int | None
+) -> dict[str, Any]:
+    """Say `adopted` only once every recorded member answered this coordinator with the recorded
+    generation (`app.runner.adoption`); otherwise say what is missing and wait for self-healing to make
+    the deployment whole again (it is never shown `ready` with a member that does not answer)."""
+    runner = getattr(app.state, "job_runner", None)
+    found = [a for a in (await runner.adoption() if runner else []) if a.deployment == DEMO]
+    ignored = ""
+    if engines is not None and engines != deployment["current_dp_size"]:
+        ignored = f"; --engines {engines} ignored (to resize: epctl scale {DEMO} {engines})"
+    if found and found[0].adopted:
+        typer.echo(
+            f"epctl up: adopted deployment {DEMO} as it runs: {found[0].summary()}, ready{ignored}", err=True
+        )
+        return deployment
+    what = found[0].summary() if found else "its engines could not be asked"
+    typer.echo(f"epctl up: deployment {DEMO} is not whole: {what}; self-healing ...", err=True)
+    started = time.monotonic()
+    while True:
+        await asyncio.sleep(0.5)
+        deployment = await _demo_deployment(api)
+        if deployment["status"] == "ready" and not deployment["active_job_id"]:
+            break
+    typer.echo(
+        f"epctl up: deployment {DEMO} whole again after {time.monotonic() - started:.1f} s: "
+        f"{deployment['current_dp_size']} engines, generation {deployment['generation']}{ignored}",
+        err=True,
+    )
+    return deployment
 
 
 async def _demo_deployment(api: httpx.AsyncClient) -> dict[str, Any]:
@@ -288,21 +318,13 @@ def _print_welcome(url: str, new_token: str | None, settings: Settings, engines:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-def _state_dir(settings: Settings) -> Path:
-    from app.runner.settings import load_runner_settings
-
-    with contextlib.suppress(Exception):  # bad runner settings: the default directory
-        return Path(load_runner_settings().state_dir or settings.data_dir)
-    return Path(settings.data_dir)
-
-
 def _forget_a_dead_run(settings: Settings) -> None:
-    """A previous run whose agents are all gone (it was killed, and they exited when nobody adopted
-    them): record its deployments as stopped, so this run starts them afresh instead of adopting a
-    deployment that no engine serves. Agents still alive are adopted instead (see `_set_up`)."""
+    """A previous run whose agents are all gone (killed, or stopped by `epctl down`): record its
+    deployments as stopped, so this run starts them afresh instead of adopting a deployment that no
+    engine serves. Agents still alive are adopted instead (see `_set_up`)."""
     from app.launchers.local import LocalLauncher, is_agent_process
 
-    records = LocalLauncher(_state_dir(settings)).records()
+    records = LocalLauncher(state_dir(settings)).records()
     if not records:
         return
     if any(is_agent_process(int(entry.get("pid") or 0), engine_id) for engine_id, entry in records.items()):
@@ -313,38 +335,6 @@ def _forget_a_dead_run(settings: Settings) -> None:
 
 def _stop_engines(settings: Settings) -> None:
     """Stop every agent the local launcher started and record the demo deployment as stopped."""
-    from sqlmodel import Session, select
-
-    from app.core.clock import utc_now
-    from app.core.db import make_engine
-    from app.deployments.models import Deployment
-    from app.engines.models import Engine, EngineState
-    from app.launchers.local import LocalLauncher
-
-    stopped = LocalLauncher(_state_dir(settings)).stop_all()
-    engine = make_engine(settings.database_url)
-    try:
-        with Session(engine) as session:
-            for deployment in session.exec(select(Deployment).where(Deployment.launcher == "local")).all():
-                rows = session.exec(
-                    select(Engine).where(
-                        Engine.deployment_id == deployment.id, Engine.state != EngineState.left.value
-                    )
-                ).all()
-                if not rows and deployment.current_dp_size == 0:
-                    continue
-                for row in rows:
-                    row.state = EngineState.left.value
-                    row.dp_rank = None
-                    row.updated_at = utc_now()
-                    session.add(row)
-                deployment.current_dp_size = 0
-                deployment.updated_at = utc_now()
-                session.add(deployment)
-            session.commit()
-    except Exception as exc:  # the database may be gone; the processes are what matters
-        typer.echo(f"epctl up: could not record the stop in the database: {exc}", err=True)
-    finally:
-        engine.dispose()
-    if stopped:
-        typer.echo(f"epctl up: stopped {len(stopped)} agent(s).", err=True)
+    stopped = stop_recorded(settings)
+    if stopped.agents:
+        typer.echo(f"epctl up: stopped {len(stopped.agents)} agent(s).", err=True)

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.core.errors import ConflictError
@@ -119,7 +119,8 @@ class JobRecord(AsyncJobRecord[JobRun]):
     # --- the deployment and its engines -----------------------------------------------------------
 
     async def deployment_and_engines(self, run: JobRun) -> tuple[Deployment, list[Engine], int]:
-        """The deployment, its engines not `left`, and the job's target size."""
+        """The deployment, the engines a job may use (not `left`, not `fenced`: a fenced engine takes part
+        again only once it heartbeats back), and the job's target size."""
 
         def read(session: Session) -> tuple[Deployment, list[Engine], int]:
             deployment = session.get(Deployment, run.deployment_id)
@@ -127,7 +128,8 @@ class JobRecord(AsyncJobRecord[JobRun]):
             assert deployment is not None and job is not None
             rows = session.exec(
                 select(Engine).where(
-                    Engine.deployment_id == run.deployment_id, Engine.state != EngineState.left.value
+                    Engine.deployment_id == run.deployment_id,
+                    col(Engine.state).not_in([EngineState.left.value, EngineState.fenced.value]),
                 )
             ).all()
             return deployment, list(rows), job.to_dp_size

@@ -281,9 +281,12 @@ class Coordinator:
 
 
 def stop_local_agents(data_dir: Path) -> None:
+    """Every engine the data directory's records name (agents and vLLM servers outlive a coordinator)."""
+    from app.backends.vllm.launcher import VllmLauncher
     from app.launchers.local import LocalLauncher
 
     LocalLauncher(data_dir).stop_all()
+    VllmLauncher(data_dir, python=PYTHON).stop_all()
 
 
 def epctl_command() -> list[str]:

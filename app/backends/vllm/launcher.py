@@ -8,10 +8,10 @@ CPU build (`VLLM_HOST_IP=127.0.0.1`, else its message queue binds the host's out
 hosts the deployment's `vllm.serve_args` carry the elastic EP flags.
 
 Ready means `/health` 200 and one completion 200 (a server can pass `/health` and die at its first
-request). No orphans: the server leads its own process group, which is stopped as a whole (SIGTERM,
-then SIGKILL); `setpriv --pdeathsig` ends it if the coordinator dies; the pids are recorded under the
-state directory so a restarted coordinator stops what its predecessor left; and the coordinator stops
-every server it started when it shuts down.
+request). Serving never depends on the coordinator: the server leads its own process group and
+outlives a coordinator that dies or restarts; its pid is recorded under the state directory, so a
+restarted coordinator adopts it (`adopt_all`) and can stop it (as a whole group: SIGTERM, then SIGKILL),
+and `epctl down` stops it by that record.
 """
 
 from __future__ import annotations
@@ -85,8 +85,6 @@ def server_command(python: str, spec: ServeSpec, port: int) -> list[str]:
     if spec.served_model_name:
         command += ["--served-model-name", spec.served_model_name]
     command += list(spec.serve_args)
-    if shutil.which("setpriv"):  # dies with the coordinator (the thread that started it: the loop's)
-        command = ["setpriv", "--pdeathsig", "TERM", "--", *command]
     return command
 
 
@@ -168,8 +166,6 @@ class VllmLauncher:
         env.pop("VLLM_API_KEY", None)
         if spec.api_key:  # vLLM reads it like --api-key; an environment is not on every `ps` listing
             env["VLLM_API_KEY"] = spec.api_key
-        # Started from the event loop's thread on purpose: --pdeathsig fires when the starting thread
-        # ends, and worker threads come and go.
         process = start_detached(server_command(self.python, spec, port), env=env, log_path=log_path)
         url = f"http://127.0.0.1:{port}"
         self._processes[spec.deployment] = process
@@ -233,6 +229,18 @@ class VllmLauncher:
                 process.wait(timeout=1.0)
         self._records.set(deployment, None)
         return stopped
+
+    def adopt_all(self) -> list[str]:
+        """A starting coordinator's view of what a predecessor left: the servers still running (by their
+        marker) are kept, the records of those gone are dropped. The deployments served by them."""
+        kept = []
+        for name, entry in self.records().items():
+            pid = int(entry.get("pid") or 0)
+            if pid > 0 and is_alive(pid) and _is_our_server(pid, str(entry.get("marker"))):
+                kept.append(name)
+            else:
+                self._records.set(name, None)
+        return sorted(kept)
 
     def stop_all(self) -> list[str]:
         """Every server recorded, this coordinator's and a predecessor's (coordinator shutdown)."""

@@ -1,5 +1,6 @@
-"""The vLLM backend's part of the coordinator's life: its settings and the local vLLM launcher, whose
-servers live and die with this coordinator (what a predecessor left running is stopped at start)."""
+"""The vLLM backend's part of the coordinator's life: its settings and the local vLLM launcher. Its
+servers outlive the coordinator (serving never depends on it): what a predecessor left running is
+adopted at start, and nothing is stopped at shutdown (`epctl down` stops them)."""
 
 from __future__ import annotations
 
@@ -26,12 +27,9 @@ async def vllm_backend(app: FastAPI) -> AsyncIterator[VllmLauncher]:
         ready_timeout_s=settings.ready_timeout_s,
         stop_grace_s=settings.stop_grace_s,
     )
-    left = await asyncio.to_thread(launcher.stop_all)
-    if left:
-        log.warning("stopped vLLM servers a previous coordinator left running: %s", ", ".join(left))
+    kept = await asyncio.to_thread(launcher.adopt_all)
+    if kept:
+        log.warning("adopted the vLLM servers a previous coordinator left running: %s", ", ".join(kept))
     app.state.vllm_settings = settings
     app.state.vllm_launcher = launcher
-    try:
-        yield launcher
-    finally:
-        await asyncio.to_thread(launcher.stop_all)
+    yield launcher

@@ -37,6 +37,8 @@ ShouldCancel = Callable[[], Awaitable[bool]]
 
 # How often a step with progress or cancellation wakes up to report or check (seconds).
 TICK_S = 0.2
+# A participant's /healthz when another failed: a live agent answers in milliseconds.
+HEALTH_CHECK_S = 1.0
 
 
 def _consume_outcome(future: asyncio.Future[Any]) -> None:
@@ -99,7 +101,8 @@ class Fanout:
                     task = tasks[client.engine_id]
                     error = task.exception() if task in done else None
                     if error is not None:
-                        raise JobFailure.from_exception(job_phase, error)
+                        culprit = await self.silent_peer(client, clients, error)
+                        raise JobFailure.from_exception(job_phase, culprit or error)
                 if not pending:
                     break
                 if on_progress is not None:
@@ -167,6 +170,33 @@ class Fanout:
             if status is None or not client.long_poll:
                 # Not held by the agent (no job there yet, an error, or an agent that cannot hold).
                 await asyncio.sleep(min(poll_interval_s, max(give_up - time.monotonic(), 0.0)))
+
+    async def silent_peer(
+        self, failed: AgentClient, clients: Sequence[AgentClient], error: BaseException
+    ) -> AgentCallError | None:
+        """When an engine fails, the cause may be another that died or froze (a survivor's transfer
+        or collective broke on it): the participant that does not answer a health check, if one, is
+        what the job names, never a healthy engine that failed because of it."""
+        if (
+            isinstance(error, AgentUnreachable | AgentDeadlineExceeded)
+            and error.engine_id == failed.engine_id
+        ):
+            return None  # the failing engine is the one that does not answer
+        others = [c for c in clients if c.engine_id != failed.engine_id]
+        if not others:
+            return None
+        answers = await self.fleet.each(others, lambda c: c.health(timeout_s=HEALTH_CHECK_S))
+        for client in others:
+            answer = answers[client.engine_id]
+            if isinstance(answer, AgentCallError):
+                kind = AgentUnreachable if isinstance(answer, AgentUnreachable) else AgentDeadlineExceeded
+                because = getattr(error, "message", str(error))
+                return kind(
+                    client.engine_id,
+                    f"did not answer a health check ({answer.message}); "
+                    f"{failed.engine_id} failed meanwhile: {because}"[:2000],
+                )
+        return None
 
     async def await_settled(
         self, run: JobRun, clients: Sequence[AgentClient], phases: Collection[ReconfigPhase]

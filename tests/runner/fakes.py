@@ -46,6 +46,7 @@ from engine_agent.protocol import (
 )
 
 INJECTED = "injected-failure"
+READS = ("health", "info", "reconfig", "watch", "cleanup")  # calls that are not steps
 
 
 class FakeAgent(AgentClient):
@@ -94,6 +95,10 @@ class FakeAgent(AgentClient):
             raise AgentDeadlineExceeded(self.engine_id, f"{operation}: fake agent does not answer")
         if self.before is not None:
             self.before(operation)
+
+    async def health(self, *, timeout_s: float | None = None) -> bool:
+        self._check("health")
+        return True
 
     async def info(self, *, timeout_s: float | None = None) -> AgentInfo:
         self._check("info")
@@ -323,7 +328,8 @@ class FakeAgent(AgentClient):
         return [
             op
             for op, job in self.calls
-            if op not in ("info", "reconfig", "watch", "cleanup") and (job_id is None or job == job_id)
+            if op not in ("health", "info", "reconfig", "watch", "cleanup")
+            and (job_id is None or job == job_id)
         ]
 
 

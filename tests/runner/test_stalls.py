@@ -169,3 +169,23 @@ def test_adoption_of_a_whole_deployment_changes_nothing(stage: Scenario) -> None
     with Session(stage.db) as session:
         assert reconcile_health(session) == []
     assert stage.deployment().status == "ready"
+
+
+def test_a_job_names_the_engine_that_does_not_answer_not_the_peer_that_failed_because_of_it(
+    stage: Scenario,
+) -> None:
+    """Rank 1 froze in prepare; rank 0's transfer from it broke first (an error of its own): the job's
+    error names rank 1, which does not answer, with rank 0's failure in the message."""
+    frozen, peer = stage.serving[1], stage.serving[0]
+    peer.faults.add("fail_prepare")
+    frozen.faults.add("hang_prepare")
+
+    def freeze_now(operation: str) -> None:
+        if operation == "prepare":
+            frozen.faults.add("silent")
+
+    frozen.before = freeze_now
+    job = stage.run_job(3)
+    assert job.state == JobState.rolled_back
+    assert job.error is not None and job.error["engine_id"] == frozen.engine_id, job.error
+    assert job.error["type"] == "deadline-exceeded" and peer.engine_id in job.error["message"]

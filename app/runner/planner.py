@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from engine_agent.layer_placement import rebalance_layers
 from engine_agent.protocol import (
     AgentInfo,
     AgentState,
@@ -214,6 +213,9 @@ def plan_placement(
     """(old placements, new placements, load, stats), per MoE layer: every layer planned from the
     placement the old generation serves (when it reports one for every layer and member), so that few
     expert copies move."""
+    # numpy is imported here, not with the coordinator: its start is on the path of every restart.
+    from engine_agent.layer_placement import rebalance_layers
+
     layers = deployment.num_moe_layers
     load = summed_expert_load(old, deployment.num_logical_experts, layers)
     old_placements = layer_placements(old[0].placement, old[0].placements) if old else []

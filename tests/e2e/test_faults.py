@@ -89,7 +89,9 @@ def test_a_frozen_member_degrades_its_deployment_and_cannot_hold_the_others(
     os.kill(frozen, signal.SIGSTOP)
     try:
         deployment = wait_status(stack, name, "degraded")
-        assert deployment["status_detail"]["reason"] in ("engine-unreachable", "members-missing")
+        # engine-stalled: the other member left the group at the serving deadline and named it.
+        reasons = ("engine-unreachable", "members-missing", "engine-stalled")
+        assert deployment["status_detail"]["reason"] in reasons
         wait_until(
             lambda: agent_info(members[0]["url"])["generation"] == 0,
             timeout_s=30,

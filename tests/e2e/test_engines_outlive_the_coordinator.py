@@ -1,0 +1,163 @@
+"""Serving never depends on the coordinator (issue 22), on real processes: a coordinator that is gone
+for longer than the old 15 s orphan grace costs no request, a restarted one says what it found, and a
+frozen member is fenced on its peers' evidence, not at its heartbeat timeout, then re-admitted.
+
+The heartbeat timeout here is 15 s, as in production, so a frozen member is fenced on evidence (the
+survivors leave its group at the 5 s serving deadline and name it) before its silence could expire it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from app.launchers.local import LocalLauncher
+from tests.e2e.conftest import Stack
+from tests.e2e.harness import SteadyClient, agent_info
+from tests.e2e.invariants import assert_recovered
+from tests.support.waiting import wait_until
+
+COORDINATOR_ENV = {
+    "EPCTL_HEARTBEAT_TIMEOUT_S": "15",
+    "EPCTL_RUNNER_SERVING_COLLECTIVE_S": "5",
+    # Far longer than any wait here: a restart that waited out its own lease would fail these tests.
+    "EPCTL_JOB_LEASE_S": "600",
+}
+# Longer than the orphan grace engines used to wait for a coordinator before they exited (15 s).
+COORDINATOR_DOWN_S = 20.0
+
+
+@contextlib.contextmanager
+def deployment_of(
+    stack: Stack, on_engine_loss: str, size: int = 2
+) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A deployment of `size` serving engines of its own: (name, its members in rank order)."""
+    coordinator = stack.coordinator
+    name = f"outlive-{uuid.uuid4().hex[:6]}"
+    coordinator.create_deployment(name, on_engine_loss=on_engine_loss)
+    try:
+        job = stack.scale_to(size, name)
+        assert job["state"] == "succeeded", job["error"]
+        yield name, coordinator.members(job)
+    finally:
+        LocalLauncher(coordinator.data_dir).stop_all(deployment=name)
+
+
+def pids(members: list[dict[str, Any]]) -> list[int]:
+    return [int(agent_info(m["url"])["pid"]) for m in members]
+
+
+def steady(stack: Stack, urls: list[str]) -> SteadyClient:
+    return SteadyClient(urls, stack.tokens, stack.expected, streams=2, period_s=0.02).start()
+
+
+def test_a_coordinator_gone_longer_than_the_old_grace_costs_no_request(stack: Stack) -> None:
+    """SIGKILL, then a restart 20 s later: every request of a steady client succeeds meanwhile, the
+    same engine processes serve, and the restarted coordinator adopts them (it says so)."""
+    coordinator = stack.coordinator
+    with deployment_of(stack, "replace") as (name, members):
+        before = pids(members)
+        client = steady(stack, [m["url"] for m in members])
+        try:
+            client.wait_serving()
+            coordinator.kill()
+            down_since = time.time()
+            time.sleep(COORDINATOR_DOWN_S)
+            served_while_down = client.successes_between(down_since, time.time())
+            coordinator.start(ready_timeout_s=60.0, **stack.env)
+            wait_until(
+                lambda: f"adopted deployment {name} as it runs" in coordinator.log_tail(20000),
+                timeout_s=30,
+                what="the restarted coordinator to adopt the deployment",
+                describe=coordinator.log_tail,
+            )
+            client.wait_serving()
+        finally:
+            samples = client.stop()
+        assert served_while_down > 0
+        assert [s for s in samples if not s.ok] == [], [s.error for s in samples if not s.ok][:3]
+        assert pids(members) == before
+        deployment = assert_recovered(stack, name)
+        assert deployment["current_dp_size"] == 2
+
+
+def test_engines_lost_while_the_coordinator_was_down_are_found_at_its_start_and_healed(stack: Stack) -> None:
+    """A member killed while no coordinator runs: the restarted coordinator does not take the record's
+    word for it (`ready`): it says the member is gone, degrades the deployment at once and heals it."""
+    coordinator = stack.coordinator
+    with deployment_of(stack, "replace") as (name, members):
+        coordinator.kill()
+        os.kill(pids(members)[1], signal.SIGKILL)
+        coordinator.start(ready_timeout_s=60.0, **stack.env)
+        wait_until(
+            lambda: f"deployment {name} not whole at start" in coordinator.log_tail(20000),
+            timeout_s=30,
+            what="the restarted coordinator to say the deployment is not whole",
+            describe=coordinator.log_tail,
+        )
+        assert f"gone: {members[1]['engine_id']}" in coordinator.log_tail(20000)
+        deployment = coordinator.deployment(name)
+        assert deployment["status"] == "degraded" or deployment["active_job_id"], deployment
+
+        def healed() -> dict[str, Any] | None:
+            found = coordinator.deployment(name)
+            whole = found["status"] == "ready" and found["active_job_id"] is None
+            return found if whole and found["current_dp_size"] == 2 else None
+
+        wait_until(healed, timeout_s=120, what=f"deployment {name} healed back to 2", interval_s=0.5)
+        assert_recovered(stack, name)
+
+
+def test_a_frozen_member_is_fenced_on_evidence_and_re_admitted_once_it_thaws(stack: Stack) -> None:
+    """SIGSTOP of rank 1 while serving: rank 0 leaves the group at the serving deadline naming it, the
+    coordinator fences it (not stopped) and re-forms the generation on rank 0 before the frozen one's
+    heartbeat timeout could expire it; after SIGCONT the grow-back re-admits the same process."""
+    coordinator = stack.coordinator
+    with deployment_of(stack, "replace") as (name, members):
+        before = coordinator.deployment(name)
+        frozen_id, frozen_pid = members[1]["engine_id"], pids(members)[1]
+        client = steady(stack, [members[0]["url"]])
+        try:
+            client.wait_serving()
+            frozen_at = time.time()
+            os.kill(frozen_pid, signal.SIGSTOP)
+            try:
+
+                def on_survivor() -> dict[str, Any] | None:
+                    found = coordinator.deployment(name)
+                    moved = found["generation"] > before["generation"] and found["status"] == "ready"
+                    return found if moved and found["current_dp_size"] == 1 else None
+
+                wait_until(
+                    on_survivor, timeout_s=60, what="the survivor serving a new generation", interval_s=0.2
+                )
+                client.wait_serving()
+                serving_again_s = time.time() - frozen_at
+                fenced = {e["id"]: e for e in coordinator.engines(name)}[frozen_id]
+                assert fenced["state"] == "fenced", fenced  # out of the generation, not stopped
+                assert LocalLauncher(coordinator.data_dir).records().get(frozen_id), "still recorded"
+                jobs = coordinator.api.get("/v1/reconfigurations", params={"deployment": name}).json()["data"]
+                heal = next(j for j in jobs if j["requested_by"] == "self-heal")
+                assert f"{frozen_id} (stalled: named by every survivor)" in heal["reason"], heal["reason"]
+            finally:
+                os.kill(frozen_pid, signal.SIGCONT)
+
+            def re_admitted() -> dict[str, Any] | None:
+                found = coordinator.deployment(name)
+                whole = found["status"] == "ready" and found["active_job_id"] is None
+                return found if whole and found["current_dp_size"] == 2 else None
+
+            wait_until(re_admitted, timeout_s=120, what="the thawed engine re-admitted", interval_s=0.5)
+        finally:
+            client.stop()
+        print(f"serving again on the survivor {serving_again_s:.1f} s after the freeze")
+        serving = {e["id"]: e for e in coordinator.engines(name) if e["state"] == "serving"}
+        assert frozen_id in serving and int(agent_info(serving[frozen_id]["url"])["pid"]) == frozen_pid
+        assert_recovered(stack, name)
+        wrong = [s for s in client.samples if s.ok and (s.max_abs_error or 0.0) > 1e-4]
+        assert wrong == []

@@ -173,6 +173,8 @@ async def _adopt(
     the deployment whole again (it is never shown `ready` with a member that does not answer)."""
     runner = getattr(app.state, "job_runner", None)
     found = [a for a in (await runner.adoption() if runner else []) if a.deployment == DEMO]
+    if runner and not found:  # a job the crash left ran at start: its end decided, ask the members now
+        found = [a for a in await runner.adoption(again=True) if a.deployment == DEMO]
     ignored = ""
     if engines is not None and engines != deployment["current_dp_size"]:
         ignored = f"; --engines {engines} ignored (to resize: epctl scale {DEMO} {engines})"

@@ -116,11 +116,13 @@ class JobRunner:
         self._loop_task = asyncio.create_task(self._loop(), name="job-runner")
         self._adoption_task = asyncio.create_task(self._adopt(), name="adoption")
 
-    async def adoption(self) -> list[Adoption]:
-        """What the start-up adoption found (waits for it); [] when the runner is off or it failed."""
+    async def adoption(self, *, again: bool = False) -> list[Adoption]:
+        """What the start-up adoption found (waits for it), or with `again` a new pass now (a deployment
+        a job ran at start was left to that job); [] when the runner is off or it failed."""
         if self._adoption_task is None:
             return []
-        return await asyncio.shield(self._adoption_task)
+        found = await asyncio.shield(self._adoption_task)
+        return await self._adopt() if again else found
 
     async def _adopt(self) -> list[Adoption]:
         try:

@@ -10,16 +10,27 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from app.launchers.local import PIDS_FILE
+from engine_agent import moe
+from engine_agent.protocol import EngineConfig
+from tests.e2e.harness import SteadyClient
 from tests.support.processes import Child, clean_environment, epctl_command, free_port, spawn
 from tests.support.waiting import wait_until
+
+# The demo deployment's engine (`epctl up` creates it with the default engine config).
+DEMO_ENGINE = EngineConfig()
+# Longer than the orphan grace engines used to wait for a coordinator before they exited (15 s).
+COORDINATOR_DOWN_S = 20.0
 
 
 @dataclass
@@ -51,6 +62,19 @@ class Up:
             return text if "export EPCTL_TOKEN=" in text else None
 
         return up.wait_for(welcome, timeout_s=120, what=f"{up.name} to print its welcome")
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """An `epctl` command in this session's environment."""
+        return subprocess.run(
+            [*epctl_command(), *args], env=self.env, cwd=self.tmp, capture_output=True, text=True, timeout=60
+        )
+
+    def steady_client(self) -> SteadyClient:
+        """A steady client on every serving engine of the demo deployment."""
+        urls = [entry["url"] for entry in json.loads((self.data / PIDS_FILE).read_text()).values()]
+        tokens = torch.randn(4, DEMO_ENGINE.hidden_size, generator=torch.Generator().manual_seed(3))
+        expected = moe.reference_forward(DEMO_ENGINE, tokens).tolist()
+        return SteadyClient(urls, tokens.tolist(), expected, streams=2, period_s=0.02).start()
 
     def pids(self) -> list[int]:
         records = json.loads((self.data / PIDS_FILE).read_text())
@@ -129,16 +153,24 @@ def test_sigterm_stops_every_engine_and_a_second_epctl_up_refuses_touching_nothi
 
 
 def test_a_restarted_epctl_up_adopts_the_running_deployment_as_it_is_and_sighup_stops_it(up_env: Up) -> None:
+    """Killed, and started again 20 s later (longer than the 15 s engines used to wait for a coordinator
+    before they exited): a steady client saw no failed request, the same processes serve, and the new
+    run says `adopted` (it asked every member)."""
     first = up_env.start("--engines", "3")
     up_env.wait_welcome(first)
     pids = up_env.pids()
     assert len(pids) == 3 and up_env.deployment()["current_dp_size"] == 3
-    first.kill()  # SIGKILL: nothing of `epctl up` runs; the agents wait to be adopted
-
+    client = up_env.steady_client()
+    client.wait_serving()
+    first.kill()  # SIGKILL: nothing of `epctl up` runs; the engines serve on
+    time.sleep(COORDINATOR_DOWN_S)
     second = up_env.start()  # the default would be 2 engines: an adopted deployment is never rescaled
     try:
         output = up_env.wait_welcome(second)
         assert "adopted deployment demo as it runs: 3 engines" in output, output
+        client.wait_serving()
+        failed = [s for s in client.stop() if not s.ok]
+        assert failed == [], [s.error for s in failed][:3]
         assert up_env.pids() == pids and all(_alive(pid) for pid in pids)
         deployment = up_env.deployment()
         assert deployment["current_dp_size"] == 3 and deployment["active_job_id"] is None
@@ -147,10 +179,49 @@ def test_a_restarted_epctl_up_adopts_the_running_deployment_as_it_is_and_sighup_
         assert second.popen.wait(timeout=60) == 0, second.log_tail()
         _wait_gone(pids, timeout_s=5)
     finally:
+        client.stop()
         second.kill()
 
 
-def test_engines_of_a_killed_epctl_up_exit_when_no_coordinator_adopts_them(up_env: Up) -> None:
+def test_an_engine_lost_while_epctl_up_was_down_is_reported_and_healed(up_env: Up) -> None:
+    first = up_env.start("--engines", "2")
+    up_env.wait_welcome(first)
+    records = json.loads((up_env.data / PIDS_FILE).read_text())
+    lost_id, lost = sorted(records.items())[1]
+    first.kill()
+    os.kill(int(lost["pid"]), signal.SIGKILL)
+    second = up_env.start()
+    try:
+        output = up_env.wait_welcome(second)
+        assert "adopted" not in output, output
+        assert "deployment demo is not whole" in output and f"gone: {lost_id}" in output, output
+        assert "whole again" in output, output
+        deployment = up_env.deployment()
+        assert (deployment["status"], deployment["active_job_id"]) == ("ready", None), deployment
+        second.popen.send_signal(signal.SIGTERM)
+        assert second.popen.wait(timeout=60) == 0, second.log_tail()
+    finally:
+        second.kill()
+
+
+def test_epctl_down_stops_the_engines_a_killed_epctl_up_left_serving(up_env: Up) -> None:
+    first = up_env.start("--engines", "1")
+    up_env.wait_welcome(first)
+    (pid,) = up_env.pids()
+    first.kill()
+    assert _alive(pid)  # serving on, with no coordinator
+    down = up_env.run("down", "--data-dir", str(up_env.data))
+    assert down.returncode == 0, down.stderr
+    assert f"(pid {pid})" in down.stdout and "stopped agent demo-" in down.stdout, down.stdout
+    _wait_gone([pid], timeout_s=10)
+    with sqlite3.connect(up_env.data / "epctl.db") as db:
+        assert db.execute("select current_dp_size from deployments where name = 'demo'").fetchone() == (0,)
+    again = up_env.run("down", "--data-dir", str(up_env.data))
+    assert again.returncode == 0 and "nothing recorded" in again.stdout, again.stdout
+
+
+def test_with_the_opt_in_orphan_exit_engines_of_a_killed_epctl_up_exit(up_env: Up) -> None:
+    """Off by default (serving never depends on a coordinator); for throwaway machines only."""
     up_env.env["EPCTL_RUNNER_LOCAL_AGENT_ORPHAN_GRACE_S"] = "2"
     first = up_env.start("--engines", "1")
     up_env.wait_welcome(first)

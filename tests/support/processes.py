@@ -214,6 +214,17 @@ class Coordinator:
             return self
         raise AssertionError("unreachable")
 
+    def spawn(self, **env: str) -> Child:
+        """Start without waiting (`wait_ready` waits): several coordinators can start at once."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.child = spawn("coordinator", self.argv(), self.log_file, env=self.environment(**env))
+        return self.child
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        assert self.child is not None, "spawn() first"
+        self._wait_ready(self.child, timeout_s)
+        self._started = True
+
     def _wait_ready(self, child: Child, timeout_s: float) -> None:
         def ready() -> bool:  # our child, not whoever else may answer on this port
             return child.alive() and httpx.get(f"{self.url}/readyz", timeout=2.0).status_code == 200

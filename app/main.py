@@ -30,6 +30,7 @@ from app.dashboard.router import router as dashboard_router
 from app.deployments.router import router as deployments_router
 from app.engines.router import router as engines_router
 from app.hooks.router import router as hooks_router
+from app.incidents.router import router as incidents_router
 from app.jobs.cleanup_router import router as cleanup_router
 from app.jobs.event_hub import JobLogHub
 from app.jobs.events_router import router as events_router
@@ -176,6 +177,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(vllm_engine_router)
     app.include_router(scale_router)
     app.include_router(engines_router)
+    app.include_router(incidents_router)
     app.include_router(jobs_router)
     app.include_router(cleanup_router)
     app.include_router(tokens_router)

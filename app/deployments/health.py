@@ -18,16 +18,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
-from app.core.ids import new_id
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, StatusDetail
+from app.deployments.status import set_status
 from app.engines.models import Engine, EngineState
 from app.jobs.service import active_job_id
-from app.webhooks.models import OUTBOX_ID_PREFIX, EventType, OutboxEvent
 
 SERVING_STATES = frozenset({EngineState.serving.value, EngineState.paused.value})
 REASON_UNREACHABLE = "engine-unreachable"
@@ -144,92 +142,38 @@ def reconcile_health(
 
 def _apply(session: Session, deployment: Deployment, health: Health) -> HealthChange | None:
     degraded = deployment.status == DeploymentStatus.degraded.value
-    now = utc_now()
-    extra: dict[str, object] = {}
     if health.whole:
         # A detail left on a ready deployment: a job (a self-heal) made it whole again since.
-        if not degraded and deployment.status_detail is None:
-            return None
-        since = (deployment.status_detail or {}).get("since")
-        if since:
-            extra["degraded_for_s"] = round((now - datetime.fromisoformat(str(since))).total_seconds(), 3)
-        deployment.status = DeploymentStatus.ready.value
-        deployment.status_detail = None
-        event, detail = EventType.deployment_recovered, None
-    else:
-        assert health.reason is not None
-        if degraded and deployment.status_detail is not None:
-            # Already degraded and announced. A detail health wrote itself is kept true as the engines
-            # change ("1 of 3 engines serve" went on saying so after the last one stopped), without a
-            # second event; a job's or self-healing's own reason is theirs to change.
-            _refresh(session, deployment, health, now)
-            return None
-        detail = StatusDetail(
-            reason=health.reason,
-            message=health.message,
-            hint="the deployment cannot serve until its group is whole: restart or replace the engines, "
-            "or scale it to form a new generation on the engines that serve",
-            since=now,
-        )
-        deployment.status = DeploymentStatus.degraded.value
-        deployment.status_detail = detail.model_dump(mode="json")
-        event = EventType.deployment_degraded
-    deployment.updated_at = now
-    session.add(deployment)
-    _announce(session, deployment, event, health.serving, now, extra)
-    return HealthChange(deployment.name, DeploymentStatus(deployment.status), detail)
+        change = set_status(session, deployment, DeploymentStatus.ready, serving=health.serving)
+        return None if change is None else HealthChange(deployment.name, DeploymentStatus.ready, None)
+    assert health.reason is not None
+    if degraded and deployment.status_detail is not None:
+        # Already degraded and announced. A detail health wrote itself is kept true as the engines
+        # change ("1 of 3 engines serve" went on saying so after the last one stopped), without a
+        # second event; a job's or self-healing's own reason is theirs to change.
+        if deployment.status_detail.get("reason") in HEALTH_REASONS:
+            set_status(
+                session, deployment, DeploymentStatus.degraded, _detail(health), serving=health.serving
+            )
+        return None
+    detail = _detail(health)
+    set_status(session, deployment, DeploymentStatus.degraded, detail, serving=health.serving)
+    return HealthChange(deployment.name, DeploymentStatus.degraded, detail)
 
 
-def _refresh(session: Session, deployment: Deployment, health: Health, now: datetime) -> None:
-    detail = dict(deployment.status_detail or {})
-    if detail.get("reason") not in HEALTH_REASONS:
-        return
-    if (detail.get("reason"), detail.get("message")) == (health.reason, health.message):
-        return
-    detail.update(reason=health.reason, message=health.message)
-    deployment.status_detail = detail
-    deployment.updated_at = now
-    session.add(deployment)
+def _detail(health: Health) -> StatusDetail:
+    assert health.reason is not None
+    return StatusDetail(
+        reason=health.reason,
+        message=health.message,
+        hint="the deployment cannot serve until its group is whole: restart or replace the engines, "
+        "or scale it to form a new generation on the engines that serve",
+        since=utc_now(),
+    )
 
 
 def announce_degraded(session: Session, deployment: Deployment, detail: StatusDetail, serving: int) -> None:
-    """Mark the deployment `degraded` for `detail` and announce it (`deployment.degraded`), in the
-    session's transaction (the caller commits). For a reason health itself does not give, such as
-    self-healing's `no-survivors`."""
-    now = utc_now()
-    deployment.status = DeploymentStatus.degraded.value
-    deployment.status_detail = detail.model_dump(mode="json")
-    deployment.updated_at = now
-    session.add(deployment)
-    _announce(session, deployment, EventType.deployment_degraded, serving, now, {})
-
-
-def _announce(
-    session: Session,
-    deployment: Deployment,
-    event: EventType,
-    serving: int,
-    now: datetime,
-    extra: dict[str, object],
-) -> None:
-    session.add(
-        OutboxEvent(
-            id=new_id(OUTBOX_ID_PREFIX),
-            type=event.value,
-            deployment_id=deployment.id,
-            payload={
-                "type": event.value,
-                "timestamp": now.isoformat(),
-                "data": {
-                    "deployment": deployment.name,
-                    "status": deployment.status,
-                    "generation": deployment.generation,
-                    "current_dp_size": deployment.current_dp_size,
-                    "serving": serving,
-                    "status_detail": deployment.status_detail,
-                    **extra,
-                },
-            },
-            created_at=now,
-        )
-    )
+    """Mark the deployment `degraded` for `detail` and announce it (`deployment.degraded`, even when it
+    was degraded for another reason), in the session's transaction (the caller commits). For a reason
+    health itself does not give, such as self-healing's `no-survivors`."""
+    set_status(session, deployment, DeploymentStatus.degraded, detail, serving=serving, announce_again=True)

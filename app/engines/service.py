@@ -12,11 +12,13 @@ from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, NotFoundError
-from app.core.ids import new_id
-from app.deployments.models import Deployment, DeploymentStatus
+from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.service import get_deployment
+from app.deployments.status import set_status
 from app.engines.models import Engine, EnginePublic, EngineState
-from app.webhooks.models import OUTBOX_ID_PREFIX, EventType, OutboxEvent
+from app.jobs.active import active_job_id
+from app.webhooks.models import EventType
+from app.webhooks.outbox import enqueue_event
 from engine_agent.protocol import AgentHeartbeat, AgentRegistration, EngineConfig
 
 log = logging.getLogger(__name__)
@@ -215,28 +217,23 @@ def mark_unreachable(
             and engine.dp_rank is not None
             and engine.generation == deployment.generation
         )
-        if deployment is not None and member:
-            deployment.status = DeploymentStatus.degraded.value
-            deployment.updated_at = now
-            session.add(deployment)
+        # A deployment a job runs is the job's to judge (its steps see the engine fail).
+        if deployment is not None and member and active_job_id(session, deployment_id=deployment.id) is None:
+            detail = StatusDetail(
+                reason="engine-unreachable",
+                message=f"{engine.id} (rank {engine.dp_rank} of generation {engine.generation}) went silent",
+                since=now,
+            )
+            set_status(session, deployment, DeploymentStatus.degraded, detail, now=now)
         public = EnginePublic.from_row(engine, deployment_name=deployment.name if deployment else "")
         expired.append(public)
-        session.add(
-            OutboxEvent(
-                id=new_id(OUTBOX_ID_PREFIX),
-                type=EventType.engine_unreachable.value,
-                deployment_id=engine.deployment_id,
-                payload={
-                    "type": EventType.engine_unreachable.value,
-                    "timestamp": now.isoformat(),
-                    "data": {
-                        **public.model_dump(mode="json"),
-                        "member": member,
-                        "deployment_status": deployment.status if deployment else None,
-                    },
-                },
-                created_at=now,
-            )
+        data = {
+            **public.model_dump(mode="json"),
+            "member": member,
+            "deployment_status": deployment.status if deployment else None,
+        }
+        enqueue_event(
+            session, EventType.engine_unreachable, data, deployment_id=engine.deployment_id, now=now
         )
     if follow is not None and expired:
         follow(session)

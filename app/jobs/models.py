@@ -112,6 +112,8 @@ class ReconfigurationJob(SQLModel, table=True):
     loss_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     time_to_detect_ms: float | None = None
     time_to_serving_ms: float | None = None
+    # An incident that hit this job's generation within a minute of its end (`app.incidents`).
+    incident_id: str | None = Field(default=None, max_length=40)
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     idempotency_key: str | None = Field(default=None, max_length=255)
@@ -296,6 +298,11 @@ class JobPublic(BaseModel):
         description="self-heal jobs: from `loss_at` to this job's new generation serving (a shrink: "
         "serving again on the survivors; a grow-back: back to full size)",
     )
+    incident_id: str | None = ApiField(
+        None,
+        description="the incident that hit this job's generation within a minute of its end (an engine "
+        "lost or frozen right after it): clients' outage then is on that record (`/v1/incidents/{id}`)",
+    )
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None
@@ -338,6 +345,7 @@ class JobPublic(BaseModel):
             loss_at=row.loss_at,
             time_to_detect_ms=row.time_to_detect_ms,
             time_to_serving_ms=row.time_to_serving_ms,
+            incident_id=row.incident_id,
             created_at=row.created_at,
             updated_at=row.updated_at,
             started_at=row.started_at,

@@ -20,6 +20,7 @@ from app.core.ids import new_id
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind
 from app.deployments.service import delete_deployment_rows, get_deployment
 from app.engines.service import available_engines
+from app.jobs.active import active_job_id
 from app.jobs.cleanup import check_no_unresolved_cleanup
 from app.jobs.idempotency import IdempotencyKey, TakenOver, claim_key, complete_key, forget_key, request_hash
 from app.jobs.models import (
@@ -34,7 +35,6 @@ from app.jobs.models import (
 )
 from app.jobs.retire import validate_retire
 from app.jobs.states import (
-    ACTIVE_STATES,
     CANCELLABLE_STATES,
     TERMINAL_STATES,
     JobNotFoundError,
@@ -263,16 +263,6 @@ def job_detail(session: Session, *, job_id: str) -> JobDetail:
     job = get_job(session, job_id=job_id)
     events = [JobEventPublic.from_row(e) for e in list_events(session, job_id=job_id)]
     return JobDetail(**job_public(session, job).model_dump(), events=events)
-
-
-def active_job_id(session: Session, *, deployment_id: str) -> str | None:
-    """The deployment's one non-terminal job, if any."""
-    return session.exec(
-        select(ReconfigurationJob.id).where(
-            ReconfigurationJob.deployment_id == deployment_id,
-            col(ReconfigurationJob.state).in_([s.value for s in ACTIVE_STATES]),
-        )
-    ).first()
 
 
 def active_job(session: Session, *, deployment_id: str) -> ReconfigurationJob | None:

@@ -18,7 +18,6 @@ from sqlmodel import Session
 
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, InvalidRequestError
-from app.core.ids import new_id
 from app.deployments.models import Deployment
 from app.jobs.models import JobEvent, JobPublic, ReconfigurationJob
 from app.jobs.states import (
@@ -34,7 +33,8 @@ from app.jobs.states import (
     guards_cancel,
     is_allowed,
 )
-from app.webhooks.models import OUTBOX_ID_PREFIX, EventType, OutboxEvent
+from app.webhooks.models import EventType
+from app.webhooks.outbox import enqueue_event
 
 S = JobState
 
@@ -243,18 +243,6 @@ def _stale(job_id: str, from_state: JobState, to_state: JobState, current: JobSt
 def _add_outbox(session: Session, job: ReconfigurationJob, event_type: str) -> None:
     deployment = session.get(Deployment, job.deployment_id)
     summary = JobPublic.from_row(job, deployment_name=deployment.name if deployment else "")
-    now = utc_now()
-    session.add(
-        OutboxEvent(
-            id=new_id(OUTBOX_ID_PREFIX),
-            type=event_type,
-            job_id=job.id,
-            deployment_id=job.deployment_id,
-            payload={
-                "type": event_type,
-                "timestamp": now.isoformat(),
-                "data": summary.model_dump(mode="json"),
-            },
-            created_at=now,
-        )
+    enqueue_event(
+        session, event_type, summary.model_dump(mode="json"), deployment_id=job.deployment_id, job_id=job.id
     )

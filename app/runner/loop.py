@@ -31,6 +31,7 @@ from app.deployments.models import EngineBackend
 from app.launchers.base import DeletedDeployment, Launcher
 from app.runner.adoption import Adoption, adopt_engines
 from app.runner.flow import Flow
+from app.runner.incident_probe import IncidentProbes
 from app.runner.job import LeaseLost
 from app.runner.launching import launch_spec
 from app.runner.leases import Leases
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_AGENT_TIMEOUT_S = 5.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
+INCIDENT_PROBE_INTERVAL_S = 0.5  # how often the incident probes' targets follow the engines
 
 
 class JobRunner:
@@ -68,10 +70,12 @@ class JobRunner:
         self.leases = Leases(owner, lease_s)
         self.launchers = launchers
         self.flow = Flow(self.record, self.settings, launchers, owner)
+        self.incident_probes = IncidentProbes(self.record)
         self.recovery = Recovery(self.record, self.settings, launchers)
         self.scheduled = Scheduled(
             [
                 Periodic("presence", coordinators.PRESENCE_INTERVAL_S, self._announce),
+                Periodic("incident-probe", INCIDENT_PROBE_INTERVAL_S, self.incident_probes.tick),
                 *scheduled_tasks(
                     self.record, self.settings, self.new_fleet, heartbeat_timeout_s, retention, launchers
                 ),
@@ -148,6 +152,7 @@ class JobRunner:
             await self.record.run_in_session(
                 lambda s: coordinators.forget(s, coordinator_id=self.leases.owner)
             )
+        await self.incident_probes.close()
         await self._agent_session.aclose()
 
     async def tick(self) -> None:

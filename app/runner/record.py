@@ -16,6 +16,7 @@ from app.core.clock import utc_now
 from app.core.errors import ConflictError
 from app.deployments.health import REASON_GENERATION_SPLIT, SERVING_STATES, announce_degraded
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
+from app.deployments.status import set_status
 from app.engines.models import Engine, EngineState
 from app.jobs.async_record import AsyncJobRecord
 from app.jobs.models import ReconfigurationJob
@@ -183,9 +184,10 @@ def apply_generation(session: Session, deployment_id: str, plan: Plan) -> None:
     now = utc_now()
     deployment.current_dp_size = plan.to_size
     deployment.generation = plan.generation
-    deployment.status = DeploymentStatus.ready.value
     deployment.updated_at = now
     session.add(deployment)
+    # Serving on the new generation: a degraded deployment recovers here (its incident resolves).
+    set_status(session, deployment, DeploymentStatus.ready, serving=plan.to_size, now=now)
     for rank, member in enumerate(plan.members):
         row = session.get(Engine, member.engine_id)
         if row is None:

@@ -68,6 +68,7 @@ from app.deployments.models import (
 )
 from app.engines.models import Engine, EngineState
 from app.engines.service import mark_unreachable
+from app.incidents import service as incidents
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import active_job_id, create_reconfiguration
 from app.jobs.states import JobState
@@ -324,6 +325,7 @@ def _take_out(
     # The loss happened after the last heartbeat heard from it: the earliest such, over the losses.
     heard = [e.last_heartbeat_at for e in engines if e.last_heartbeat_at is not None]
     deployment.heal_loss_at = min([*heard, *filter(None, [deployment.heal_loss_at])], default=now)
+    incidents.note_lost(session, deployment, [e.id for e in engines], deployment.heal_loss_at)
     if policy is OnEngineLoss.replace:
         deployment.heal_target_dp_size = max(deployment.heal_target_dp_size or 0, deployment.current_dp_size)
     session.add(deployment)
@@ -389,6 +391,8 @@ def _request(
             job.time_to_detect_ms = round(max(0.0, (job.created_at - loss_at).total_seconds() * 1000.0), 1)
         session.add(job)
         session.commit()
+    incidents.note_recovery_job(session, deployment.id, job.id)
+    session.commit()
     healing.jobs.append(job.id)
     log.warning("deployment %s: self-heal job %s (%s)", name, job.id, reason)
 

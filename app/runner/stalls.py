@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from sqlmodel import Session
 
 from app.core.clock import utc_now
-from app.deployments.health import SERVING_STATES, announce_degraded, deployments_without_a_job
+from app.deployments.health import SERVING_STATES, deployments_without_a_job
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
+from app.deployments.status import set_status
 from app.engines.models import Engine
 from app.runner.selfheal import fence
 
@@ -86,11 +87,7 @@ def fence_stalled(session: Session) -> list[Stall]:
             "does not is written off and stopped",
             since=utc_now(),
         )
-        if deployment.status == DeploymentStatus.degraded.value:
-            deployment.status_detail = detail.model_dump(mode="json")  # announced already: a better reason
-            session.add(deployment)
-        else:
-            announce_degraded(session, deployment, detail, serving=0)
+        set_status(session, deployment, DeploymentStatus.degraded, detail, serving=0)
         session.commit()
         log.warning("deployment %s: %s", deployment.name, message)
         stalls += [

@@ -13,7 +13,8 @@ from typing import Any
 from sqlmodel import Session
 
 from app.core.clock import utc_now
-from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind
+from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind, StatusDetail
+from app.deployments.status import set_status
 from app.jobs.async_record import AsyncJobRecord
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import JobState
@@ -162,16 +163,14 @@ def set_degraded(session: Session, deployment_id: str, degradation: Degradation,
     deployment = session.get(Deployment, deployment_id)
     if deployment is None:
         return
-    deployment.status = DeploymentStatus.degraded.value
-    deployment.status_detail = {
-        "reason": degradation.reason,
-        "message": degradation.message,
-        "hint": degradation.hint,
-        "since": utc_now().isoformat(),
-        "job_id": job_id,
-    }
-    deployment.updated_at = utc_now()
-    session.add(deployment)
+    detail = StatusDetail(
+        reason=degradation.reason,
+        message=degradation.message,
+        hint=degradation.hint,
+        since=utc_now(),
+        job_id=job_id,
+    )
+    set_status(session, deployment, DeploymentStatus.degraded, detail)
 
 
 def serving_as_scaled(job: VllmJob) -> Callable[[Session], None]:
@@ -202,8 +201,7 @@ def set_serving(
     deployment = session.get(Deployment, deployment_id)
     if deployment is None or deployment.backend != EngineBackend.vllm:
         return
-    deployment.status = DeploymentStatus.ready.value
-    deployment.status_detail = None
+    set_status(session, deployment, DeploymentStatus.ready)
     if dp_size is not None:
         deployment.current_dp_size = dp_size
     if generation is not None:

@@ -1,0 +1,108 @@
+"""A deployment's status: the one table of allowed moves and the one writer.
+
+    ready    -> degraded   (a reason is required)   event deployment.degraded, an incident opens
+    degraded -> degraded   (the reason changes)      no event; the incident's reason follows
+    degraded -> ready      (no reason)               event deployment.recovered, the incident resolves
+    ready    -> ready                                 nothing (a new generation is not a status change)
+
+Every writer (the job runner's switch and its failures, the heartbeat health pass, self-healing, the
+stall fence, the vLLM backend) calls `set_status`, in its own transaction: the status, its detail, the
+event and the incident commit together, so a reader never sees `degraded` without its reason and no
+status change goes unannounced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlmodel import Session
+
+from app.core.clock import utc_now
+from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
+from app.incidents import service as incidents
+from app.webhooks.models import EventType
+from app.webhooks.outbox import enqueue_event
+
+# (from, to) -> whether it is announced; every other move (none today) is refused.
+MOVES: dict[tuple[DeploymentStatus, DeploymentStatus], EventType | None] = {
+    (DeploymentStatus.ready, DeploymentStatus.degraded): EventType.deployment_degraded,
+    (DeploymentStatus.degraded, DeploymentStatus.degraded): None,
+    (DeploymentStatus.degraded, DeploymentStatus.ready): EventType.deployment_recovered,
+    (DeploymentStatus.ready, DeploymentStatus.ready): None,
+}
+
+
+class StatusRuleError(ValueError):
+    """A status written without the detail it needs (or with one it must not have): a bug."""
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    deployment: str
+    status: DeploymentStatus
+    detail: StatusDetail | None
+    announced: bool
+
+
+def set_status(
+    session: Session,
+    deployment: Deployment,
+    status: DeploymentStatus,
+    detail: StatusDetail | None = None,
+    *,
+    serving: int | None = None,
+    now: datetime | None = None,
+    announce_again: bool = False,
+) -> StatusChange | None:
+    """Move `deployment` to `status` (with `detail`, required for `degraded` and refused for `ready`),
+    in the caller's transaction; None when nothing changed. `serving`: how many engines serve its
+    generation, for the event. `announce_again`: a degraded deployment's new reason is announced too
+    (a reason the operator must act on, such as self-healing giving up)."""
+    if (status is DeploymentStatus.degraded) != (detail is not None):
+        raise StatusRuleError(f"deployment {deployment.name}: {status.value} with detail {detail!r}")
+    at = now or utc_now()
+    before = DeploymentStatus(deployment.status)
+    event = MOVES[(before, status)]
+    stored = detail.model_dump(mode="json") if detail is not None else None
+    if before is status and _same(deployment.status_detail, stored):
+        return None
+    if stored is not None and before is DeploymentStatus.degraded and deployment.status_detail:
+        stored["since"] = deployment.status_detail.get("since") or stored["since"]  # degraded since then
+    if before is status is DeploymentStatus.ready and deployment.status_detail is None:
+        return None
+    extra: dict[str, Any] = {}
+    if status is DeploymentStatus.ready:
+        since = (deployment.status_detail or {}).get("since")
+        if since:
+            extra["degraded_for_s"] = round((at - datetime.fromisoformat(str(since))).total_seconds(), 3)
+        if before is DeploymentStatus.ready:
+            event = EventType.deployment_recovered  # a detail left on a ready deployment: now cleared
+    deployment.status, deployment.status_detail, deployment.updated_at = status.value, stored, at
+    session.add(deployment)
+    if detail is not None:
+        incidents.opened(session, deployment, detail.reason, detail.message, at)
+    elif before is DeploymentStatus.degraded:
+        incidents.resolved(session, deployment, at)
+    if event is None and announce_again:
+        event = EventType.deployment_degraded
+    if event is not None:
+        data = {
+            "deployment": deployment.name,
+            "status": deployment.status,
+            "generation": deployment.generation,
+            "current_dp_size": deployment.current_dp_size,
+            "serving": serving,
+            "status_detail": deployment.status_detail,
+            **extra,
+        }
+        enqueue_event(session, event, data, deployment_id=deployment.id, now=at)
+    return StatusChange(deployment.name, status, detail, announced=event is not None)
+
+
+def _same(stored: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:
+    """The same reason and message (a new `since` alone is no change)."""
+    if stored is None or new is None:
+        return stored is new
+    return (stored.get("reason"), stored.get("message")) == (new.get("reason"), new.get("message"))

@@ -1,0 +1,117 @@
+"""What clients saw during an incident, measured from outside: the coordinator's canary probe.
+
+While an incident of a reference deployment is open (`app.incidents`), canaries (one token through
+`/v1/infer`, as a job's probe sends) go to each engine of the deployment that is not written off or
+fenced, every `INTERVAL_S`. The first one answered ends the clients' outage: the incident records
+`client_outage_ms` from its `loss_at` to that answer (0 when canaries were answered from the start: the
+deployment never stopped serving). Engines that join meanwhile are probed from the next tick on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlmodel import Session, col, select
+
+from app.core.clock import utc_now
+from app.deployments.models import Deployment, EngineBackend
+from app.engines.models import Engine, EngineState
+from app.incidents import service as incidents
+from app.incidents.models import Incident, IncidentState
+from app.probe.canary import CanarySample
+from app.probe.recorder import CanaryRecorder
+from app.probe.reference import ReferenceCanary
+from app.runner.record import JobRecord
+
+log = logging.getLogger(__name__)
+
+INTERVAL_S = 0.1
+CANARY_TIMEOUT_S = 1.0
+AFTER_RESOLVED_S = 30.0  # a resolved incident is probed this long for its first answer
+MAX_PROBE_S = 600.0  # an incident open longer is left without the figure
+
+GONE = (EngineState.left.value, EngineState.fenced.value, EngineState.unreachable.value)
+
+
+@dataclass
+class _Probe:
+    recorder: CanaryRecorder
+    canary: ReferenceCanary
+    started: float
+
+
+def _watched(session: Session) -> dict[str, tuple[int, list[str]]]:
+    """Incident id -> (the deployment's hidden size, the engines' URLs to probe), for the incidents of
+    reference deployments still waiting for their first answer."""
+    recent = utc_now() - timedelta(seconds=AFTER_RESOLVED_S)
+    rows = session.exec(
+        select(Incident, Deployment)
+        .join(Deployment, col(Deployment.id) == col(Incident.deployment_id))
+        .where(
+            col(Incident.client_outage_ms).is_(None),
+            col(Deployment.backend) == EngineBackend.reference.value,
+            (col(Incident.state) == IncidentState.open.value) | (col(Incident.updated_at) >= recent),
+        )
+    ).all()
+    watched: dict[str, tuple[int, list[str]]] = {}
+    for incident, deployment in rows:
+        urls = session.exec(
+            select(Engine.url).where(Engine.deployment_id == deployment.id, col(Engine.state).not_in(GONE))
+        ).all()
+        hidden = int((deployment.engine_config or {}).get("hidden_size", 64))
+        watched[incident.id] = (hidden, list(urls))
+    return watched
+
+
+class IncidentProbes:
+    """The canary recorders of the incidents being watched (one runner's), ticked by its loop."""
+
+    def __init__(self, record: JobRecord) -> None:
+        self.record = record
+        self._probes: dict[str, _Probe] = {}
+
+    async def tick(self) -> None:
+        watched = await self.record.run_in_session(_watched)
+        for incident_id in list(self._probes):
+            if incident_id not in watched:
+                await self._stop(incident_id)
+        for incident_id, (hidden, urls) in watched.items():
+            probe = self._probes.get(incident_id)
+            if probe is None:
+                canary = ReferenceCanary(hidden)
+                recorder = CanaryRecorder(canary, interval_s=INTERVAL_S, timeout_s=CANARY_TIMEOUT_S)
+                probe = self._probes[incident_id] = _Probe(recorder, canary, time.monotonic())
+                await recorder.start()
+            probe.recorder.set_targets(urls)
+            answered = next((s for s in probe.recorder.samples if s.ok), None)
+            if answered is not None:
+                await self._record(incident_id, probe, answered)
+            elif time.monotonic() - probe.started > MAX_PROBE_S:
+                log.warning("incident %s: no canary answered in %.0f s", incident_id, MAX_PROBE_S)
+                await self._stop(incident_id)
+
+    async def _record(self, incident_id: str, probe: _Probe, answered: CanarySample) -> None:
+        failed_before = any(not s.ok for s in probe.recorder.samples if s.done_at <= answered.done_at)
+        at = _wall(answered.done_at)
+
+        def write(session: Session) -> None:
+            incidents.record_client_outage(session, incident_id, at, none_seen=not failed_before)
+
+        await self.record.run_in_session(write)
+        await self._stop(incident_id)
+
+    async def close(self) -> None:
+        for incident_id in list(self._probes):
+            await self._stop(incident_id)
+
+    async def _stop(self, incident_id: str) -> None:
+        probe = self._probes.pop(incident_id)
+        await probe.recorder.stop()
+        await probe.canary.aclose()
+
+
+def _wall(monotonic: float) -> datetime:
+    return datetime.fromtimestamp(time.time() - time.monotonic() + monotonic, UTC)

@@ -156,6 +156,11 @@ def test_a_frozen_member_is_fenced_on_evidence_and_re_admitted_once_it_thaws(sta
         finally:
             client.stop()
         print(f"serving again on the survivor {serving_again_s:.1f} s after the freeze")
+        # The outage is on a record: the incident, with what clients saw (the canary probe).
+        (incident,) = coordinator.api.get("/v1/incidents", params={"deployment": name}).json()["data"]
+        assert incident["reason"] == "engine-stalled" and frozen_id in incident["engines"], incident
+        assert incident["state"] == "resolved" and incident["client_outage_ms"] is not None, incident
+        print(f"incident: client outage {incident['client_outage_ms']} ms")
         serving = {e["id"]: e for e in coordinator.engines(name) if e["state"] == "serving"}
         assert frozen_id in serving and int(agent_info(serving[frozen_id]["url"])["pid"]) == frozen_pid
         assert_recovered(stack, name)

@@ -29,7 +29,7 @@ from app.runner.launching import launch_spec
 from app.runner.record import JobRecord, apply_generation, degrade
 from app.runner.selfheal import serving_again
 from app.runner.settings import RunnerSettings, hang_for_test
-from engine_agent.protocol import AgentInfo, ReconfigPhase
+from engine_agent.protocol import MOVES, ROLLED_BACK, AgentInfo, Operation
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class Endings:
     async def roll_back(self, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:
         """A failure before the pause: abort everywhere, release joiners; downtime 0."""
         if run.plan is not None:
-            await fanout.abort_all(run, run.participant_clients(), {ReconfigPhase.aborted})
+            await fanout.abort_all(run, run.participant_clients(), {MOVES[Operation.abort].done})
         await self.release_joiners(run)
         await self.record.move(
             run,
@@ -67,7 +67,7 @@ class Endings:
     async def resume_all(self, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:
         """The pause was not confirmed everywhere (or a step inside it failed): every participant back
         on the old generation."""
-        await fanout.abort_all(run, run.participant_clients(), {ReconfigPhase.resumed, ReconfigPhase.aborted})
+        await fanout.abort_all(run, run.participant_clients(), ROLLED_BACK)
         await self.release_joiners(run)
         await self.record.move(
             run,

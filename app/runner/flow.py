@@ -1,8 +1,11 @@
-"""One reconfiguration, start to end: a table of steps per strategy, each with its failure rule.
+"""One reconfiguration, start to end: the protocol's calls in its order, each with its failure rule.
 
     background: prepare -> sync -> pause -> switch     (the old generation serves until the pause)
     blocking:   prepare -> pause -> sync -> switch     (prepare's heavy work runs inside the pause)
     background, commit engines (the default): prepare -> sync -> arm
+
+(The calls and their order are the protocol's, `engine_agent.choreography.CALLS`; what each call waits
+for is its end phase there, `MOVES`.)
 
 `arm` is the engine-agreed commit: the coordinator arms every participant for the new generation
 before any engine stops; the engines pause, switch and resume at the first step boundary at which
@@ -48,14 +51,18 @@ from app.runner.launching import Participants
 from app.runner.record import JobRecord, is_member_row
 from app.runner.settings import RunnerSettings, hang_for_test
 from engine_agent.protocol import (
+    COMMITTING,
+    MOVES,
     TERMINAL_PHASES,
     CommitMode,
     DowntimeOverrun,
+    Operation,
     ReconfigPhase,
     ReconfigStatus,
     Role,
     Strategy,
     Timeouts,
+    calls_for,
 )
 
 log = logging.getLogger(__name__)
@@ -71,58 +78,53 @@ class OnFailure(StrEnum):
     by_engines = "by_engines"  # engine-agreed commit: decided by where the engines stand
 
 
-class StepName(StrEnum):
-    prepare = "prepare"
-    sync = "sync"
-    pause = "pause"
-    switch = "switch"
-    arm = "arm"
-
-
 @dataclass(frozen=True)
 class Step:
-    name: StepName
+    name: Operation
     state: JobState  # the job's state while the step runs
     on_failure: OnFailure
     cancellable: bool = False  # checks for a cancel while it waits
 
 
-STEPS: Mapping[Strategy, tuple[Step, ...]] = {
-    Strategy.background: (
-        Step(StepName.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
-        Step(StepName.sync, S.syncing, OnFailure.roll_back, cancellable=True),
-        Step(StepName.pause, S.committing, OnFailure.resume_all),
-        Step(StepName.switch, S.committing, OnFailure.fail_and_degrade),
-    ),
-    Strategy.blocking: (
-        Step(StepName.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
+# Each call's rule per strategy: the job's state while it runs, and what its failure costs. Which calls
+# a job makes, in which order, is the protocol's (`calls_for`: the engine-agreed commit arms instead of
+# pausing and switching).
+RULES: Mapping[Strategy, Mapping[Operation, Step]] = {
+    Strategy.background: {
+        Operation.prepare: Step(Operation.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
+        Operation.sync: Step(Operation.sync, S.syncing, OnFailure.roll_back, cancellable=True),
+        Operation.pause: Step(Operation.pause, S.committing, OnFailure.resume_all),
+        Operation.switch: Step(Operation.switch, S.committing, OnFailure.fail_and_degrade),
+        Operation.arm: Step(Operation.arm, S.committing, OnFailure.by_engines),
+    },
+    Strategy.blocking: {
+        Operation.prepare: Step(Operation.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
         # The agents do prepare's work once paused: the pause answers when they are ready.
-        Step(StepName.pause, S.preparing, OnFailure.resume_all),
-        Step(StepName.sync, S.syncing, OnFailure.resume_all),
-        Step(StepName.switch, S.committing, OnFailure.fail_and_degrade),
-    ),
+        Operation.pause: Step(Operation.pause, S.preparing, OnFailure.resume_all),
+        Operation.sync: Step(Operation.sync, S.syncing, OnFailure.resume_all),
+        Operation.switch: Step(Operation.switch, S.committing, OnFailure.fail_and_degrade),
+    },
 }
 
 
-# The engine-agreed commit (background strategy; blocking runs prepare's work inside the pause).
-ENGINE_AGREED_STEPS: tuple[Step, ...] = (
-    Step(StepName.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
-    Step(StepName.sync, S.syncing, OnFailure.roll_back, cancellable=True),
-    Step(StepName.arm, S.committing, OnFailure.by_engines),
-)
+def steps_for(strategy: Strategy, commit_mode: CommitMode) -> tuple[Step, ...]:
+    rules = RULES[strategy]
+    return tuple(rules[operation] for operation in calls_for(strategy, commit_mode))
 
 
 def steps_of(run: JobRun) -> tuple[Step, ...]:
-    if run.commit_mode == CommitMode.engines and run.strategy == Strategy.background:
-        return ENGINE_AGREED_STEPS
-    return STEPS[run.strategy]
+    return steps_for(run.strategy, run.commit_mode)
 
 
 def _switching(status: ReconfigStatus) -> bool:
     """Past the point of no return: switching, switched, or failed inside the switch."""
-    if status.phase in (ReconfigPhase.switching, ReconfigPhase.committed):
+    if status.phase in COMMITTING:
         return True
-    return status.phase == ReconfigPhase.failed and status.error is not None and status.error.step == "switch"
+    return (
+        status.phase == ReconfigPhase.failed
+        and status.error is not None
+        and status.error.step == Operation.switch.value
+    )
 
 
 class Flow:
@@ -142,12 +144,12 @@ class Flow:
         self.participants = Participants(record, settings, launchers)
         self.endings = Endings(record, settings, launchers)
         self.probe_settings = probe_settings or load_probe_settings()
-        self._perform: Mapping[StepName, Callable[[JobRun, Fanout, Step], Awaitable[None]]] = {
-            StepName.prepare: self._prepare,
-            StepName.sync: self._sync,
-            StepName.pause: self._pause,
-            StepName.switch: self._switch,
-            StepName.arm: self._arm,
+        self._perform: Mapping[Operation, Callable[[JobRun, Fanout, Step], Awaitable[None]]] = {
+            Operation.prepare: self._prepare,
+            Operation.sync: self._sync,
+            Operation.pause: self._pause,
+            Operation.switch: self._switch,
+            Operation.arm: self._arm,
         }
 
     async def run(self, job_id: str, fleet: Fleet) -> None:
@@ -295,7 +297,7 @@ class Flow:
         await fanout.drive(
             run,
             clients,
-            {ReconfigPhase.prepared},
+            {MOVES[Operation.prepare].done},
             send=lambda c, wait_s: c.prepare(request, wait_s=wait_s),
             job_phase=run.state.value,
             deadline_s=settings.prepare_deadline_s,
@@ -310,7 +312,7 @@ class Flow:
         await fanout.drive(
             run,
             run.member_clients(),
-            {ReconfigPhase.synced},
+            {MOVES[Operation.sync].done},
             send=lambda c, wait_s: c.sync(run.job_id, wait_s=wait_s),
             job_phase=run.state.value,
             deadline_s=self.settings.sync_deadline_s,
@@ -329,7 +331,7 @@ class Flow:
         await fanout.drive(
             run,
             run.participant_clients(),
-            {ReconfigPhase.paused},
+            {MOVES[Operation.pause].done},
             send=lambda c, wait_s: c.pause(run.job_id, lease_s=settings.pause_lease_s, wait_s=wait_s),
             job_phase=run.state.value,
             # Blocking: all of prepare's work happens inside this pause.
@@ -418,7 +420,7 @@ class Flow:
         await fanout.drive(
             run,
             run.participant_clients(),
-            {ReconfigPhase.committed},
+            {MOVES[Operation.switch].done},
             send=lambda c, wait_s: c.switch(run.job_id, wait_s=wait_s),
             job_phase=run.state.value,
             deadline_s=self.settings.switch_deadline_s,
@@ -447,7 +449,7 @@ async def drive_arm(run: JobRun, fanout: Fanout, settings: RunnerSettings) -> No
     await fanout.drive(
         run,
         run.participant_clients(),
-        {ReconfigPhase.committed},
+        {MOVES[Operation.arm].done},
         send=arm,
         job_phase=run.state.value,
         # The engines' own deadline for arming, then the window (its warm-up and switch).

@@ -1,8 +1,8 @@
 """The reconfiguration: one POST per operation, and `GET /v1/reconfig`, a bounded long-poll.
 
-An action answers 202 with the job's status at once, or, given `wait_s`, once its end phase (or one
-of `until`) is reached, the job is terminal or reports an error (`protocol.is_settled`), at most
-`wait_s` later (capped at `MAX_WAIT_S`)."""
+An action answers 202 with the job's status at once, or, given `wait_s`, once its end phase (the
+protocol's `MOVES`, or one of `until`) is reached, the job is terminal or reports an error
+(`protocol.is_settled`), at most `wait_s` later (capped at `MAX_WAIT_S`)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from engine_agent.problems import ProblemError, problem_responses
 from engine_agent.protocol import (
     LONG_POLL_HEADER,
     MAX_WAIT_S,
+    MOVES,
     ArmRequest,
     JobRef,
+    Operation,
     PauseRequest,
     PrepareRequest,
     ReconfigPhase,
@@ -124,64 +126,64 @@ async def _wait_until(
 
 async def _accepted(
     executor: ReconfigExecutor,
+    operation: Operation,
     action: Callable[[], ReconfigStatus],
     wait_s: float,
     until: str | None,
-    end_phase: ReconfigPhase,
     *,
     inline: bool = False,
 ) -> JSONResponse:
-    """Run the action, then, with `wait_s`, hold the answer until its end phase (or `until`) is
-    reached. `inline`: the action only touches the executor's own state (briefly, under its lock)
-    and runs on the event loop, saving a thread hop inside the commit window; otherwise it may
-    call into the engine and runs in the thread pool."""
-    phases = _parse_until(until, frozenset({end_phase}))
+    """Run the action, then, with `wait_s`, hold the answer until the operation's end phase (the
+    protocol's `MOVES`), or one of `until`, is reached. `inline`: the action only touches the
+    executor's own state (briefly, under its lock) and runs on the event loop, saving a thread hop
+    inside the commit window; otherwise it may call into the engine and runs in the thread pool."""
+    phases = _parse_until(until, frozenset({MOVES[operation].done}))
     status = action() if inline else await run_in_threadpool(action)
     if wait_s > 0 and not _settled(status, phases):
         status = await _wait_until(executor, status.job_id, phases, wait_s, started=status)
     return JSONResponse(status.model_dump(mode="json"), status_code=202, headers=LONG_POLL_HEADERS)
 
 
-@router.post("/v1/reconfig/prepare", status_code=202, responses=RECONFIG_RESPONSES)
+@router.post(Operation.prepare.path, status_code=202, responses=RECONFIG_RESPONSES)
 async def prepare(
     body: PrepareRequest, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None
 ) -> JSONResponse:
     executor = agent.executor
-    return await _accepted(executor, lambda: executor.prepare(body), wait_s, until, ReconfigPhase.prepared)
+    return await _accepted(executor, Operation.prepare, lambda: executor.prepare(body), wait_s, until)
 
 
-@router.post("/v1/reconfig/sync", status_code=202, responses=RECONFIG_RESPONSES)
+@router.post(Operation.sync.path, status_code=202, responses=RECONFIG_RESPONSES)
 async def sync(body: JobRef, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
     executor = agent.executor
     return await _accepted(
-        executor, lambda: executor.sync(body.job_id), wait_s, until, ReconfigPhase.synced, inline=True
+        executor, Operation.sync, lambda: executor.sync(body.job_id), wait_s, until, inline=True
     )
 
 
-@router.post("/v1/reconfig/pause", status_code=202, responses=RECONFIG_RESPONSES)
+@router.post(Operation.pause.path, status_code=202, responses=RECONFIG_RESPONSES)
 async def pause(
     body: PauseRequest, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None
 ) -> JSONResponse:
     executor = agent.executor
     return await _accepted(
         executor,
+        Operation.pause,
         lambda: executor.pause(body.job_id, body.lease_s),
         wait_s,
         until,
-        ReconfigPhase.paused,
         inline=True,
     )
 
 
-@router.post("/v1/reconfig/switch", status_code=202, responses=RECONFIG_RESPONSES)
+@router.post(Operation.switch.path, status_code=202, responses=RECONFIG_RESPONSES)
 async def switch(body: JobRef, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
     executor = agent.executor
     return await _accepted(
-        executor, lambda: executor.switch(body.job_id), wait_s, until, ReconfigPhase.committed, inline=True
+        executor, Operation.switch, lambda: executor.switch(body.job_id), wait_s, until, inline=True
     )
 
 
-@router.post("/v1/reconfig/arm", status_code=202, responses=RECONFIG_RESPONSES)
+@router.post(Operation.arm.path, status_code=202, responses=RECONFIG_RESPONSES)
 async def arm(body: ArmRequest, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
     """The engine-agreed commit: arm for the new generation; the engines pause, switch and resume
     at the first step boundary at which all of them are armed. Ends `committed` (or `failed`,
@@ -189,28 +191,26 @@ async def arm(body: ArmRequest, agent: AgentDep, wait_s: WaitS = 0.0, until: Unt
     executor = agent.executor
     return await _accepted(
         executor,
+        Operation.arm,
         lambda: executor.arm(body.job_id, body.deadline_s, body.lease_s, body.max_downtime_ms),
         wait_s,
         until,
-        ReconfigPhase.committed,
         inline=True,
     )
 
 
-@router.post("/v1/reconfig/resume", status_code=202, responses=RECONFIG_RESPONSES)
+@router.post(Operation.resume.path, status_code=202, responses=RECONFIG_RESPONSES)
 async def resume(body: JobRef, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
     executor = agent.executor
     return await _accepted(
-        executor, lambda: executor.resume(body.job_id), wait_s, until, ReconfigPhase.resumed, inline=True
+        executor, Operation.resume, lambda: executor.resume(body.job_id), wait_s, until, inline=True
     )
 
 
-@router.post("/v1/reconfig/abort", status_code=202, responses=RECONFIG_RESPONSES)
+@router.post(Operation.abort.path, status_code=202, responses=RECONFIG_RESPONSES)
 async def abort(body: JobRef, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
     executor = agent.executor
-    return await _accepted(
-        executor, lambda: executor.abort(body.job_id), wait_s, until, ReconfigPhase.aborted
-    )
+    return await _accepted(executor, Operation.abort, lambda: executor.abort(body.job_id), wait_s, until)
 
 
 @router.get("/v1/reconfig", responses=problem_responses(404, 409, 422))

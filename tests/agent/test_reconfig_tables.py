@@ -1,6 +1,7 @@
-"""The tables that drive a reconfiguration on the agent (`engine_agent/reconfig/steps.py`), the status
-board's rule that an abort owns the outcome, and the refusals of a prepare request. In-process, no
-agents: the flows themselves run against real agent processes in the other tests here."""
+"""The tables that drive a reconfiguration on the agent (`engine_agent/reconfig/steps.py`, and the
+protocol's choreography, `engine_agent/choreography.py`), the status board's rule that an abort owns
+the outcome, and the refusals of a prepare request. In-process, no agents: the flows themselves run
+against real agent processes in the other tests here."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import time
 import pytest
 
 from engine_agent.protocol import (
+    ACCEPTS,
     EngineConfig,
     Member,
+    Operation,
     PrepareRequest,
     ReconfigPhase,
     ReconfigStatus,
@@ -22,7 +25,7 @@ from engine_agent.protocol import (
 )
 from engine_agent.reconfig.errors import Conflict, InvalidRequest
 from engine_agent.reconfig.job import Job, StatusBoard
-from engine_agent.reconfig.steps import ACCEPTS, ROLES, Operation, Step, steps_for
+from engine_agent.reconfig.steps import ROLES, Step, steps_for
 from engine_agent.reconfig.validate import validate
 
 BUILD = [

@@ -2,10 +2,10 @@
 
 `FakeAgent` stands in for one engine agent: it implements the agent client surface the runner uses
 (`AgentClient`'s step, read and long-poll methods) on the protocol's own models, and moves through the
-agent's phases at once unless told otherwise (`faults`). It keeps what a real agent keeps: the active
-generation, rank, whether serving is paused, the current job's status and its pause interval. It does
-not run an engine: serving, collectives and weights are the real agent's, tested in tests/agent and
-tests/e2e.
+agent's phases (the protocol's `MOVES`) at once unless told otherwise (`faults`). It keeps what a real
+agent keeps: the active generation, rank, whether serving is paused, the current job's status and its
+pause interval. It does not run an engine: serving, collectives and weights are the real agent's,
+tested in tests/agent and tests/e2e.
 
 Faults, one name each (set with `agent.faults.add(...)`):
 - `unreachable`: every call raises `AgentUnreachable` (the process is gone);
@@ -25,6 +25,9 @@ from app.agents.errors import AgentProblem, AgentUnreachable
 from app.agents.fleet import Fleet
 from app.launchers.base import EngineHandle, Launcher, LaunchSpec
 from engine_agent.protocol import (
+    ARMED_ONWARD,
+    COMMITTING,
+    MOVES,
     TERMINAL_PHASES,
     AgentError,
     AgentInfo,
@@ -32,6 +35,7 @@ from engine_agent.protocol import (
     CleanupState,
     CleanupStatus,
     EngineConfig,
+    Operation,
     PauseInterval,
     Platform,
     PrepareRequest,
@@ -171,11 +175,7 @@ class FakeAgent(AgentClient):
         return self.status
 
     def _role(self, request: PrepareRequest) -> Role:
-        new = {m.engine_id for m in request.members}
-        old = {m.engine_id for m in request.old_members}
-        if self.engine_id in new and self.engine_id in old:
-            return Role.staying
-        return Role.joining if self.engine_id in new else Role.leaving
+        return request.role_of(self.engine_id) or Role.leaving
 
     async def prepare(
         self, request: PrepareRequest, *, timeout_s: float | None = None, wait_s: float = 0.0
@@ -189,7 +189,7 @@ class FakeAgent(AgentClient):
             job_id=request.job_id,
             generation=request.generation,
             role=self._role(request),
-            phase=ReconfigPhase.preparing,
+            phase=MOVES[Operation.prepare].running,
             steps_total=1,
             warmup_policy=request.warmup_policy,
             strategy=request.strategy,
@@ -199,8 +199,8 @@ class FakeAgent(AgentClient):
         if "fail_prepare" in self.faults:
             return self._failed("prepare")
         if "hang_prepare" in self.faults:
-            return self._set(ReconfigPhase.preparing, step="transfer")
-        return self._set(ReconfigPhase.prepared, steps_done=1)
+            return self._set(MOVES[Operation.prepare].running, step="transfer")
+        return self._set(MOVES[Operation.prepare].done, steps_done=1)
 
     async def sync(
         self, job_id: str, *, timeout_s: float | None = None, wait_s: float = 0.0
@@ -209,7 +209,7 @@ class FakeAgent(AgentClient):
         self._job(job_id)
         if "fail_sync" in self.faults:
             return self._failed("sync")
-        return self._set(ReconfigPhase.synced, synced_value=1 << 20)
+        return self._set(MOVES[Operation.sync].done, synced_value=1 << 20)
 
     async def pause(
         self,
@@ -236,8 +236,8 @@ class FakeAgent(AgentClient):
         if "fail_pause" in self.faults:
             return self._failed("pause")
         if "silent_pause" in self.faults:
-            return self._set(ReconfigPhase.pausing, pause=pause)
-        return self._set(ReconfigPhase.paused, pause=pause)
+            return self._set(MOVES[Operation.pause].running, pause=pause)
+        return self._set(MOVES[Operation.pause].done, pause=pause)
 
     def _end_pause(self) -> PauseInterval | None:
         if self._pause_started is None:
@@ -258,7 +258,7 @@ class FakeAgent(AgentClient):
 
     def _switch(self, job_id: str) -> ReconfigStatus:
         status = self._job(job_id)
-        if status.phase in (ReconfigPhase.switching, ReconfigPhase.committed):
+        if status.phase in COMMITTING:
             return status.model_copy()
         if "fail_switch" in self.faults:
             pause = self._end_pause()  # back on the generation it still holds
@@ -273,7 +273,7 @@ class FakeAgent(AgentClient):
         self.generation = self.request.generation
         self.rank = members.index(self.engine_id) if self.engine_id in members else None
         self.world_size = len(members) if self.rank is not None else 0
-        return self._set(ReconfigPhase.committed, pause=pause)
+        return self._set(MOVES[Operation.switch].done, pause=pause)
 
     async def arm(
         self,
@@ -289,8 +289,8 @@ class FakeAgent(AgentClient):
         once, then the switch (a fake has no peers to wait for)."""
         self._check("arm", job_id)
         status = self._job(job_id)
-        if status.phase in (ReconfigPhase.armed, ReconfigPhase.switching, ReconfigPhase.committed):
-            return status.model_copy()
+        if status.phase in ARMED_ONWARD:
+            return status.model_copy()  # a retried arm changes nothing
         if self.rank is not None:
             self.paused = True
             self._pause_started = time.time()
@@ -301,19 +301,20 @@ class FakeAgent(AgentClient):
     ) -> ReconfigStatus:
         self._check("abort", job_id)
         status = self._job(job_id)
-        if status.phase in (ReconfigPhase.switching, ReconfigPhase.committed):
+        if status.phase in COMMITTING:
             raise AgentProblem(self.engine_id, 409, "already-committed", f"job {job_id} switched")
-        if status.phase in (ReconfigPhase.aborting, ReconfigPhase.aborted):
+        abort = MOVES[Operation.abort]
+        if status.phase in (abort.running, abort.done):
             return status.model_copy()
         pause = self._end_pause() or status.pause
-        return self._set(ReconfigPhase.aborted, step=None, pause=pause)
+        return self._set(abort.done, step=None, pause=pause)
 
     async def resume(
         self, job_id: str, *, timeout_s: float | None = None, wait_s: float = 0.0
     ) -> ReconfigStatus:
         self._check("resume", job_id)
         self._job(job_id)
-        return self._set(ReconfigPhase.resumed, pause=self._end_pause())
+        return self._set(MOVES[Operation.resume].done, pause=self._end_pause())
 
     def ops(self, job_id: str | None = None) -> list[str]:
         """The operations this agent was sent (for `job_id`, if given), reads and polls left out."""

@@ -211,7 +211,7 @@ def mark_unreachable(
             deployment.status = DeploymentStatus.degraded.value
             deployment.updated_at = now
             session.add(deployment)
-        public = EnginePublic.from_row(engine, deployment_name=deployment.name if deployment else "")
+        public = EnginePublic.of(engine, deployment=deployment.name if deployment else "")
         expired.append(public)
         session.add(
             OutboxEvent(

@@ -36,6 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from app.agents.client import AgentClient
 from app.agents.fleet import Fleet
@@ -396,17 +397,17 @@ class Flow:
         """An engine that overran the budget is named by the old members' shared verdict: the job
         reports that member's error, whoever failed first (a joiner only hears "not switching", and
         may say so before the old members' statuses are read)."""
-        if failure.error["type"] != "downtime-budget-exceeded":
+        if failure.error.type != "downtime-budget-exceeded":
             return
         give_up = time.monotonic() + self.settings.abort_deadline_s
         while True:
             for status in run.statuses.values():
                 error = status.error
-                if error is not None and error.type == failure.error["type"] and error.engines:
-                    failure.error["engine_id"] = error.engines[0]
-                    failure.error["message"] = error.message
+                if error is not None and error.type == failure.error.type and error.engines:
+                    named: dict[str, Any] = {"engine_id": error.engines[0], "message": error.message}
                     if error.overrun is not None:
-                        failure.error["overrun"] = error.overrun.model_dump(mode="json")
+                        named["overrun"] = error.overrun
+                    failure.error = failure.error.model_copy(update=named)
                     return
             if time.monotonic() >= give_up:
                 return

@@ -127,7 +127,7 @@ class Recovery:
             await self.record.move(
                 run,
                 S.rolled_back,
-                message=restarted.error["message"],
+                message=restarted.error.message,
                 changes={"error": restarted.error, "downtime_ms": 0.0},
             )
             return
@@ -163,7 +163,7 @@ class Recovery:
             await self.record.move(
                 run,
                 S.rolled_back,
-                message=restarted.error["message"],
+                message=restarted.error.message,
                 changes={
                     "error": restarted.error,
                     "downtime_ms": run.downtime(now=time.time()).downtime_ms,
@@ -236,9 +236,9 @@ class Recovery:
             await self.endings.finish(run)
             return
         partial = JobFailure(
-            restarted.error["phase"],
+            str(restarted.error.phase),
             "partial-switch",
-            f"{restarted.error['message']}: {sorted(switched)} switched, the others could not",
+            f"{restarted.error.message}: {sorted(switched)} switched, the others could not",
         )
         await self._fail_mixed(run, fanout, partial)
 
@@ -254,7 +254,7 @@ class Recovery:
         if run.state != S.committing:
             # Only a committing job can fail part-way; a job recorded earlier moves through the log as failed.
             await self.record.move(
-                run, S.failed, message=str(failure.error["message"]), changes={"error": failure.error}
+                run, S.failed, message=failure.error.message, changes={"error": failure.error}
             )
             return
         await self.endings.fail_and_degrade(run, fanout, failure)

@@ -1,5 +1,5 @@
 """`EngineConfig` on a command line, derived from the model's fields: the agent's options
-(`add_engine_options`, read back with `engine_fields`) and the arguments a launcher passes
+(`add_engine_options`, read back by `AgentSettings.from_options`) and the arguments a launcher passes
 (`engine_args`). A new field of `protocol.EngineConfig` is one edit: its option, its `EPCTL_AGENT_*`
 variable (`AgentSettings` inherits the fields) and every launcher's command line follow.
 
@@ -34,11 +34,6 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         else:
             raise TypeError(f"EngineConfig.{name}: no command-line form for {kind}")
         parser.add_argument(option(name), **form, default=field.default, help=field.description)
-
-
-def engine_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine's fields as parsed (`add_engine_options`), by field name."""
-    return {name: getattr(args, name) for name in EngineConfig.model_fields}
 
 
 def engine_args(engine: EngineConfig) -> list[str]:

@@ -13,7 +13,7 @@ import time
 import uvicorn
 
 from engine_agent.api import create_app
-from engine_agent.engine_options import add_engine_options, engine_fields
+from engine_agent.engine_options import add_engine_options
 from engine_agent.logs import LOG_FORMATS, configure_logging, set_process_fields
 from engine_agent.protocol import Platform
 from engine_agent.settings import AgentSettings
@@ -97,24 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     port = sock.getsockname()[1]
-    settings = AgentSettings(
-        host=args.host,
-        port=port,
-        url=args.url,
-        engine_id=args.engine_id,
-        platform=Platform(args.platform),
-        device=args.device,
-        **engine_fields(args),
-        grouped_step=args.grouped_step,
-        coordinator=args.coordinator,
-        deployment=args.deployment,
-        token=args.token,
-        heartbeat_s=args.heartbeat_s,
-        parent_pid=args.parent_pid,
-        orphan_grace_s=args.orphan_grace_s,
-        enable_fault_injection=args.enable_fault_injection,
-        ready_file=args.ready_file,
-    )
+    settings = AgentSettings.from_options(args, port=port)
     url = settings.url or f"http://{settings.advertised_host()}:{port}"
     set_process_fields(engine_id=settings.resolved_engine_id(os.getpid()), deployment=settings.deployment)
     server = uvicorn.Server(

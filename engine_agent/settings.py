@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import socket
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -63,6 +64,13 @@ class AgentSettings(EngineConfig, BaseSettings):
         if self.coordinator and not self.deployment:
             raise ValueError("--coordinator needs --deployment")
         return self
+
+    @classmethod
+    def from_options(cls, options: argparse.Namespace, **overrides: Any) -> AgentSettings:
+        """From the command line: every option named like a setting is that setting (`overrides` win;
+        a setting with no option keeps its EPCTL_AGENT_* variable or default)."""
+        given = {name: value for name, value in vars(options).items() if name in cls.model_fields}
+        return cls(**{**given, **overrides})
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig.model_validate(self.model_dump(include=set(EngineConfig.model_fields)))

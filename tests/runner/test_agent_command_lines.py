@@ -16,7 +16,7 @@ from app.launchers.base import LaunchSpec
 from app.launchers.local import agent_command
 from app.launchers.ray_launcher import agent_args
 from app.launchers.ray_settings import RaySettings
-from engine_agent.engine_options import add_engine_options, engine_args, engine_fields
+from engine_agent.engine_options import add_engine_options, engine_args
 from engine_agent.protocol import EngineConfig
 from engine_agent.settings import AgentSettings
 
@@ -110,5 +110,5 @@ def test_the_agent_reads_the_engine_options_back_into_the_same_config(case: str)
     engine = CASES[case][0]
     parser = argparse.ArgumentParser()
     add_engine_options(parser)
-    parsed = AgentSettings(**engine_fields(parser.parse_args(engine_args(engine))))
+    parsed = AgentSettings.from_options(parser.parse_args(engine_args(engine)))
     assert parsed.engine_config() == engine

@@ -3,9 +3,7 @@
     background: prepare -> sync -> pause -> switch     (the old generation serves until the pause)
     blocking:   prepare -> pause -> sync -> switch     (prepare's heavy work runs inside the pause)
     background, commit engines (the default): prepare -> sync -> arm
-
-(The calls and their order are the protocol's, `engine_agent.choreography.CALLS`; what each call waits
-for is its end phase there, `MOVES`.)
+    (the calls and their order are the protocol's `CALLS`; each waits for its end phase, `MOVES`)
 
 `arm` is the engine-agreed commit: the coordinator arms every participant for the new generation
 before any engine stops; the engines pause, switch and resume at the first step boundary at which
@@ -280,16 +278,8 @@ class Flow:
         if await self.record.cancel_requested(run):
             raise JobCancelled(run.state.value)
         settings = self.settings
-        request = plan.prepare_request(
-            run.job_id,
-            Timeouts(
-                rendezvous_s=settings.rendezvous_s,
-                collective_s=settings.collective_s,
-                serving_collective_s=settings.serving_collective_s,
-                transfer_s=settings.transfer_s,
-                pause_lease_s=settings.pause_lease_s,
-            ),
-        )
+        timeouts = Timeouts.model_validate(settings.model_dump(include=set(Timeouts.model_fields)))
+        request = plan.prepare_request(run.job_id, timeouts)
         clients = run.participant_clients()
         busy = await fanout.busy_with_other_jobs(run, clients)
         if busy:

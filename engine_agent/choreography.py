@@ -14,13 +14,24 @@ The calls of one reconfiguration, in order (`CALLS`; sync may be left out):
 Each call's phases (`MOVES`): the phase while it runs, and the one it ends in, which is also what an
 action POST with `wait_s` waits for by default:
 
-    prepare  preparing -> prepared       pause   pausing  -> paused       arm     armed    -> committed
-    sync     syncing   -> synced         switch  switching -> committed   resume  resuming -> resumed
-                                                                           abort   aborting -> aborted
+    call     running    ends in
+    prepare  preparing  prepared
+    sync     syncing    synced
+    pause    pausing    paused
+    switch   switching  committed
+    arm      armed      committed    (through paused and switching, at the boundary all armed for)
+    resume   resuming   resumed
+    abort    aborting   aborted
 
-Which phase each forward call may start from (`ACCEPTS`) follows from the order: the end phase of the
-call before it, or of the one before that where the call before it is the optional sync. `resume` and
-`abort` take a job back to the old generation from any phase before the switch (`COMMITTING`).
+Which phases each forward call may start from (`ACCEPTS`) follows from the order: the end phase of the
+call before it, and of the one before that where the call before it is the optional sync:
+
+    background  sync <- prepared    pause <- prepared, synced    switch <- paused
+                arm <- prepared, synced
+    blocking    pause <- prepared   sync <- paused               switch <- paused, synced    (no arm)
+
+`resume` and `abort` take a job back to the old generation from any phase before the switch
+(`COMMITTING`).
 """
 
 from __future__ import annotations

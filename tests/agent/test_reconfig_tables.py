@@ -106,6 +106,24 @@ def test_each_strategy_orders_sync_pause_and_switch_its_own_way() -> None:
     assert ReconfigPhase.synced in blocking[Operation.switch]
 
 
+def test_each_call_starts_from_the_end_phase_of_the_call_before_it_or_before_the_optional_sync() -> None:
+    P = ReconfigPhase
+    assert {
+        Strategy.background: {
+            Operation.sync: {P.prepared},
+            Operation.pause: {P.prepared, P.synced},
+            Operation.switch: {P.paused},
+            Operation.arm: {P.prepared, P.synced},
+        },
+        Strategy.blocking: {
+            Operation.sync: {P.paused},
+            Operation.pause: {P.prepared},
+            Operation.switch: {P.paused, P.synced},
+            Operation.arm: set(),  # prepare's work runs inside the pause: the coordinator commits
+        },
+    } == ACCEPTS
+
+
 def spread(ranks: int) -> list[list[int]]:
     """Four experts over one or two ranks."""
     return [[0, 1, 2, 3]] if ranks == 1 else [[0, 1], [2, 3]]

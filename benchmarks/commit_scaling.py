@@ -42,6 +42,7 @@ from app.jobs.states import JobState
 from app.runner.fanout import Fanout
 from app.runner.job import JobRun
 from app.runner.settings import RunnerSettings
+from engine_agent.engine_options import engine_args
 from engine_agent.placement import rebalance
 from engine_agent.protocol import (
     CommitMode,
@@ -61,17 +62,6 @@ CONFIG = EngineConfig(
     num_logical_experts=16, num_redundant_experts=0, hidden_size=64, intermediate_size=128, top_k=2, seed=3
 )
 TIMEOUTS = Timeouts(rendezvous_s=60.0, collective_s=60.0, transfer_s=60.0, pause_lease_s=60.0)
-
-
-def engine_args(config: EngineConfig) -> list[str]:
-    return [
-        "--num-logical-experts", str(config.num_logical_experts),
-        "--num-redundant-experts", str(config.num_redundant_experts),
-        "--hidden-size", str(config.hidden_size),
-        "--intermediate-size", str(config.intermediate_size),
-        "--top-k", str(config.top_k),
-        "--seed", str(config.seed),
-    ]  # fmt: skip
 
 
 class Fleetwide:

@@ -1,7 +1,8 @@
 """Lightweight agents for the fan-out benchmark: protocol-compliant, torch-free, trivially fast.
 
-Each agent answers the agent HTTP API of `engine_agent/protocol.py` and moves straight to the next
-phase (prepare -> prepared, sync -> synced, pause -> paused, switch -> committed), so a benchmark that
+Each agent answers the agent HTTP API of `engine_agent/protocol.py` and moves straight to each call's
+end phase (the protocol's `MOVES`: prepare -> prepared, sync -> synced, pause -> paused, switch ->
+committed), so a benchmark that
 drives them measures only the coordinator's fan-out and the HTTP round trips. Many agents share one
 process (one aiohttp.web server per agent on its own port, far cheaper per request than FastAPI) so
 hundreds of them fit a few cores.
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from engine_agent.protocol import (
     LONG_POLL_HEADER,
     MAX_WAIT_S,
+    MOVES,
     AgentInfo,
     AgentRegistration,
     AgentState,
@@ -37,6 +39,7 @@ from engine_agent.protocol import (
     InferRequest,
     InferResponse,
     JobRef,
+    Operation,
     PauseInterval,
     PauseRequest,
     Platform,
@@ -51,17 +54,12 @@ from engine_agent.protocol import (
 ModelT = TypeVar("ModelT", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 
-# Where the real agent serves each operation. Kept in one table so the fan-out benchmark and these
-# agents follow the real agent's routes (engine_agent/main.py) if they move.
+# Where the real agent serves each call (a reconfiguration call's path is the protocol's). Kept in one
+# table so the fan-out benchmark and these agents follow the real agent's routes if they move.
 ROUTES = {
     "info": "/v1/info",
     "reconfig": "/v1/reconfig",
-    "prepare": "/v1/reconfig/prepare",
-    "sync": "/v1/reconfig/sync",
-    "pause": "/v1/reconfig/pause",
-    "switch": "/v1/reconfig/switch",
-    "resume": "/v1/reconfig/resume",
-    "abort": "/v1/reconfig/abort",
+    **{operation.value: operation.path for operation in Operation},
     "cleanup": "/v1/cleanup",
     "cleanup_retry": "/v1/cleanup/retry",
     "cleanup_acknowledge": "/v1/cleanup/acknowledge",
@@ -116,18 +114,10 @@ class LightAgent:
 
     def _status(self, phase: ReconfigPhase, **extra: Any) -> ReconfigStatus:
         assert self.prepare is not None
-        members = [m.engine_id for m in self.prepare.members]
-        old = [m.engine_id for m in self.prepare.old_members]
-        if self.engine_id in members and self.engine_id in old:
-            role = Role.staying
-        elif self.engine_id in members:
-            role = Role.joining
-        else:
-            role = Role.leaving
         self.reconfig = ReconfigStatus(
             job_id=self.prepare.job_id,
             generation=self.prepare.generation,
-            role=role,
+            role=self.prepare.role_of(self.engine_id) or Role.leaving,
             phase=phase,
             warmup_policy=self.prepare.warmup_policy,
             strategy=self.prepare.strategy,
@@ -143,11 +133,11 @@ class LightAgent:
 
     def do_prepare(self, request: PrepareRequest) -> ReconfigStatus:
         self.prepare = request
-        return self._status(ReconfigPhase.prepared, steps_done=1, steps_total=1)
+        return self._status(MOVES[Operation.prepare].done, steps_done=1, steps_total=1)
 
     def do_sync(self, ref: JobRef) -> ReconfigStatus:
         self._require(ref.job_id)
-        return self._status(ReconfigPhase.synced, synced_value=1 << 30)
+        return self._status(MOVES[Operation.sync].done, synced_value=1 << 30)
 
     def do_pause(self, request: PauseRequest) -> ReconfigStatus:
         self._require(request.job_id)
@@ -155,7 +145,7 @@ class LightAgent:
         self.pause_started_mono = time.monotonic()
         if self.state == AgentState.serving:
             self.state = AgentState.paused
-        return self._status(ReconfigPhase.paused, pause=PauseInterval(paused_at=self.pause_started))
+        return self._status(MOVES[Operation.pause].done, pause=PauseInterval(paused_at=self.pause_started))
 
     def _end_pause(self) -> PauseInterval | None:
         if self.pause_started is None or self.pause_started_mono is None:
@@ -183,21 +173,21 @@ class LightAgent:
             self.rank = None
             self.state = AgentState.idle
             self.placement = []
-        return self._status(ReconfigPhase.committed, pause=pause)
+        return self._status(MOVES[Operation.switch].done, pause=pause)
 
     def do_resume(self, ref: JobRef) -> ReconfigStatus:
         self._require(ref.job_id)
         pause = self._end_pause()
         if self.state == AgentState.paused:
             self.state = AgentState.serving
-        return self._status(ReconfigPhase.resumed, pause=pause)
+        return self._status(MOVES[Operation.resume].done, pause=pause)
 
     def do_abort(self, ref: JobRef) -> ReconfigStatus:
         self._require(ref.job_id)
         pause = self._end_pause()
         if self.state == AgentState.paused:
             self.state = AgentState.serving
-        return self._status(ReconfigPhase.aborted, pause=pause)
+        return self._status(MOVES[Operation.abort].done, pause=pause)
 
 
 def _round_robin(num_logical: int, world: int) -> list[list[int]]:
@@ -264,12 +254,12 @@ def make_app(agent: LightAgent) -> web.Application:
     app.router.add_get(ROUTES["health"], health)
     app.router.add_get(ROUTES["info"], info)
     app.router.add_get(ROUTES["reconfig"], reconfig)
-    app.router.add_post(ROUTES["prepare"], route(PrepareRequest, agent.do_prepare))
-    app.router.add_post(ROUTES["sync"], route(JobRef, agent.do_sync))
-    app.router.add_post(ROUTES["pause"], route(PauseRequest, agent.do_pause))
-    app.router.add_post(ROUTES["switch"], route(JobRef, agent.do_switch))
-    app.router.add_post(ROUTES["resume"], route(JobRef, agent.do_resume))
-    app.router.add_post(ROUTES["abort"], route(JobRef, agent.do_abort))
+    app.router.add_post(Operation.prepare.path, route(PrepareRequest, agent.do_prepare))
+    app.router.add_post(Operation.sync.path, route(JobRef, agent.do_sync))
+    app.router.add_post(Operation.pause.path, route(PauseRequest, agent.do_pause))
+    app.router.add_post(Operation.switch.path, route(JobRef, agent.do_switch))
+    app.router.add_post(Operation.resume.path, route(JobRef, agent.do_resume))
+    app.router.add_post(Operation.abort.path, route(JobRef, agent.do_abort))
     app.router.add_get(ROUTES["cleanup"], cleanup)
     app.router.add_post(ROUTES["cleanup_retry"], cleanup)
     app.router.add_post(ROUTES["cleanup_acknowledge"], cleanup)

@@ -13,6 +13,7 @@ import time
 import uvicorn
 
 from engine_agent.api import create_app
+from engine_agent.engine_options import add_engine_options
 from engine_agent.logs import LOG_FORMATS, configure_logging, set_process_fields
 from engine_agent.protocol import Platform
 from engine_agent.settings import AgentSettings
@@ -34,14 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-id")
     p.add_argument("--platform", choices=[p.value for p in Platform], default="cpu")
     p.add_argument("--device", help="cpu, or cuda:N on cuda/rocm (default cuda:0)")
-    p.add_argument("--num-logical-experts", type=int, default=16)
-    p.add_argument("--num-redundant-experts", type=int, default=0)
-    p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--intermediate-size", type=int, default=128)
-    p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-moe-layers", type=int, default=1, help="MoE layers, each with its own experts")
+    add_engine_options(p)  # the engine's shape: one option per field of EngineConfig
     p.add_argument(
         "--grouped-step",
         choices=["auto", "on", "off"],
@@ -108,31 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     port = sock.getsockname()[1]
-    settings = AgentSettings(
-        host=args.host,
-        port=port,
-        url=args.url,
-        engine_id=args.engine_id,
-        platform=Platform(args.platform),
-        device=args.device,
-        num_logical_experts=args.num_logical_experts,
-        num_redundant_experts=args.num_redundant_experts,
-        hidden_size=args.hidden_size,
-        intermediate_size=args.intermediate_size,
-        top_k=args.top_k,
-        dtype=args.dtype,
-        seed=args.seed,
-        num_moe_layers=args.num_moe_layers,
-        grouped_step=args.grouped_step,
-        coordinator=args.coordinator,
-        deployment=args.deployment,
-        token=args.token,
-        heartbeat_s=args.heartbeat_s,
-        parent_pid=args.parent_pid,
-        orphan_grace_s=args.orphan_grace_s,
-        enable_fault_injection=args.enable_fault_injection,
-        ready_file=args.ready_file,
-    )
+    settings = AgentSettings.from_options(args, port=port)
     url = settings.url or f"http://{settings.advertised_host()}:{port}"
     set_process_fields(engine_id=settings.resolved_engine_id(os.getpid()), deployment=settings.deployment)
     server = uvicorn.Server(

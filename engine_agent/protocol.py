@@ -9,6 +9,9 @@ long-poll below):
     background strategy: prepare -> sync -> pause -> switch          (cleanup runs after switch)
     blocking strategy:   prepare -> pause -> sync -> switch          (prepare's work runs inside pause)
 
+(The table of calls and phases, which call moves an agent from which phase to which and in what order,
+is `engine_agent.choreography`: re-exported here, so that both sides read it through the protocol.)
+
 `prepare` goes to every participant (old members and new members). `pause` is the first half of the
 two-step commit: every member of the old generation stops at the same step boundary (the serving
 loop agrees on it through its per-step control all-reduce), deferred warm-up runs, and the agent
@@ -43,6 +46,21 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from engine_agent.choreography import ACCEPTS as ACCEPTS
+from engine_agent.choreography import ARMED_ONWARD as ARMED_ONWARD
+from engine_agent.choreography import CALLS as CALLS
+from engine_agent.choreography import COMMITTING as COMMITTING
+from engine_agent.choreography import ENGINES_FINISHING as ENGINES_FINISHING
+from engine_agent.choreography import MOVES as MOVES
+from engine_agent.choreography import RECOVERING_PHASES, TERMINAL_PHASES, ReconfigPhase, Strategy
+from engine_agent.choreography import ROLLED_BACK as ROLLED_BACK
+from engine_agent.choreography import STEPS_COMPLETE as STEPS_COMPLETE
+from engine_agent.choreography import STOPPED as STOPPED
+from engine_agent.choreography import CommitMode as CommitMode
+from engine_agent.choreography import Move as Move
+from engine_agent.choreography import Operation as Operation
+from engine_agent.choreography import calls_for as calls_for
+
 PROTOCOL_VERSION = 1
 
 MAX_WAIT_S = 30.0  # the longest one long-poll (or action POST with wait_s) is held open
@@ -60,21 +78,9 @@ class WarmupPolicy(StrEnum):
     deferred = "deferred"  # first collective inside the paused window (ROCm/RCCL safety)
 
 
-class Strategy(StrEnum):
-    background = "background"  # prepare while serving; commit only switches
-    blocking = "blocking"  # the old way: all of prepare inside the paused window
-
-
 class TransferBackend(StrEnum):
     nixl = "nixl"  # one-sided READs through NIXL/UCX, as production engines do
     gloo = "gloo"  # send/recv over a transfer process group: the fallback
-
-
-class CommitMode(StrEnum):
-    """Who decides the moment of the switch (per job)."""
-
-    engines = "engines"  # the coordinator arms; the engines agree on the boundary among themselves
-    coordinator = "coordinator"  # the two-step commit: pause everywhere, then switch everywhere
 
 
 class LeavePolicy(StrEnum):
@@ -91,32 +97,6 @@ class Role(StrEnum):
     joining = "joining"  # in the new generation only
     staying = "staying"  # in both
     leaving = "leaving"  # in the old generation only
-
-
-class ReconfigPhase(StrEnum):
-    preparing = "preparing"
-    prepared = "prepared"
-    syncing = "syncing"
-    synced = "synced"
-    armed = "armed"  # engine-agreed commit: waiting for the boundary every member is armed for
-    pausing = "pausing"
-    paused = "paused"
-    switching = "switching"
-    committed = "committed"  # switched and serving the new generation (or idle, for a leaver)
-    resuming = "resuming"
-    resumed = "resumed"  # rolled back after a pause: serving the old generation again
-    aborting = "aborting"
-    aborted = "aborted"
-    failed = "failed"
-
-
-TERMINAL_PHASES = frozenset(
-    {ReconfigPhase.committed, ReconfigPhase.resumed, ReconfigPhase.aborted, ReconfigPhase.failed}
-)
-
-# On the way back to the old generation: the status still carries the error that caused the way back
-# (it is reported again at the end), so an error seen here does not end a wait.
-RECOVERING_PHASES = frozenset({ReconfigPhase.aborting, ReconfigPhase.resuming})
 
 
 class Settlement(StrEnum):
@@ -210,6 +190,14 @@ class PrepareRequest(BaseModel):
     transfer_backend: TransferBackend
     leave_policy: LeavePolicy = LeavePolicy.finish
     timeouts: Timeouts = Field(default_factory=Timeouts)
+
+    def role_of(self, engine_id: str) -> Role | None:
+        """The engine's part in this job: new generation only, both, old only; None when in neither."""
+        in_new = any(m.engine_id == engine_id for m in self.members)
+        in_old = any(m.engine_id == engine_id for m in self.old_members)
+        if in_new:
+            return Role.staying if in_old else Role.joining
+        return Role.leaving if in_old else None
 
 
 def layer_placements(placement: list[list[int]], placements: list[list[list[int]]]) -> list[list[list[int]]]:

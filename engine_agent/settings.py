@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import socket
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -11,7 +12,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from engine_agent.protocol import EngineConfig, Platform
 
 
-class AgentSettings(BaseSettings):
+class AgentSettings(EngineConfig, BaseSettings):
+    """The engine's shape is `EngineConfig`'s fields, inherited at the top level (`EPCTL_AGENT_TOP_K`,
+    `--top-k`); the rest is the agent's own."""
+
     model_config = SettingsConfigDict(env_prefix="EPCTL_AGENT_")
 
     host: str = "127.0.0.1"
@@ -22,15 +26,6 @@ class AgentSettings(BaseSettings):
     engine_id: str | None = Field(None, description="default: agent-<host>-<pid>")
     platform: Platform = Platform.cpu
     device: str | None = Field(None, description="default: cpu, or cuda:0 on cuda/rocm")
-
-    num_logical_experts: int = Field(16, ge=1)
-    num_redundant_experts: int = Field(0, ge=0)
-    hidden_size: int = Field(64, ge=1)
-    intermediate_size: int = Field(128, ge=1)
-    top_k: int = Field(2, ge=1)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    seed: int = 0
-    num_moe_layers: int = Field(1, ge=1, le=256)
 
     coordinator: str | None = Field(
         None,
@@ -77,17 +72,15 @@ class AgentSettings(BaseSettings):
             raise ValueError("--coordinator needs --deployment")
         return self
 
+    @classmethod
+    def from_options(cls, options: argparse.Namespace, **overrides: Any) -> AgentSettings:
+        """From the command line: every option named like a setting is that setting (`overrides` win;
+        a setting with no option keeps its EPCTL_AGENT_* variable or default)."""
+        given = {name: value for name, value in vars(options).items() if name in cls.model_fields}
+        return cls(**{**given, **overrides})
+
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(
-            num_logical_experts=self.num_logical_experts,
-            num_redundant_experts=self.num_redundant_experts,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            top_k=self.top_k,
-            dtype=self.dtype,
-            seed=self.seed,
-            num_moe_layers=self.num_moe_layers,
-        )
+        return EngineConfig.model_validate(self.model_dump(include=set(EngineConfig.model_fields)))
 
     def coordinator_urls(self) -> list[str]:
         return [url.strip() for url in (self.coordinator or "").split(",") if url.strip()]

@@ -1,6 +1,6 @@
 """What a failed call to an agent raises: typed errors carrying the engine id, a machine-readable
-(kebab-case) type and a message, so a job records `{phase, engine_id, type, message}` without looking
-at HTTP.
+(kebab-case) type and a message (`app.core.faults.EngineFault`, the base they share with launch and
+plan failures), so a job records its `JobError` without looking at HTTP.
 
 - `AgentUnreachable`: the connection failed (the agent is down or not listening);
 - `AgentDeadlineExceeded`: no answer within the call's deadline, or a wait ran out of time;
@@ -14,25 +14,22 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from app.core.faults import EngineFault
 from engine_agent.problems import TYPE_PREFIX
 from engine_agent.protocol import ReconfigPhase, ReconfigStatus
 
 
-class AgentCallError(Exception):
+class AgentCallError(EngineFault):
     """A call to one agent failed."""
 
     type: str = "agent-error"
+    engine_id: str
 
     def __init__(self, engine_id: str, message: str, *, type_: str | None = None) -> None:
-        super().__init__(f"{engine_id}: {message}")
-        self.engine_id = engine_id
-        self.message = message
-        if type_ is not None:
-            self.type = type_
+        super().__init__(message, engine_id, type_=type_)
 
-    def as_error(self, phase: str | None = None) -> dict[str, Any]:
-        """The job's error record."""
-        return {"phase": phase, "engine_id": self.engine_id, "type": self.type, "message": self.message}
+    def __str__(self) -> str:
+        return f"{self.engine_id}: {self.message}"
 
 
 class AgentUnreachable(AgentCallError):

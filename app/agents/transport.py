@@ -18,18 +18,19 @@ from yarl import URL
 
 from app import metrics
 from app.agents.errors import AgentDeadlineExceeded, AgentProblem, AgentUnreachable, problem_type
+from engine_agent.protocol import Operation
 
-# The agent's HTTP paths (engine_agent/main.py serves them).
+# The agent's HTTP paths (engine_agent/main.py serves them); a reconfiguration call's is the protocol's.
 PATH_HEALTH = "/healthz"
 PATH_INFO = "/v1/info"
 PATH_RECONFIG = "/v1/reconfig"
-PATH_PREPARE = "/v1/reconfig/prepare"
-PATH_SYNC = "/v1/reconfig/sync"
-PATH_PAUSE = "/v1/reconfig/pause"
-PATH_SWITCH = "/v1/reconfig/switch"
-PATH_ARM = "/v1/reconfig/arm"
-PATH_RESUME = "/v1/reconfig/resume"
-PATH_ABORT = "/v1/reconfig/abort"
+PATH_PREPARE = Operation.prepare.path
+PATH_SYNC = Operation.sync.path
+PATH_PAUSE = Operation.pause.path
+PATH_SWITCH = Operation.switch.path
+PATH_ARM = Operation.arm.path
+PATH_RESUME = Operation.resume.path
+PATH_ABORT = Operation.abort.path
 PATH_CLEANUP = "/v1/cleanup"
 PATH_CLEANUP_RETRY = "/v1/cleanup/retry"
 PATH_CLEANUP_ACKNOWLEDGE = "/v1/cleanup/acknowledge"
@@ -41,13 +42,7 @@ OPERATIONS = {
     PATH_HEALTH: "health",
     PATH_INFO: "info",
     PATH_RECONFIG: "reconfig",
-    PATH_PREPARE: "prepare",
-    PATH_SYNC: "sync",
-    PATH_PAUSE: "pause",
-    PATH_SWITCH: "switch",
-    PATH_ARM: "arm",
-    PATH_RESUME: "resume",
-    PATH_ABORT: "abort",
+    **{operation.path: operation.value for operation in Operation},
     PATH_CLEANUP: "cleanup",
     PATH_CLEANUP_RETRY: "cleanup_retry",
     PATH_CLEANUP_ACKNOWLEDGE: "cleanup_acknowledge",

@@ -14,6 +14,7 @@ from sqlmodel import Field, SQLModel
 from app.backends.vllm.models import VllmConfig, VllmPublic, VllmUpdate
 from app.core.clock import utc_now
 from app.core.db import NullableJSON, UTCDateTime
+from app.core.shapes import RowShape
 from app.launchers.ray_settings import RaySettings
 from engine_agent.protocol import EngineConfig, Strategy
 
@@ -257,7 +258,7 @@ class DesiredSize(BaseModel):
     )
 
 
-class DeploymentPublic(BaseModel):
+class DeploymentPublic(RowShape):
     id: str
     name: str
     backend: EngineBackend
@@ -282,35 +283,19 @@ class DeploymentPublic(BaseModel):
     updated_at: datetime
 
     @classmethod
-    def from_row(
-        cls, row: Deployment, *, active_job_id: str | None = None, desired: DesiredSize | None = None
-    ) -> DeploymentPublic:
-        return cls(
-            id=row.id,
-            name=row.name,
-            backend=EngineBackend(row.backend),
-            engine=EngineConfig.model_validate(row.engine_config),
-            vllm=VllmPublic.from_stored(row.backend_config, api_key_set=bool(row.backend_secret))
+    def derived(cls, row: Deployment) -> dict[str, Any]:
+        vllm = (
+            VllmPublic.from_stored(row.backend_config, api_key_set=bool(row.backend_secret))
             if row.backend == EngineBackend.vllm
-            else None,
-            launcher=LauncherKind(row.launcher),
-            ray=ray_settings_of(row),
-            min_dp_size=row.min_dp_size,
-            max_dp_size=row.max_dp_size,
-            warmup_policy=WarmupPolicyChoice(row.warmup_policy),
-            strategy=Strategy(row.strategy),
-            autoscale_cooldown_s=row.autoscale_cooldown_s,
-            max_downtime_ms=row.max_downtime_ms,
-            current_dp_size=row.current_dp_size,
-            generation=row.generation,
-            status=DeploymentStatus(row.status),
-            on_engine_loss=effective_on_engine_loss(row.on_engine_loss, row.launcher),
-            status_detail=StatusDetail.model_validate(row.status_detail) if row.status_detail else None,
-            active_job_id=active_job_id,
-            desired=desired or DesiredSize(),
-            created_at=row.created_at,
-            updated_at=row.updated_at,
+            else None
         )
+        return {
+            "engine": row.engine_config,
+            "vllm": vllm,
+            "ray": ray_settings_of(row),
+            "status_detail": row.status_detail or None,
+            "on_engine_loss": effective_on_engine_loss(row.on_engine_loss, row.launcher),
+        }
 
 
 class DeploymentList(BaseModel):

@@ -27,7 +27,7 @@ router = APIRouter(prefix="/v1/deployments", tags=["deployments"], responses=pro
 
 
 def _public(session: Session, deployment: Deployment) -> DeploymentPublic:
-    return DeploymentPublic.from_row(
+    return DeploymentPublic.of(
         deployment,
         active_job_id=jobs.active_job_id(session, deployment_id=deployment.id),
         desired=desired_public(session, deployment),

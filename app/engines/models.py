@@ -14,6 +14,7 @@ from sqlmodel import Field, SQLModel
 from app.api.params import ENGINE_ID_PATTERN, INT32_MAX, INT64_MAX, REF_PATTERN
 from app.core.clock import utc_now
 from app.core.db import NullableJSON, UTCDateTime
+from app.core.shapes import RowShape
 from app.core.urls import PRINTABLE_HTTP_URL_PATTERN, HttpUrlText
 from app.deployments.models import EngineConfigSpec
 from engine_agent.protocol import AgentHeartbeat, AgentRegistration, Platform
@@ -92,7 +93,7 @@ class EngineHeartbeat(AgentHeartbeat):
     )
 
 
-class EnginePublic(BaseModel):
+class EnginePublic(RowShape):
     id: str
     deployment_id: str
     deployment: str
@@ -111,29 +112,6 @@ class EnginePublic(BaseModel):
     unresponsive_peers: list[str] | None = None
     created_at: datetime
     updated_at: datetime
-
-    @classmethod
-    def from_row(cls, row: Engine, *, deployment_name: str) -> EnginePublic:
-        return cls(
-            id=row.id,
-            deployment_id=row.deployment_id,
-            deployment=deployment_name,
-            url=row.url,
-            platform=Platform(row.platform),
-            device=row.device,
-            state=EngineState(row.state),
-            dp_rank=row.dp_rank,
-            world_size=row.world_size,
-            generation=row.generation,
-            last_heartbeat_at=row.last_heartbeat_at,
-            launched_by=row.launched_by,
-            pid=row.pid,
-            hostname=row.hostname,
-            broken_generation=row.broken_generation,
-            unresponsive_peers=row.unresponsive_peers,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-        )
 
 
 class EngineHeartbeatAnswer(EnginePublic):

@@ -23,7 +23,7 @@ router = APIRouter(prefix="/v1/engines", tags=["engines"], responses=problem_res
 
 def _public(session: Session, engine: Engine) -> EnginePublic:
     names = service.deployment_names(session, {engine.deployment_id})
-    return EnginePublic.from_row(engine, deployment_name=names.get(engine.deployment_id, ""))
+    return EnginePublic.of(engine, deployment=names.get(engine.deployment_id, ""))
 
 
 @router.post(
@@ -61,7 +61,7 @@ async def list_engines(
         rows = service.list_engines(session, deployment=deployment, state=state)
         names = service.deployment_names(session, {row.deployment_id for row in rows})
         return EngineList(
-            data=[EnginePublic.from_row(r, deployment_name=names.get(r.deployment_id, "")) for r in rows],
+            data=[EnginePublic.of(r, deployment=names.get(r.deployment_id, "")) for r in rows],
             count=len(rows),
         )
 

@@ -225,7 +225,7 @@ def mark_unreachable(
                 since=now,
             )
             set_status(session, deployment, DeploymentStatus.degraded, detail, now=now)
-        public = EnginePublic.from_row(engine, deployment_name=deployment.name if deployment else "")
+        public = EnginePublic.of(engine, deployment=deployment.name if deployment else "")
         expired.append(public)
         data = {
             **public.model_dump(mode="json"),

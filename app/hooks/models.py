@@ -13,6 +13,7 @@ from sqlmodel import Field, SQLModel
 
 from app.core.clock import utc_now
 from app.core.db import NullableJSON, UTCDateTime
+from app.core.shapes import RowShape
 
 
 class HookSource(StrEnum):
@@ -82,7 +83,7 @@ class AlertmanagerOutcome(BaseModel):
     )
 
 
-class HookRequestPublic(BaseModel):
+class HookRequestPublic(RowShape):
     id: str
     source: HookSource
     decision: HookDecision
@@ -97,21 +98,8 @@ class HookRequestPublic(BaseModel):
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: InboundHookRequest) -> HookRequestPublic:
-        return cls(
-            id=row.id,
-            source=HookSource(row.source),
-            decision=HookDecision(row.decision),
-            reason=row.reason,
-            deployment=row.deployment_name,
-            deployment_id=row.deployment_id,
-            requested_dp_size=row.requested_dp_size,
-            target_dp_size=row.target_dp_size,
-            job_id=row.job_id,
-            requester=row.requester,
-            details=row.payload,
-            created_at=row.created_at,
-        )
+    def derived(cls, row: InboundHookRequest) -> dict[str, Any]:
+        return {"deployment": row.deployment_name, "details": row.payload}
 
 
 class HookRequestList(BaseModel):

@@ -340,7 +340,7 @@ def list_requests(
         .offset(offset)
         .limit(limit)
     ).all()
-    return HookRequestList(data=[HookRequestPublic.from_row(r) for r in rows], count=int(total))
+    return HookRequestList(data=[HookRequestPublic.model_validate(r) for r in rows], count=int(total))
 
 
 def prune_hook_requests(session: Session, *, older_than: datetime) -> int:

@@ -13,7 +13,7 @@ from datetime import datetime
 from enum import StrEnum
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 from pydantic import Field as ApiField
 from sqlmodel import Field, SQLModel
 
@@ -51,10 +51,8 @@ class Incident(SQLModel, table=True):
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
 
 
-class IncidentPublic(BaseModel):
+class IncidentPublic(RowShape):
     """An incident as the API, the CLI, the dashboard and its webhook events show it."""
-
-    model_config = ConfigDict(from_attributes=True)
 
     id: str
     deployment_id: str

@@ -41,7 +41,7 @@ RETRY_MS = 1000  # tells EventSource how soon to reconnect after a drop
 
 def event_of(job_id: str, row: JobEvent) -> ServerSentEvent:
     """One log row as an SSE event: id = seq, event = kind, data = the row (with the job's id)."""
-    data = {"job_id": job_id, **JobEventPublic.from_row(row).model_dump(mode="json")}
+    data = {"job_id": job_id, **JobEventPublic.model_validate(row).model_dump(mode="json")}
     return ServerSentEvent(id=str(row.seq), event=row.kind, data=data)
 
 

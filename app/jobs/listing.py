@@ -75,7 +75,7 @@ def list_jobs(
     rows = rows[:limit]
     names = dict(session.exec(select(Deployment.id, Deployment.name)).all())
     return JobList(
-        data=[JobPublic.from_row(r, deployment_name=names.get(r.deployment_id, "")) for r in rows],
+        data=[JobPublic.of(r, deployment=names.get(r.deployment_id, "")) for r in rows],
         count=count,
         count_exact=exact,
         next_cursor=_encode_cursor(rows[-1].id, count, exact, filter_key) if more and rows else None,

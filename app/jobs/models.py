@@ -14,6 +14,7 @@ from sqlmodel import Field, SQLModel
 from app.api.params import ENGINE_ID_PATTERN, REF_PATTERN
 from app.core.clock import utc_now
 from app.core.db import NullableJSON, UTCDateTime
+from app.core.shapes import RowShape
 from app.deployments.models import MAX_DOWNTIME_BUDGET_MS, WarmupPolicyChoice
 from app.jobs.states import TERMINAL_STATES, JobState
 from engine_agent.protocol import CommitMode, DowntimeOverrun, Strategy, WarmupPolicy
@@ -197,6 +198,9 @@ class ReconfigurationCreate(BaseModel):
 
 
 class JobError(BaseModel):
+    # Immutable: a changed error is a copy (`model_copy(update=...)`). The job row stores `stored()`.
+    model_config = ConfigDict(frozen=True)
+
     phase: str | None = None
     engine_id: str | None = None
     type: str
@@ -209,13 +213,17 @@ class JobError(BaseModel):
         None, description="for `downtime-budget-exceeded`: which engine overran, in which part, by how much"
     )
 
+    def stored(self) -> dict[str, Any]:
+        """The JSON the job row keeps: the members given (an explicit null too), in field order."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
 
 class PhaseTimes(BaseModel):
     started_at: datetime | None = None
     ended_at: datetime | None = None
 
 
-class JobEventPublic(BaseModel):
+class JobEventPublic(RowShape):
     seq: int
     kind: str
     from_state: JobState | None
@@ -224,25 +232,13 @@ class JobEventPublic(BaseModel):
     data: dict[str, Any] | None
     created_at: datetime
 
-    @classmethod
-    def from_row(cls, row: JobEvent) -> JobEventPublic:
-        return cls(
-            seq=row.seq,
-            kind=row.kind,
-            from_state=JobState(row.from_state) if row.from_state else None,
-            to_state=JobState(row.to_state) if row.to_state else None,
-            message=row.message,
-            data=row.data,
-            created_at=row.created_at,
-        )
-
 
 class Progress(BaseModel):
     step: str | None
     percent: float
 
 
-class JobPublic(BaseModel):
+class JobPublic(RowShape):
     """A job as the API, webhooks and the CLI show it."""
 
     id: str
@@ -309,48 +305,15 @@ class JobPublic(BaseModel):
     finished_at: datetime | None
 
     @classmethod
-    def from_row(cls, row: ReconfigurationJob, *, deployment_name: str) -> JobPublic:
-        state = JobState(row.state)
-        return cls(
-            id=row.id,
-            deployment_id=row.deployment_id,
-            deployment=deployment_name,
-            state=state,
-            terminal=state in TERMINAL_STATES,
-            from_dp_size=row.from_dp_size,
-            to_dp_size=row.to_dp_size,
-            from_generation=row.from_generation,
-            to_generation=row.to_generation,
-            requested_by=RequestSource(row.requested_by),
-            requester=row.requester,
-            reason=row.reason,
-            warmup_policy=WarmupPolicy(row.warmup_policy) if row.warmup_policy else None,
-            warmup_policy_requested=WarmupPolicyChoice(row.warmup_policy_requested),
-            strategy=Strategy(row.strategy),
-            commit=CommitMode(row.commit_mode),
-            max_downtime_ms=row.max_downtime_ms,
-            progress=Progress(step=row.progress_step, percent=row.progress_percent),
-            phases={name: PhaseTimes.model_validate(times) for name, times in (row.phases or {}).items()},
-            engine_results=list(row.engine_results or []),
-            downtime_ms=row.downtime_ms,
-            downtime=row.downtime,
-            client_downtime_ms=row.client_downtime_ms,
-            probe=row.probe,
-            error=JobError.model_validate(row.error) if row.error else None,
-            cleanup_state=CleanupState(row.cleanup_state),
-            cleanup=row.cleanup,
-            cancel_requested=row.cancel_requested,
-            retire=row.retire,
-            placement=row.placement,
-            loss_at=row.loss_at,
-            time_to_detect_ms=row.time_to_detect_ms,
-            time_to_serving_ms=row.time_to_serving_ms,
-            incident_id=row.incident_id,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-            started_at=row.started_at,
-            finished_at=row.finished_at,
-        )
+    def derived(cls, row: ReconfigurationJob) -> dict[str, Any]:
+        return {
+            "terminal": JobState(row.state) in TERMINAL_STATES,
+            "commit": row.commit_mode,
+            "progress": Progress(step=row.progress_step, percent=row.progress_percent),
+            "phases": row.phases or {},
+            "engine_results": row.engine_results or [],
+            "error": row.error or None,
+        }
 
 
 class JobDetail(JobPublic):

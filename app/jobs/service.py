@@ -244,9 +244,13 @@ def get_job(session: Session, *, job_id: str) -> ReconfigurationJob:
     return job
 
 
-def job_public(session: Session, job: ReconfigurationJob) -> JobPublic:
+def _deployment_name(session: Session, job: ReconfigurationJob) -> str:
     deployment = session.get(Deployment, job.deployment_id)
-    return JobPublic.from_row(job, deployment_name=deployment.name if deployment else "")
+    return deployment.name if deployment else ""
+
+
+def job_public(session: Session, job: ReconfigurationJob) -> JobPublic:
+    return JobPublic.of(job, deployment=_deployment_name(session, job))
 
 
 def list_events(session: Session, *, job_id: str, after_seq: int = 0) -> list[JobEvent]:
@@ -261,8 +265,8 @@ def list_events(session: Session, *, job_id: str, after_seq: int = 0) -> list[Jo
 
 def job_detail(session: Session, *, job_id: str) -> JobDetail:
     job = get_job(session, job_id=job_id)
-    events = [JobEventPublic.from_row(e) for e in list_events(session, job_id=job_id)]
-    return JobDetail(**job_public(session, job).model_dump(), events=events)
+    events = [JobEventPublic.model_validate(e) for e in list_events(session, job_id=job_id)]
+    return JobDetail.of(job, deployment=_deployment_name(session, job), events=events)
 
 
 def active_job(session: Session, *, deployment_id: str) -> ReconfigurationJob | None:

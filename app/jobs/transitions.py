@@ -19,7 +19,7 @@ from sqlmodel import Session
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, InvalidRequestError
 from app.deployments.models import Deployment
-from app.jobs.models import JobEvent, JobPublic, ReconfigurationJob
+from app.jobs.models import JobError, JobEvent, JobPublic, ReconfigurationJob
 from app.jobs.states import (
     ALLOWED_TRANSITIONS,
     MUTABLE_FIELDS,
@@ -60,7 +60,7 @@ def transition(
 ) -> ReconfigurationJob:
     """Move a job `from_state -> to_state`, append the log row and the outbox row, commit; return the job.
 
-    `changes` sets other job columns (see MUTABLE_FIELDS) in the same UPDATE. Raises
+    `changes` sets other job columns (see MUTABLE_FIELDS) in the same UPDATE; `error` is a `JobError`. Raises
     IllegalTransitionError, StaleTransitionError, CancelPendingError (leaving the cancellable states
     while a cancel is pending) or JobNotFoundError with nothing written.
     """
@@ -196,6 +196,11 @@ def _checked_changes(changes: Mapping[str, Any] | None) -> dict[str, Any]:
             f"cannot change {', '.join(sorted(unknown))} here (allowed: {', '.join(sorted(MUTABLE_FIELDS))})",
             code="immutable-job-field",
         )
+    if "error" in values:  # the job's error is a `JobError` up to here; the row keeps its JSON
+        error = values["error"]
+        if not isinstance(error, JobError | None):
+            raise TypeError(f"a job's error is a JobError, not {type(error).__name__}")
+        values["error"] = error.stored() if error is not None else None
     return values
 
 
@@ -242,7 +247,7 @@ def _stale(job_id: str, from_state: JobState, to_state: JobState, current: JobSt
 
 def _add_outbox(session: Session, job: ReconfigurationJob, event_type: str) -> None:
     deployment = session.get(Deployment, job.deployment_id)
-    summary = JobPublic.from_row(job, deployment_name=deployment.name if deployment else "")
+    summary = JobPublic.of(job, deployment=deployment.name if deployment else "")
     enqueue_event(
         session, event_type, summary.model_dump(mode="json"), deployment_id=job.deployment_id, job_id=job.id
     )

@@ -11,20 +11,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from app.core.faults import EngineFault
 from engine_agent.protocol import EngineConfig
 
 
-class LaunchError(Exception):
+class LaunchError(EngineFault):
     """Engines could not be made available; `engine_id` names the one that failed, when known."""
 
     type = "launch-failed"
-
-    def __init__(self, message: str, engine_id: str | None = None, *, type_: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.engine_id = engine_id
-        if type_ is not None:
-            self.type = type_
 
 
 @dataclass(frozen=True)

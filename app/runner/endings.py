@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from app.jobs.models import CleanupState
+from app.jobs.models import CleanupState, JobError
 from app.jobs.states import JobState
 from app.launchers.base import EngineHandle, Launcher
 from app.runner.fanout import Fanout
@@ -29,7 +29,7 @@ from app.runner.launching import launch_spec
 from app.runner.record import JobRecord, apply_generation, degrade
 from app.runner.selfheal import serving_again
 from app.runner.settings import RunnerSettings, hang_for_test
-from engine_agent.protocol import AgentInfo, ReconfigPhase
+from engine_agent.protocol import MOVES, ROLLED_BACK, AgentInfo, Operation
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,12 @@ class Endings:
     async def roll_back(self, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:
         """A failure before the pause: abort everywhere, release joiners; downtime 0."""
         if run.plan is not None:
-            await fanout.abort_all(run, run.participant_clients(), {ReconfigPhase.aborted})
+            await fanout.abort_all(run, run.participant_clients(), {MOVES[Operation.abort].done})
         await self.release_joiners(run)
         await self.record.move(
             run,
             S.cancelled if isinstance(failure, JobCancelled) else S.rolled_back,
-            message=failure.error["message"],
+            message=failure.error.message,
             changes={
                 "error": failure.error,
                 "downtime_ms": 0.0,
@@ -67,12 +67,12 @@ class Endings:
     async def resume_all(self, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:
         """The pause was not confirmed everywhere (or a step inside it failed): every participant back
         on the old generation."""
-        await fanout.abort_all(run, run.participant_clients(), {ReconfigPhase.resumed, ReconfigPhase.aborted})
+        await fanout.abort_all(run, run.participant_clients(), ROLLED_BACK)
         await self.release_joiners(run)
         await self.record.move(
             run,
             S.cancelled if isinstance(failure, JobCancelled) else S.rolled_back,
-            message=f"{failure.error['message']}; every engine resumed the old generation",
+            message=f"{failure.error.message}; every engine resumed the old generation",
             changes={
                 "error": failure.error,
                 **run.downtime_record(now=time.time()),
@@ -99,7 +99,7 @@ class Endings:
         await self.record.move(
             run,
             S.failed,
-            message=f"switch failed part-way: {error['message']}; deployment degraded",
+            message=f"switch failed part-way: {error.message}; deployment degraded",
             changes={
                 "error": error,
                 "engine_results": results,
@@ -169,19 +169,20 @@ class Endings:
             await self.record.mark_left(gone)
 
 
-def blame_the_silent(error: dict[str, Any], generations: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def blame_the_silent(error: JobError, generations: Mapping[str, Mapping[str, Any]]) -> JobError:
     """The job's error names the engine that caused the failure. An engine killed inside the window
     breaks its peers' collectives, and a peer's report ("connection closed by peer") often reaches
     the coordinator before the dead engine's own call fails: then the job blamed a healthy engine.
     When the engine named answers and a participant does not, name the silent one (keeping what the
     reporter said)."""
     silent = sorted(eid for eid, view in generations.items() if view.get("state") == "unreachable")
-    if not silent or error.get("engine_id") in (None, *silent):  # (None: a failure of no one engine)
+    if not silent or error.engine_id in (None, *silent):  # (None: a failure of no one engine)
         return error
-    return {
-        **error,
-        "engine_id": silent[0],
-        "type": "agent-unreachable",
-        "message": f"{', '.join(silent)} stopped answering; {error.get('engine_id')} reported "
-        f"{error.get('type')}: {error.get('message')}",
-    }
+    return error.model_copy(
+        update={
+            "engine_id": silent[0],
+            "type": "agent-unreachable",
+            "message": f"{', '.join(silent)} stopped answering; {error.engine_id} reported "
+            f"{error.type}: {error.message}",
+        }
+    )

@@ -1,8 +1,9 @@
-"""One reconfiguration, start to end: a table of steps per strategy, each with its failure rule.
+"""One reconfiguration, start to end: the protocol's calls in its order, each with its failure rule.
 
     background: prepare -> sync -> pause -> switch     (the old generation serves until the pause)
     blocking:   prepare -> pause -> sync -> switch     (prepare's heavy work runs inside the pause)
     background, commit engines (the default): prepare -> sync -> arm
+    (the calls and their order are the protocol's `CALLS`; each waits for its end phase, `MOVES`)
 
 `arm` is the engine-agreed commit: the coordinator arms every participant for the new generation
 before any engine stops; the engines pause, switch and resume at the first step boundary at which
@@ -33,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from app.agents.client import AgentClient
 from app.agents.fleet import Fleet
@@ -48,14 +50,18 @@ from app.runner.launching import Participants
 from app.runner.record import JobRecord, is_member_row
 from app.runner.settings import RunnerSettings, hang_for_test
 from engine_agent.protocol import (
+    COMMITTING,
+    MOVES,
     TERMINAL_PHASES,
     CommitMode,
     DowntimeOverrun,
+    Operation,
     ReconfigPhase,
     ReconfigStatus,
     Role,
     Strategy,
     Timeouts,
+    calls_for,
 )
 
 log = logging.getLogger(__name__)
@@ -71,58 +77,53 @@ class OnFailure(StrEnum):
     by_engines = "by_engines"  # engine-agreed commit: decided by where the engines stand
 
 
-class StepName(StrEnum):
-    prepare = "prepare"
-    sync = "sync"
-    pause = "pause"
-    switch = "switch"
-    arm = "arm"
-
-
 @dataclass(frozen=True)
 class Step:
-    name: StepName
+    name: Operation
     state: JobState  # the job's state while the step runs
     on_failure: OnFailure
     cancellable: bool = False  # checks for a cancel while it waits
 
 
-STEPS: Mapping[Strategy, tuple[Step, ...]] = {
-    Strategy.background: (
-        Step(StepName.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
-        Step(StepName.sync, S.syncing, OnFailure.roll_back, cancellable=True),
-        Step(StepName.pause, S.committing, OnFailure.resume_all),
-        Step(StepName.switch, S.committing, OnFailure.fail_and_degrade),
-    ),
-    Strategy.blocking: (
-        Step(StepName.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
+# Each call's rule per strategy: the job's state while it runs, and what its failure costs. Which calls
+# a job makes, in which order, is the protocol's (`calls_for`: the engine-agreed commit arms instead of
+# pausing and switching).
+RULES: Mapping[Strategy, Mapping[Operation, Step]] = {
+    Strategy.background: {
+        Operation.prepare: Step(Operation.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
+        Operation.sync: Step(Operation.sync, S.syncing, OnFailure.roll_back, cancellable=True),
+        Operation.pause: Step(Operation.pause, S.committing, OnFailure.resume_all),
+        Operation.switch: Step(Operation.switch, S.committing, OnFailure.fail_and_degrade),
+        Operation.arm: Step(Operation.arm, S.committing, OnFailure.by_engines),
+    },
+    Strategy.blocking: {
+        Operation.prepare: Step(Operation.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
         # The agents do prepare's work once paused: the pause answers when they are ready.
-        Step(StepName.pause, S.preparing, OnFailure.resume_all),
-        Step(StepName.sync, S.syncing, OnFailure.resume_all),
-        Step(StepName.switch, S.committing, OnFailure.fail_and_degrade),
-    ),
+        Operation.pause: Step(Operation.pause, S.preparing, OnFailure.resume_all),
+        Operation.sync: Step(Operation.sync, S.syncing, OnFailure.resume_all),
+        Operation.switch: Step(Operation.switch, S.committing, OnFailure.fail_and_degrade),
+    },
 }
 
 
-# The engine-agreed commit (background strategy; blocking runs prepare's work inside the pause).
-ENGINE_AGREED_STEPS: tuple[Step, ...] = (
-    Step(StepName.prepare, S.preparing, OnFailure.roll_back, cancellable=True),
-    Step(StepName.sync, S.syncing, OnFailure.roll_back, cancellable=True),
-    Step(StepName.arm, S.committing, OnFailure.by_engines),
-)
+def steps_for(strategy: Strategy, commit_mode: CommitMode) -> tuple[Step, ...]:
+    rules = RULES[strategy]
+    return tuple(rules[operation] for operation in calls_for(strategy, commit_mode))
 
 
 def steps_of(run: JobRun) -> tuple[Step, ...]:
-    if run.commit_mode == CommitMode.engines and run.strategy == Strategy.background:
-        return ENGINE_AGREED_STEPS
-    return STEPS[run.strategy]
+    return steps_for(run.strategy, run.commit_mode)
 
 
 def _switching(status: ReconfigStatus) -> bool:
     """Past the point of no return: switching, switched, or failed inside the switch."""
-    if status.phase in (ReconfigPhase.switching, ReconfigPhase.committed):
+    if status.phase in COMMITTING:
         return True
-    return status.phase == ReconfigPhase.failed and status.error is not None and status.error.step == "switch"
+    return (
+        status.phase == ReconfigPhase.failed
+        and status.error is not None
+        and status.error.step == Operation.switch.value
+    )
 
 
 class Flow:
@@ -142,12 +143,12 @@ class Flow:
         self.participants = Participants(record, settings, launchers)
         self.endings = Endings(record, settings, launchers)
         self.probe_settings = probe_settings or load_probe_settings()
-        self._perform: Mapping[StepName, Callable[[JobRun, Fanout, Step], Awaitable[None]]] = {
-            StepName.prepare: self._prepare,
-            StepName.sync: self._sync,
-            StepName.pause: self._pause,
-            StepName.switch: self._switch,
-            StepName.arm: self._arm,
+        self._perform: Mapping[Operation, Callable[[JobRun, Fanout, Step], Awaitable[None]]] = {
+            Operation.prepare: self._prepare,
+            Operation.sync: self._sync,
+            Operation.pause: self._pause,
+            Operation.switch: self._switch,
+            Operation.arm: self._arm,
         }
 
     async def run(self, job_id: str, fleet: Fleet) -> None:
@@ -277,16 +278,8 @@ class Flow:
         if await self.record.cancel_requested(run):
             raise JobCancelled(run.state.value)
         settings = self.settings
-        request = plan.prepare_request(
-            run.job_id,
-            Timeouts(
-                rendezvous_s=settings.rendezvous_s,
-                collective_s=settings.collective_s,
-                serving_collective_s=settings.serving_collective_s,
-                transfer_s=settings.transfer_s,
-                pause_lease_s=settings.pause_lease_s,
-            ),
-        )
+        timeouts = Timeouts.model_validate(settings.model_dump(include=set(Timeouts.model_fields)))
+        request = plan.prepare_request(run.job_id, timeouts)
         clients = run.participant_clients()
         busy = await fanout.busy_with_other_jobs(run, clients)
         if busy:
@@ -295,7 +288,7 @@ class Flow:
         await fanout.drive(
             run,
             clients,
-            {ReconfigPhase.prepared},
+            {MOVES[Operation.prepare].done},
             send=lambda c, wait_s: c.prepare(request, wait_s=wait_s),
             job_phase=run.state.value,
             deadline_s=settings.prepare_deadline_s,
@@ -310,7 +303,7 @@ class Flow:
         await fanout.drive(
             run,
             run.member_clients(),
-            {ReconfigPhase.synced},
+            {MOVES[Operation.sync].done},
             send=lambda c, wait_s: c.sync(run.job_id, wait_s=wait_s),
             job_phase=run.state.value,
             deadline_s=self.settings.sync_deadline_s,
@@ -329,7 +322,7 @@ class Flow:
         await fanout.drive(
             run,
             run.participant_clients(),
-            {ReconfigPhase.paused},
+            {MOVES[Operation.pause].done},
             send=lambda c, wait_s: c.pause(run.job_id, lease_s=settings.pause_lease_s, wait_s=wait_s),
             job_phase=run.state.value,
             # Blocking: all of prepare's work happens inside this pause.
@@ -394,17 +387,17 @@ class Flow:
         """An engine that overran the budget is named by the old members' shared verdict: the job
         reports that member's error, whoever failed first (a joiner only hears "not switching", and
         may say so before the old members' statuses are read)."""
-        if failure.error["type"] != "downtime-budget-exceeded":
+        if failure.error.type != "downtime-budget-exceeded":
             return
         give_up = time.monotonic() + self.settings.abort_deadline_s
         while True:
             for status in run.statuses.values():
                 error = status.error
-                if error is not None and error.type == failure.error["type"] and error.engines:
-                    failure.error["engine_id"] = error.engines[0]
-                    failure.error["message"] = error.message
+                if error is not None and error.type == failure.error.type and error.engines:
+                    named: dict[str, Any] = {"engine_id": error.engines[0], "message": error.message}
                     if error.overrun is not None:
-                        failure.error["overrun"] = error.overrun.model_dump(mode="json")
+                        named["overrun"] = error.overrun
+                    failure.error = failure.error.model_copy(update=named)
                     return
             if time.monotonic() >= give_up:
                 return
@@ -418,7 +411,7 @@ class Flow:
         await fanout.drive(
             run,
             run.participant_clients(),
-            {ReconfigPhase.committed},
+            {MOVES[Operation.switch].done},
             send=lambda c, wait_s: c.switch(run.job_id, wait_s=wait_s),
             job_phase=run.state.value,
             deadline_s=self.settings.switch_deadline_s,
@@ -447,7 +440,7 @@ async def drive_arm(run: JobRun, fanout: Fanout, settings: RunnerSettings) -> No
     await fanout.drive(
         run,
         run.participant_clients(),
-        {ReconfigPhase.committed},
+        {MOVES[Operation.arm].done},
         send=arm,
         job_phase=run.state.value,
         # The engines' own deadline for arming, then the window (its warm-up and switch).

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.agents.client import AgentClient
-from app.agents.errors import AgentCallError
 from app.core.errors import DomainError
+from app.core.faults import EngineFault
+from app.jobs.models import JobError
 from app.jobs.states import JobState
-from app.launchers.base import EngineHandle, LaunchError
+from app.launchers.base import EngineHandle
 from app.runner.downtime import Downtime, job_downtime
-from app.runner.planner import Plan, PlanError
+from app.runner.planner import Plan
 from engine_agent.protocol import (
     AgentInfo,
     CommitMode,
@@ -39,7 +40,8 @@ PROGRESS_BANDS: Mapping[str, tuple[float, float]] = {
 
 
 class JobFailure(Exception):
-    """Stops a job; `error` is what the job records: `{phase, engine_id, type, message}`."""
+    """Stops a job; `error` is what the job records (phase, engine, type, message; the overrun of a
+    downtime budget)."""
 
     def __init__(
         self,
@@ -50,20 +52,14 @@ class JobFailure(Exception):
         overrun: DowntimeOverrun | None = None,
     ) -> None:
         super().__init__(message)
-        self.error: dict[str, Any] = {
-            "phase": phase,
-            "engine_id": engine_id,
-            "type": type_,
-            "message": message,
-        }
-        if overrun is not None:
-            self.error["overrun"] = overrun.model_dump(mode="json")
+        given = {"overrun": overrun} if overrun is not None else {}
+        self.error = JobError(phase=phase, engine_id=engine_id, type=type_, message=message, **given)
 
     @classmethod
     def from_exception(cls, phase: str, exc: BaseException) -> JobFailure:
         if isinstance(exc, JobFailure):
             return exc
-        if isinstance(exc, AgentCallError | LaunchError | PlanError):  # all carry type, message, engine
+        if isinstance(exc, EngineFault):  # an agent call, a launch, a plan: type, message, engine
             return cls(phase, exc.type, exc.message, exc.engine_id)
         if isinstance(exc, DomainError):
             return cls(phase, exc.code, exc.detail)
@@ -72,7 +68,7 @@ class JobFailure(Exception):
 
 # What a step may fail with by design (an agent, a launcher, the planner, a refused record change): the
 # job records it; anything else is a bug, recorded as `internal-error` and logged with its traceback.
-EXPECTED_FAILURES = (JobFailure, AgentCallError, LaunchError, PlanError, DomainError)
+EXPECTED_FAILURES = (JobFailure, EngineFault, DomainError)
 
 
 class JobCancelled(JobFailure):

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from app.core.faults import EngineFault
 from engine_agent.protocol import (
     AgentInfo,
     AgentState,
@@ -42,14 +43,11 @@ from engine_agent.protocol import (
 WarmupSetting = Literal["auto", "eager", "deferred"]
 
 
-class PlanError(Exception):
+class PlanError(EngineFault):
     """The reconfiguration cannot be planned from what the agents report."""
 
     def __init__(self, type_: str, message: str, engine_id: str | None = None) -> None:
-        super().__init__(message)
-        self.type = type_
-        self.message = message
-        self.engine_id = engine_id
+        super().__init__(message, engine_id, type_=type_)
 
 
 @dataclass(frozen=True)

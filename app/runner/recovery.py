@@ -35,12 +35,15 @@ from app.runner.planner import Plan
 from app.runner.record import JobRecord
 from app.runner.settings import RunnerSettings
 from engine_agent.protocol import (
+    ENGINES_FINISHING,
+    MOVES,
+    STOPPED,
     TERMINAL_PHASES,
     AgentInfo,
     CommitMode,
     LeavePolicy,
     Member,
-    ReconfigPhase,
+    Operation,
     ReconfigStatus,
     StoreAddress,
     Strategy,
@@ -51,10 +54,8 @@ from engine_agent.protocol import (
 log = logging.getLogger(__name__)
 
 S = JobState
-PAUSED_PHASES = frozenset({ReconfigPhase.pausing, ReconfigPhase.paused, ReconfigPhase.switching})
-# An engine-agreed commit the engines finish without the coordinator.
-ENGINES_FINISHING = frozenset({ReconfigPhase.armed, ReconfigPhase.paused, ReconfigPhase.switching})
-ARMABLE_PHASES = ENGINES_FINISHING | {ReconfigPhase.synced, ReconfigPhase.committed}
+# Where an engine-agreed commit can go on: synced, or further along it (the protocol's phases).
+ARMABLE_PHASES = ENGINES_FINISHING | {MOVES[Operation.sync].done, MOVES[Operation.arm].done}
 
 
 def plan_from_job(job: ReconfigurationJob) -> Plan | None:
@@ -88,13 +89,13 @@ def plan_from_job(job: ReconfigurationJob) -> Plan | None:
 
 
 def _switched(plan: Plan, engine_id: str, status: ReconfigStatus | None, info: AgentInfo | None) -> bool:
-    if status is not None and status.phase == ReconfigPhase.committed:
+    if status is not None and status.phase == MOVES[Operation.switch].done:
         return True
     if info is None:
         return False
     if engine_id in plan.leavers:
         return info.generation >= plan.generation or (
-            status is not None and status.phase == ReconfigPhase.committed
+            status is not None and status.phase == MOVES[Operation.switch].done
         )
     return info.generation == plan.generation and info.rank is not None
 
@@ -126,7 +127,7 @@ class Recovery:
             await self.record.move(
                 run,
                 S.rolled_back,
-                message=restarted.error["message"],
+                message=restarted.error.message,
                 changes={"error": restarted.error, "downtime_ms": 0.0},
             )
             return
@@ -157,12 +158,12 @@ class Recovery:
             await self.endings.resume_all(run, fanout, restarted)
         else:
             # Nobody stopped serving: abort everywhere.
-            await fanout.abort_all(run, clients, {ReconfigPhase.aborted})
+            await fanout.abort_all(run, clients, {MOVES[Operation.abort].done})
             await self.endings.release_joiners(run)
             await self.record.move(
                 run,
                 S.rolled_back,
-                message=restarted.error["message"],
+                message=restarted.error.message,
                 changes={
                     "error": restarted.error,
                     "downtime_ms": run.downtime(now=time.time()).downtime_ms,
@@ -178,7 +179,7 @@ class Recovery:
             status.phase if (status := run.statuses.get(client.engine_id)) is not None else None
             for client in run.participant_clients()
         ]
-        return ReconfigPhase.synced in phases and all(phase in ARMABLE_PHASES for phase in phases)
+        return MOVES[Operation.sync].done in phases and all(phase in ARMABLE_PHASES for phase in phases)
 
     async def _survey(self, run: JobRun, fleet: Fleet) -> tuple[set[str], set[str]]:
         """Ask every participant where it stands: (engines switched, engines paused for the job)."""
@@ -200,7 +201,7 @@ class Recovery:
             if isinstance(info, AgentInfo):
                 run.infos[eid] = info
         switched = {eid for eid in statuses if _switched(run.plan, eid, statuses[eid], infos[eid])}
-        paused = {eid for eid, s in statuses.items() if s is not None and s.phase in PAUSED_PHASES}
+        paused = {eid for eid, s in statuses.items() if s is not None and s.phase in STOPPED}
         unreachable = {eid for eid, i in infos.items() if i is None}
         log.warning(
             "job %s (%s): switched=%s paused=%s unreachable=%s",
@@ -224,7 +225,7 @@ class Recovery:
                 await fanout.drive(
                     run,
                     rest,
-                    {ReconfigPhase.committed},
+                    {MOVES[Operation.switch].done},
                     job_phase="committing",
                     deadline_s=self.settings.switch_deadline_s,
                     poll_interval_s=self.settings.commit_poll_interval_s,
@@ -235,9 +236,9 @@ class Recovery:
             await self.endings.finish(run)
             return
         partial = JobFailure(
-            restarted.error["phase"],
+            str(restarted.error.phase),
             "partial-switch",
-            f"{restarted.error['message']}: {sorted(switched)} switched, the others could not",
+            f"{restarted.error.message}: {sorted(switched)} switched, the others could not",
         )
         await self._fail_mixed(run, fanout, partial)
 
@@ -246,14 +247,14 @@ class Recovery:
         paused = [
             c
             for c in run.participant_clients()
-            if (s := run.statuses.get(c.engine_id)) is not None and s.phase in PAUSED_PHASES
+            if (s := run.statuses.get(c.engine_id)) is not None and s.phase in STOPPED
         ]
         if paused:
             await fanout.fleet.each(paused, lambda c: c.abort(run.job_id))
         if run.state != S.committing:
             # Only a committing job can fail part-way; a job recorded earlier moves through the log as failed.
             await self.record.move(
-                run, S.failed, message=str(failure.error["message"]), changes={"error": failure.error}
+                run, S.failed, message=failure.error.message, changes={"error": failure.error}
             )
             return
         await self.endings.fail_and_degrade(run, fanout, failure)

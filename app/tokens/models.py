@@ -12,6 +12,7 @@ from sqlmodel import Field, SQLModel
 
 from app.core.clock import utc_now
 from app.core.db import UTCDateTime
+from app.core.shapes import RowShape
 
 
 class TokenRole(StrEnum):
@@ -42,7 +43,7 @@ class TokenCreate(BaseModel):
     role: TokenRole
 
 
-class TokenPublic(BaseModel):
+class TokenPublic(RowShape):
     id: str
     name: str
     role: TokenRole
@@ -51,19 +52,6 @@ class TokenPublic(BaseModel):
     created_at: datetime
     last_used_at: datetime | None
     revoked_at: datetime | None
-
-    @classmethod
-    def from_row(cls, row: ApiToken) -> TokenPublic:
-        return cls(
-            id=row.id,
-            name=row.name,
-            role=TokenRole(row.role),
-            token_prefix=row.token_prefix,
-            created_by=row.created_by,
-            created_at=row.created_at,
-            last_used_at=row.last_used_at,
-            revoked_at=row.revoked_at,
-        )
 
 
 class TokenCreated(TokenPublic):

@@ -22,7 +22,7 @@ async def create_token(
         token, secret = service.create_token(
             session, name=body.name, role=body.role, created_by=principal.name
         )
-        return TokenCreated(**TokenPublic.from_row(token).model_dump(), token=secret)
+        return TokenCreated.of(token, token=secret)
 
     created = await db.run(work)
     response.headers["Location"] = f"/v1/tokens/{created.id}"
@@ -33,7 +33,7 @@ async def create_token(
 async def list_tokens(db: DatabaseDep, _: TokenAdmin) -> TokenList:
     def work(session: Session) -> TokenList:
         rows = service.list_tokens(session)
-        return TokenList(data=[TokenPublic.from_row(r) for r in rows], count=len(rows))
+        return TokenList(data=[TokenPublic.model_validate(r) for r in rows], count=len(rows))
 
     return await db.run(work)
 
@@ -44,6 +44,8 @@ async def revoke_token(
 ) -> TokenPublic:
     """Revoked tokens stay listed (with `revoked_at`) and are refused from now on (by every coordinator
     within `EPCTL_AUTH_CACHE_S`). Accepts id or name."""
-    revoked = await db.run(lambda session: TokenPublic.from_row(service.revoke_token(session, ref=token_id)))
+    revoked = await db.run(
+        lambda session: TokenPublic.model_validate(service.revoke_token(session, ref=token_id))
+    )
     cache.clear()
     return revoked

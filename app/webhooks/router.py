@@ -49,7 +49,7 @@ async def list_webhooks(db: DatabaseDep, principal: Reader) -> service.WebhookLi
 @router.get("/{webhook_id}", name="get", responses=problem_responses(404))
 async def get_webhook(webhook_id: WebhookIdPath, db: DatabaseDep, principal: Reader) -> service.WebhookPublic:
     def work(session: Session) -> service.WebhookPublic:
-        return service.WebhookPublic.from_row(service.get_subscription(session, webhook_id))
+        return service.WebhookPublic.model_validate(service.get_subscription(session, webhook_id))
 
     return _shown_to(principal, await db.run(work))
 

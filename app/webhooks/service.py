@@ -17,6 +17,7 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import NotFoundError
 from app.core.ids import new_id
+from app.core.shapes import RowShape
 from app.core.urls import checked_http_url
 from app.webhooks import signing
 from app.webhooks.models import (
@@ -84,7 +85,7 @@ class WebhookUpdate(BaseModel):
         return None if value is None else checked_http_url(value)
 
 
-class WebhookPublic(BaseModel):
+class WebhookPublic(RowShape):
     id: str
     url: str
     event_types: list[EventType]
@@ -97,18 +98,12 @@ class WebhookPublic(BaseModel):
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: WebhookSubscription) -> WebhookPublic:
-        overlap_ends = row.previous_secret_expires_at
-        return cls(
-            id=row.id,
-            url=row.url,
-            event_types=[EventType(t) for t in row.event_types or []],
-            description=row.description,
-            active=row.active,
-            previous_secret_expires_at=overlap_ends if overlap_ends and overlap_ends > utc_now() else None,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-        )
+    def derived(cls, row: WebhookSubscription) -> dict[str, Any]:
+        overlap_ends = row.previous_secret_expires_at  # shown only while the overlap lasts
+        return {
+            "event_types": row.event_types or [],
+            "previous_secret_expires_at": overlap_ends if overlap_ends and overlap_ends > utc_now() else None,
+        }
 
 
 class WebhookCreated(WebhookPublic):
@@ -167,7 +162,7 @@ def create_subscription(session: Session, data: WebhookCreate) -> WebhookCreated
     )
     session.add(row)
     session.commit()
-    return WebhookCreated(**WebhookPublic.from_row(row).model_dump(), secret=secret)
+    return WebhookCreated.of(row, secret=secret)
 
 
 def get_subscription(session: Session, subscription_id: str) -> WebhookSubscription:
@@ -179,7 +174,7 @@ def get_subscription(session: Session, subscription_id: str) -> WebhookSubscript
 
 def list_subscriptions(session: Session) -> WebhookList:
     rows = session.exec(select(WebhookSubscription).order_by(col(WebhookSubscription.created_at))).all()
-    return WebhookList(data=[WebhookPublic.from_row(r) for r in rows], count=len(rows))
+    return WebhookList(data=[WebhookPublic.model_validate(r) for r in rows], count=len(rows))
 
 
 def update_subscription(session: Session, subscription_id: str, data: WebhookUpdate) -> WebhookPublic:
@@ -196,7 +191,7 @@ def update_subscription(session: Session, subscription_id: str, data: WebhookUpd
     row.updated_at = utc_now()
     session.add(row)
     session.commit()
-    return WebhookPublic.from_row(row)
+    return WebhookPublic.model_validate(row)
 
 
 def rotate_secret(session: Session, subscription_id: str, *, overlap_s: float = 0.0) -> WebhookCreated:
@@ -213,7 +208,7 @@ def rotate_secret(session: Session, subscription_id: str, *, overlap_s: float = 
     row.updated_at = now
     session.add(row)
     session.commit()
-    return WebhookCreated(**WebhookPublic.from_row(row).model_dump(), secret=row.secret)
+    return WebhookCreated.of(row, secret=row.secret)
 
 
 def delete_subscription(session: Session, subscription_id: str) -> None:

@@ -1,6 +1,6 @@
 """The reconfiguration executor: prepare, sync, pause, switch, resume, abort, for one job at a time.
 
-Each operation checks the call against the job's phase (`steps.ACCEPTS`), answers with the status at
+Each operation checks the call against the job's phase (the protocol's `ACCEPTS`), answers with the status at
 once and runs its work in a background thread; the HTTP layer may then hold its answer until the
 operation's end phase (the bounded long-poll). The work itself is in `prepare.py` (the steps that
 build the new generation, and sync) and `window.py` (pause, switch, resume, the leases), driven by the
@@ -21,10 +21,15 @@ from collections.abc import Callable
 import torch
 
 from engine_agent.protocol import (
+    ACCEPTS,
+    ARMED_ONWARD,
+    COMMITTING,
+    MOVES,
     TERMINAL_PHASES,
     AgentError,
     EngineConfig,
     FaultInjection,
+    Operation,
     Platform,
     PrepareRequest,
     ReconfigPhase,
@@ -38,7 +43,7 @@ from engine_agent.reconfig.errors import Aborted, Conflict, agent_error_of
 from engine_agent.reconfig.faults import FaultSwitches
 from engine_agent.reconfig.job import ExecutorHooks, Job, Site, StatusBoard
 from engine_agent.reconfig.prepare import Builder
-from engine_agent.reconfig.steps import ACCEPTS, ARMED_ONWARD, COMMITTING, MOVES, Operation, steps_for
+from engine_agent.reconfig.steps import steps_for
 from engine_agent.reconfig.validate import validate
 from engine_agent.reconfig.window import CommitWindow
 from engine_agent.serving import PausedAt, ServingEngine
@@ -249,7 +254,7 @@ class ReconfigExecutor:
 
     def _run_prepare(self, job: Job) -> None:
         self.builder.run(job, job.plan.prepare)
-        self.board.update(job, phase=ReconfigPhase.prepared, step=None)
+        self.board.update(job, phase=MOVES[Operation.prepare].done, step=None)
 
     def _run_abort(
         self, job: Job, worker: threading.Thread | None, previous_error: AgentError | None

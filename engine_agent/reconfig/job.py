@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from engine_agent import groups, moe
 from engine_agent.protocol import (
+    STEPS_COMPLETE,
     EngineConfig,
     Platform,
     PrepareRequest,
@@ -23,7 +24,7 @@ from engine_agent.protocol import (
     WarmupPolicy,
 )
 from engine_agent.reconfig.cleanup import CleanupWorker
-from engine_agent.reconfig.steps import ROLES, STEPS_COMPLETE, RoleSteps, Step, StepPlan
+from engine_agent.reconfig.steps import ROLES, RoleSteps, Step, StepPlan
 from engine_agent.serving import ServingEngine
 from engine_agent.transfer import WeightChannel
 

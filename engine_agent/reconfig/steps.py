@@ -1,4 +1,4 @@
-"""The phase and step tables that drive a reconfiguration, per role and per strategy.
+"""The step tables that drive a reconfiguration on this agent, per role and per strategy.
 
 What a role does (`ROLES`):
 
@@ -19,12 +19,8 @@ Where the steps run (`steps_for`), per strategy and warm-up policy:
     background  deferred   wait_cleanup, build...                 warm_up
     blocking    either     wait_cleanup                           build..., warm_up
 
-(warm_up only for members of the new generation.) Which call may follow which (`ACCEPTS`):
-
-    background: prepare -> [sync] -> pause -> switch        blocking: prepare -> pause -> [sync] -> switch
-    background, engine-agreed commit: prepare -> [sync] -> arm (armed -> paused -> switching -> committed)
-
-resume and abort take a job back to the old generation from any phase before the switch.
+(warm_up only for members of the new generation.) Which call may follow which, and the phases each
+moves the job through, are the protocol's (`engine_agent.choreography`: `CALLS`, `MOVES`, `ACCEPTS`).
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from engine_agent.protocol import ReconfigPhase, Role, Strategy, WarmupPolicy
+from engine_agent.protocol import Role, Strategy, WarmupPolicy
 
 
 class Step(StrEnum):
@@ -47,18 +43,6 @@ class Step(StrEnum):
     open_channel = "open_channel"  # the weight channel over old + new participants
     transfer = "transfer"  # weights from peers, local copies, the checkpoint
     warm_up = "warm_up"  # the first collective on the new group
-
-
-class Operation(StrEnum):
-    """The calls the coordinator makes, each named in the status while it runs."""
-
-    prepare = "prepare"
-    sync = "sync"
-    pause = "pause"
-    switch = "switch"
-    arm = "arm"  # the engine-agreed commit: pause and switch at the boundary every member armed for
-    resume = "resume"
-    abort = "abort"
 
 
 @dataclass(frozen=True)
@@ -105,51 +89,3 @@ def steps_for(role: Role, strategy: Strategy, policy: WarmupPolicy) -> StepPlan:
     if policy == WarmupPolicy.eager:
         return StepPlan(prepare=(Step.wait_cleanup, *steps.build, *warm_up), window=())
     return StepPlan(prepare=(Step.wait_cleanup, *steps.build), window=warm_up)
-
-
-@dataclass(frozen=True)
-class Move:
-    """One forward call: the phase while it runs, and the phase it ends in."""
-
-    running: ReconfigPhase
-    done: ReconfigPhase
-
-
-MOVES: dict[Operation, Move] = {
-    Operation.prepare: Move(ReconfigPhase.preparing, ReconfigPhase.prepared),
-    Operation.sync: Move(ReconfigPhase.syncing, ReconfigPhase.synced),
-    Operation.pause: Move(ReconfigPhase.pausing, ReconfigPhase.paused),
-    Operation.switch: Move(ReconfigPhase.switching, ReconfigPhase.committed),
-    Operation.arm: Move(ReconfigPhase.armed, ReconfigPhase.committed),
-    Operation.resume: Move(ReconfigPhase.resuming, ReconfigPhase.resumed),
-    Operation.abort: Move(ReconfigPhase.aborting, ReconfigPhase.aborted),
-}
-
-# The phases each forward call may start from, per strategy (sync may be left out).
-ACCEPTS: dict[Strategy, dict[Operation, frozenset[ReconfigPhase]]] = {
-    Strategy.background: {
-        Operation.sync: frozenset({ReconfigPhase.prepared}),
-        Operation.pause: frozenset({ReconfigPhase.prepared, ReconfigPhase.synced}),
-        Operation.switch: frozenset({ReconfigPhase.paused}),
-        Operation.arm: frozenset({ReconfigPhase.prepared, ReconfigPhase.synced}),
-    },
-    Strategy.blocking: {
-        Operation.sync: frozenset({ReconfigPhase.paused}),
-        Operation.pause: frozenset({ReconfigPhase.prepared}),
-        Operation.switch: frozenset({ReconfigPhase.paused, ReconfigPhase.synced}),
-        Operation.arm: frozenset(),  # prepare's work runs inside the pause: the coordinator commits
-    },
-}
-
-# An arm that runs or ran: the phases it moves through (a retried arm changes nothing).
-ARMED_ONWARD = frozenset(
-    {ReconfigPhase.armed, ReconfigPhase.paused, ReconfigPhase.switching, ReconfigPhase.committed}
-)
-
-# Once switching, there is no old generation to go back to.
-COMMITTING = frozenset({ReconfigPhase.switching, ReconfigPhase.committed})
-
-# Phases that end an operation's work: the status counts every step of it as done.
-STEPS_COMPLETE = frozenset(
-    {ReconfigPhase.prepared, ReconfigPhase.synced, ReconfigPhase.paused, ReconfigPhase.committed}
-)

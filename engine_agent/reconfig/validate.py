@@ -9,24 +9,13 @@ from engine_agent.reconfig.errors import Conflict, InvalidRequest
 from engine_agent.serving import ActiveGeneration
 
 
-def role_of(me: str, request: PrepareRequest) -> Role:
-    """This engine's role in the job; `Conflict` if it is no participant."""
-    in_new = any(m.engine_id == me for m in request.members)
-    in_old = any(m.engine_id == me for m in request.old_members)
-    if in_new and in_old:
-        return Role.staying
-    if in_new:
-        return Role.joining
-    if in_old:
-        return Role.leaving
-    raise Conflict("not-a-participant", f"{me} is neither in members nor in old_members")
-
-
 def validate(me: str, request: PrepareRequest, config: EngineConfig, active: ActiveGeneration | None) -> Role:
     """The role this engine plays in `request`, once the request is found sound: `InvalidRequest`
     (422) for a request that is wrong anywhere, `Conflict` (409) for one that does not fit what this
     engine serves now (`active`)."""
-    role = role_of(me, request)
+    role = request.role_of(me)
+    if role is None:
+        raise Conflict("not-a-participant", f"{me} is neither in members nor in old_members")
     new_ids = [m.engine_id for m in request.members]
     old_ids = [m.engine_id for m in request.old_members]
     try:

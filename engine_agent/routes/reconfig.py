@@ -1,26 +1,31 @@
-"""The reconfiguration: one POST per operation, and `GET /v1/reconfig`, a bounded long-poll.
+"""The reconfiguration: one POST per operation (`ACTIONS`: its body and executor call), and
+`GET /v1/reconfig`, a bounded long-poll.
 
-An action answers 202 with the job's status at once, or, given `wait_s`, once its end phase (or one
-of `until`) is reached, the job is terminal or reports an error (`protocol.is_settled`), at most
-`wait_s` later (capped at `MAX_WAIT_S`)."""
+An action answers 202 with the job's status at once, or, given `wait_s`, once its end phase (the
+protocol's `MOVES`, or one of `until`) is reached, the job is terminal or reports an error
+(`protocol.is_settled`), at most `wait_s` later (capped at `MAX_WAIT_S`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from engine_agent.problems import ProblemError, problem_responses
 from engine_agent.protocol import (
     LONG_POLL_HEADER,
     MAX_WAIT_S,
+    MOVES,
     ArmRequest,
     JobRef,
+    Operation,
     PauseRequest,
     PrepareRequest,
     ReconfigPhase,
@@ -122,94 +127,70 @@ async def _wait_until(
         executor.remove_watcher(wake)
 
 
-async def _accepted(
-    executor: ReconfigExecutor,
-    action: Callable[[], ReconfigStatus],
-    wait_s: float,
-    until: str | None,
-    end_phase: ReconfigPhase,
-    *,
-    inline: bool = False,
-) -> JSONResponse:
-    """Run the action, then, with `wait_s`, hold the answer until its end phase (or `until`) is
-    reached. `inline`: the action only touches the executor's own state (briefly, under its lock)
-    and runs on the event loop, saving a thread hop inside the commit window; otherwise it may
-    call into the engine and runs in the thread pool."""
-    phases = _parse_until(until, frozenset({end_phase}))
-    status = action() if inline else await run_in_threadpool(action)
-    if wait_s > 0 and not _settled(status, phases):
-        status = await _wait_until(executor, status.job_id, phases, wait_s, started=status)
-    return JSONResponse(status.model_dump(mode="json"), status_code=202, headers=LONG_POLL_HEADERS)
+@dataclass(frozen=True)
+class Action:
+    """How one operation's POST reaches the executor."""
+
+    body: type[BaseModel]
+    call: Callable[[ReconfigExecutor, Any], ReconfigStatus]
+    # The call only touches the executor's own state (briefly, under its lock) and runs on the event
+    # loop, saving a thread hop inside the commit window; otherwise it may call into the engine and
+    # runs in the thread pool.
+    inline: bool
+    doc: str | None = None
 
 
-@router.post("/v1/reconfig/prepare", status_code=202, responses=RECONFIG_RESPONSES)
-async def prepare(
-    body: PrepareRequest, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None
-) -> JSONResponse:
-    executor = agent.executor
-    return await _accepted(executor, lambda: executor.prepare(body), wait_s, until, ReconfigPhase.prepared)
-
-
-@router.post("/v1/reconfig/sync", status_code=202, responses=RECONFIG_RESPONSES)
-async def sync(body: JobRef, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
-    executor = agent.executor
-    return await _accepted(
-        executor, lambda: executor.sync(body.job_id), wait_s, until, ReconfigPhase.synced, inline=True
-    )
-
-
-@router.post("/v1/reconfig/pause", status_code=202, responses=RECONFIG_RESPONSES)
-async def pause(
-    body: PauseRequest, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None
-) -> JSONResponse:
-    executor = agent.executor
-    return await _accepted(
-        executor,
-        lambda: executor.pause(body.job_id, body.lease_s),
-        wait_s,
-        until,
-        ReconfigPhase.paused,
+ACTIONS: dict[Operation, Action] = {
+    Operation.prepare: Action(PrepareRequest, lambda executor, body: executor.prepare(body), inline=False),
+    Operation.sync: Action(JobRef, lambda executor, body: executor.sync(body.job_id), inline=True),
+    Operation.pause: Action(
+        PauseRequest, lambda executor, body: executor.pause(body.job_id, body.lease_s), inline=True
+    ),
+    Operation.switch: Action(JobRef, lambda executor, body: executor.switch(body.job_id), inline=True),
+    Operation.arm: Action(
+        ArmRequest,
+        lambda executor, body: executor.arm(body.job_id, body.deadline_s, body.lease_s, body.max_downtime_ms),
         inline=True,
-    )
+        doc="""The engine-agreed commit: arm for the new generation; the engines pause, switch and resume
+        at the first step boundary at which all of them are armed. Ends `committed` (or `failed`,
+        `arm-timeout`, with nothing paused).""",
+    ),
+    Operation.resume: Action(JobRef, lambda executor, body: executor.resume(body.job_id), inline=True),
+    Operation.abort: Action(JobRef, lambda executor, body: executor.abort(body.job_id), inline=False),
+}
 
 
-@router.post("/v1/reconfig/switch", status_code=202, responses=RECONFIG_RESPONSES)
-async def switch(body: JobRef, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
-    executor = agent.executor
-    return await _accepted(
-        executor, lambda: executor.switch(body.job_id), wait_s, until, ReconfigPhase.committed, inline=True
-    )
+def _endpoint(operation: Operation, action: Action) -> Callable[..., Awaitable[JSONResponse]]:
+    """The POST of `operation`: run the action, then, with `wait_s`, hold the answer until the
+    operation's end phase (the protocol's `MOVES`), or one of `until`, is reached."""
+    end_phase = frozenset({MOVES[operation].done})
+
+    async def endpoint(
+        body: BaseModel, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None
+    ) -> JSONResponse:
+        executor = agent.executor
+        phases = _parse_until(until, end_phase)
+        if action.inline:
+            status = action.call(executor, body)
+        else:
+            status = await run_in_threadpool(action.call, executor, body)
+        if wait_s > 0 and not _settled(status, phases):
+            status = await _wait_until(executor, status.job_id, phases, wait_s, started=status)
+        return JSONResponse(status.model_dump(mode="json"), status_code=202, headers=LONG_POLL_HEADERS)
+
+    endpoint.__annotations__ = {**endpoint.__annotations__, "body": action.body}  # the body it parses
+    endpoint.__name__ = endpoint.__qualname__ = operation.value
+    endpoint.__doc__ = action.doc
+    return endpoint
 
 
-@router.post("/v1/reconfig/arm", status_code=202, responses=RECONFIG_RESPONSES)
-async def arm(body: ArmRequest, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
-    """The engine-agreed commit: arm for the new generation; the engines pause, switch and resume
-    at the first step boundary at which all of them are armed. Ends `committed` (or `failed`,
-    `arm-timeout`, with nothing paused)."""
-    executor = agent.executor
-    return await _accepted(
-        executor,
-        lambda: executor.arm(body.job_id, body.deadline_s, body.lease_s, body.max_downtime_ms),
-        wait_s,
-        until,
-        ReconfigPhase.committed,
-        inline=True,
-    )
-
-
-@router.post("/v1/reconfig/resume", status_code=202, responses=RECONFIG_RESPONSES)
-async def resume(body: JobRef, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
-    executor = agent.executor
-    return await _accepted(
-        executor, lambda: executor.resume(body.job_id), wait_s, until, ReconfigPhase.resumed, inline=True
-    )
-
-
-@router.post("/v1/reconfig/abort", status_code=202, responses=RECONFIG_RESPONSES)
-async def abort(body: JobRef, agent: AgentDep, wait_s: WaitS = 0.0, until: Until = None) -> JSONResponse:
-    executor = agent.executor
-    return await _accepted(
-        executor, lambda: executor.abort(body.job_id), wait_s, until, ReconfigPhase.aborted
+for _operation, _action in ACTIONS.items():
+    router.add_api_route(
+        _operation.path,
+        _endpoint(_operation, _action),
+        methods=["POST"],
+        status_code=202,
+        responses=RECONFIG_RESPONSES,
     )
 
 

@@ -25,6 +25,7 @@ import httpx
 import torch
 
 from engine_agent import moe
+from engine_agent.engine_options import engine_args
 from engine_agent.placement import rebalance
 from engine_agent.protocol import (
     AgentInfo,
@@ -85,19 +86,6 @@ class AgentProcess:
             return ""
 
 
-def _engine_args(config: EngineConfig) -> list[str]:
-    return [
-        "--num-logical-experts", str(config.num_logical_experts),
-        "--num-redundant-experts", str(config.num_redundant_experts),
-        "--hidden-size", str(config.hidden_size),
-        "--intermediate-size", str(config.intermediate_size),
-        "--top-k", str(config.top_k),
-        "--dtype", config.dtype,
-        "--seed", str(config.seed),
-        "--num-moe-layers", str(config.num_moe_layers),
-    ]  # fmt: skip
-
-
 def start_agents(
     count: int,
     workdir: Path,
@@ -116,7 +104,7 @@ def start_agents(
         [f"{prefix}{index}" for index in range(first, first + count)],
         workdir,
         flags=flags,
-        engine_args=[*_engine_args(config), *extra_args],
+        engine_args=[*engine_args(config), *extra_args],
         ready_timeout_s=ready_timeout_s,
     )
     return [

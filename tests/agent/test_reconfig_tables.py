@@ -1,6 +1,7 @@
-"""The tables that drive a reconfiguration on the agent (`engine_agent/reconfig/steps.py`), the status
-board's rule that an abort owns the outcome, and the refusals of a prepare request. In-process, no
-agents: the flows themselves run against real agent processes in the other tests here."""
+"""The tables that drive a reconfiguration on the agent (`engine_agent/reconfig/steps.py`, and the
+protocol's choreography, `engine_agent/choreography.py`), the status board's rule that an abort owns
+the outcome, and the refusals of a prepare request. In-process, no agents: the flows themselves run
+against real agent processes in the other tests here."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import time
 import pytest
 
 from engine_agent.protocol import (
+    ACCEPTS,
     EngineConfig,
     Member,
+    Operation,
     PrepareRequest,
     ReconfigPhase,
     ReconfigStatus,
@@ -22,7 +25,7 @@ from engine_agent.protocol import (
 )
 from engine_agent.reconfig.errors import Conflict, InvalidRequest
 from engine_agent.reconfig.job import Job, StatusBoard
-from engine_agent.reconfig.steps import ACCEPTS, ROLES, Operation, Step, steps_for
+from engine_agent.reconfig.steps import ROLES, Step, steps_for
 from engine_agent.reconfig.validate import validate
 
 BUILD = [
@@ -101,6 +104,24 @@ def test_each_strategy_orders_sync_pause_and_switch_its_own_way() -> None:
     assert blocking[Operation.pause] == {ReconfigPhase.prepared}  # blocking: pause, then sync
     assert blocking[Operation.sync] == {ReconfigPhase.paused}
     assert ReconfigPhase.synced in blocking[Operation.switch]
+
+
+def test_each_call_starts_from_the_end_phase_of_the_call_before_it_or_before_the_optional_sync() -> None:
+    P = ReconfigPhase
+    assert {
+        Strategy.background: {
+            Operation.sync: {P.prepared},
+            Operation.pause: {P.prepared, P.synced},
+            Operation.switch: {P.paused},
+            Operation.arm: {P.prepared, P.synced},
+        },
+        Strategy.blocking: {
+            Operation.sync: {P.paused},
+            Operation.pause: {P.prepared},
+            Operation.switch: {P.paused, P.synced},
+            Operation.arm: set(),  # prepare's work runs inside the pause: the coordinator commits
+        },
+    } == ACCEPTS
 
 
 def spread(ranks: int) -> list[list[int]]:

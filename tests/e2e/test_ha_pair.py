@@ -57,7 +57,7 @@ def test_killing_the_coordinator_that_launched_the_engines_mid_job_costs_no_serv
     pair: tuple[StackCoordinator, StackCoordinator], point: str, outcome: str
 ) -> None:
     a, b = pair
-    a.start(**ENV)
+    a.start(ready_timeout_s=60.0, **ENV)
     a.create_deployment("demo")
     assert a.wait_job(a.scale(2))["state"] == "succeeded"
     members = [e for e in a.engines() if e["state"] == "serving"]
@@ -65,10 +65,12 @@ def test_killing_the_coordinator_that_launched_the_engines_mid_job_costs_no_serv
     try:
         client.wait_serving()
         a.kill()  # again with a hang point: it stops driving the next job there
-        a.start(EPCTL_RUNNER_TEST_HANG_AT=point, EPCTL_RUNNER_ARM_DEADLINE_S="120", **ENV)
+        a.start(
+            ready_timeout_s=60.0, EPCTL_RUNNER_TEST_HANG_AT=point, EPCTL_RUNNER_ARM_DEADLINE_S="120", **ENV
+        )
         job_id = a.scale(3)
         assert a.wait_marker() == point
-        b.start(**ENV)
+        b.start(ready_timeout_s=60.0, **ENV)
         wait_until(
             lambda: len(b.api.get("/v1/engines", params={"deployment": "demo"}).json()["data"]) >= 3,
             timeout_s=30,

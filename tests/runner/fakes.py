@@ -1,11 +1,12 @@
 """In-process FAKE agents, fleet and launcher for testing the runner's flow without processes.
 
 `FakeAgent` stands in for one engine agent: it implements the agent client surface the runner uses
-(`AgentClient`'s step, read and long-poll methods) on the protocol's own models, and moves through the
-agent's phases at once unless told otherwise (`faults`). It keeps what a real agent keeps: the active
-generation, rank, whether serving is paused, the current job's status and its pause interval. It does
-not run an engine: serving, collectives and weights are the real agent's, tested in tests/agent and
-tests/e2e.
+(`AgentClient`'s read and long-poll methods, and the one `_step` every step call sends its request
+through) on the protocol's own models, and moves through the
+agent's phases (the protocol's `MOVES`) at once unless told otherwise (`faults`). It keeps what a real
+agent keeps: the active generation, rank, whether serving is paused, the current job's status and its
+pause interval. It does not run an engine: serving, collectives and weights are the real agent's,
+tested in tests/agent and tests/e2e.
 
 Faults, one name each (set with `agent.faults.add(...)`):
 - `unreachable`: every call raises `AgentUnreachable` (the process is gone);
@@ -20,12 +21,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from pydantic import BaseModel
 
 from app.agents.client import AgentClient
 from app.agents.errors import AgentDeadlineExceeded, AgentProblem, AgentUnreachable
 from app.agents.fleet import Fleet
 from app.launchers.base import EngineHandle, Launcher, LaunchSpec
 from engine_agent.protocol import (
+    ARMED_ONWARD,
+    COMMITTING,
+    MOVES,
     TERMINAL_PHASES,
     AgentError,
     AgentInfo,
@@ -33,6 +40,7 @@ from engine_agent.protocol import (
     CleanupState,
     CleanupStatus,
     EngineConfig,
+    Operation,
     PauseInterval,
     Platform,
     PrepareRequest,
@@ -47,6 +55,7 @@ from engine_agent.protocol import (
 
 INJECTED = "injected-failure"
 READS = ("health", "info", "reconfig", "watch", "cleanup")  # calls that are not steps
+OPERATION_AT = {operation.path: operation for operation in Operation}  # the client posts each step here
 
 
 class FakeAgent(AgentClient):
@@ -78,6 +87,16 @@ class FakeAgent(AgentClient):
         self._changed: asyncio.Event | None = None
         # Called with the operation name before each step is handled (lets a test act at that moment).
         self.before: Callable[[str], None] | None = None
+        # Each step's request, by operation (`_step`).
+        self._handlers: dict[Operation, Callable[[Any], ReconfigStatus]] = {
+            Operation.prepare: self._prepare,
+            Operation.sync: lambda ref: self._sync(ref.job_id),
+            Operation.pause: lambda request: self._pause(request.job_id),
+            Operation.switch: lambda ref: self._switch(ref.job_id),
+            Operation.arm: lambda request: self._arm(request.job_id),
+            Operation.abort: lambda ref: self._abort(ref.job_id),
+            Operation.resume: lambda ref: self._resume(ref.job_id),
+        }
 
     # --- what the agent reports -------------------------------------------------------------------
 
@@ -179,16 +198,18 @@ class FakeAgent(AgentClient):
         return self.status
 
     def _role(self, request: PrepareRequest) -> Role:
-        new = {m.engine_id for m in request.members}
-        old = {m.engine_id for m in request.old_members}
-        if self.engine_id in new and self.engine_id in old:
-            return Role.staying
-        return Role.joining if self.engine_id in new else Role.leaving
+        return request.role_of(self.engine_id) or Role.leaving
 
-    async def prepare(
-        self, request: PrepareRequest, *, timeout_s: float | None = None, wait_s: float = 0.0
+    async def _step(
+        self, path: str, payload: BaseModel, timeout_s: float | None, wait_s: float = 0.0
     ) -> ReconfigStatus:
-        self._check("prepare", request.job_id)
+        """Every step the client sends (`AgentClient.prepare`, `sync`, ...: the request they build),
+        handled at once: at the protocol's path, for the job the request names."""
+        operation = OPERATION_AT[path]
+        self._check(operation.value, getattr(payload, "job_id", None))
+        return self._handlers[operation](payload)
+
+    def _prepare(self, request: PrepareRequest) -> ReconfigStatus:
         busy = self.status is not None and self.status.phase not in TERMINAL_PHASES
         if busy and self.status is not None and self.status.job_id != request.job_id:
             raise AgentProblem(self.engine_id, 409, "job-in-progress", f"{self.status.job_id} is active")
@@ -197,7 +218,7 @@ class FakeAgent(AgentClient):
             job_id=request.job_id,
             generation=request.generation,
             role=self._role(request),
-            phase=ReconfigPhase.preparing,
+            phase=MOVES[Operation.prepare].running,
             steps_total=1,
             warmup_policy=request.warmup_policy,
             strategy=request.strategy,
@@ -207,27 +228,16 @@ class FakeAgent(AgentClient):
         if "fail_prepare" in self.faults:
             return self._failed("prepare")
         if "hang_prepare" in self.faults:
-            return self._set(ReconfigPhase.preparing, step="transfer")
-        return self._set(ReconfigPhase.prepared, steps_done=1)
+            return self._set(MOVES[Operation.prepare].running, step="transfer")
+        return self._set(MOVES[Operation.prepare].done, steps_done=1)
 
-    async def sync(
-        self, job_id: str, *, timeout_s: float | None = None, wait_s: float = 0.0
-    ) -> ReconfigStatus:
-        self._check("sync", job_id)
+    def _sync(self, job_id: str) -> ReconfigStatus:
         self._job(job_id)
         if "fail_sync" in self.faults:
             return self._failed("sync")
-        return self._set(ReconfigPhase.synced, synced_value=1 << 20)
+        return self._set(MOVES[Operation.sync].done, synced_value=1 << 20)
 
-    async def pause(
-        self,
-        job_id: str,
-        *,
-        lease_s: float | None = None,
-        timeout_s: float | None = None,
-        wait_s: float = 0.0,
-    ) -> ReconfigStatus:
-        self._check("pause", job_id)
+    def _pause(self, job_id: str) -> ReconfigStatus:
         self._job(job_id)
         boundary_wait_ms = 0.0
         if self.rank is not None:  # only a serving engine stops serving
@@ -244,8 +254,8 @@ class FakeAgent(AgentClient):
         if "fail_pause" in self.faults:
             return self._failed("pause")
         if "silent_pause" in self.faults:
-            return self._set(ReconfigPhase.pausing, pause=pause)
-        return self._set(ReconfigPhase.paused, pause=pause)
+            return self._set(MOVES[Operation.pause].running, pause=pause)
+        return self._set(MOVES[Operation.pause].done, pause=pause)
 
     def _end_pause(self) -> PauseInterval | None:
         if self._pause_started is None:
@@ -258,15 +268,9 @@ class FakeAgent(AgentClient):
         self.paused = False
         return pause
 
-    async def switch(
-        self, job_id: str, *, timeout_s: float | None = None, wait_s: float = 0.0
-    ) -> ReconfigStatus:
-        self._check("switch", job_id)
-        return self._switch(job_id)
-
     def _switch(self, job_id: str) -> ReconfigStatus:
         status = self._job(job_id)
-        if status.phase in (ReconfigPhase.switching, ReconfigPhase.committed):
+        if status.phase in COMMITTING:
             return status.model_copy()
         if "fail_switch" in self.faults:
             pause = self._end_pause()  # back on the generation it still holds
@@ -281,47 +285,32 @@ class FakeAgent(AgentClient):
         self.generation = self.request.generation
         self.rank = members.index(self.engine_id) if self.engine_id in members else None
         self.world_size = len(members) if self.rank is not None else 0
-        return self._set(ReconfigPhase.committed, pause=pause)
+        return self._set(MOVES[Operation.switch].done, pause=pause)
 
-    async def arm(
-        self,
-        job_id: str,
-        *,
-        deadline_s: float,
-        lease_s: float | None = None,
-        max_downtime_ms: int | None = None,
-        timeout_s: float | None = None,
-        wait_s: float = 0.0,
-    ) -> ReconfigStatus:
+    def _arm(self, job_id: str) -> ReconfigStatus:
         """The engine-agreed commit, as one engine sees it when every peer armed: the boundary at
         once, then the switch (a fake has no peers to wait for)."""
-        self._check("arm", job_id)
         status = self._job(job_id)
-        if status.phase in (ReconfigPhase.armed, ReconfigPhase.switching, ReconfigPhase.committed):
-            return status.model_copy()
+        if status.phase in ARMED_ONWARD:
+            return status.model_copy()  # a retried arm changes nothing
         if self.rank is not None:
             self.paused = True
             self._pause_started = time.time()
         return self._switch(job_id)
 
-    async def abort(
-        self, job_id: str, *, timeout_s: float | None = None, wait_s: float = 0.0
-    ) -> ReconfigStatus:
-        self._check("abort", job_id)
+    def _abort(self, job_id: str) -> ReconfigStatus:
         status = self._job(job_id)
-        if status.phase in (ReconfigPhase.switching, ReconfigPhase.committed):
+        if status.phase in COMMITTING:
             raise AgentProblem(self.engine_id, 409, "already-committed", f"job {job_id} switched")
-        if status.phase in (ReconfigPhase.aborting, ReconfigPhase.aborted):
+        abort = MOVES[Operation.abort]
+        if status.phase in (abort.running, abort.done):
             return status.model_copy()
         pause = self._end_pause() or status.pause
-        return self._set(ReconfigPhase.aborted, step=None, pause=pause)
+        return self._set(abort.done, step=None, pause=pause)
 
-    async def resume(
-        self, job_id: str, *, timeout_s: float | None = None, wait_s: float = 0.0
-    ) -> ReconfigStatus:
-        self._check("resume", job_id)
+    def _resume(self, job_id: str) -> ReconfigStatus:
         self._job(job_id)
-        return self._set(ReconfigPhase.resumed, pause=self._end_pause())
+        return self._set(MOVES[Operation.resume].done, pause=self._end_pause())
 
     def ops(self, job_id: str | None = None) -> list[str]:
         """The operations this agent was sent (for `job_id`, if given), reads and polls left out."""

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from app import metrics
 from app.agents.client import AgentClient
 from app.agents.errors import AgentDeadlineExceeded, AgentPhaseFailed, AgentProblem, AgentUnreachable
+from app.runner.job import JobFailure
 from engine_agent.protocol import AgentError, ReconfigPhase, ReconfigStatus, Role, Strategy, WarmupPolicy
 from tests.support.served import Serve
 
@@ -92,7 +93,7 @@ def test_problem_json_becomes_agent_problem_with_its_code_and_detail(
         assert caught.value.type == "not-prepared"
         assert caught.value.status_code == 409
         assert "no prepared job job-1" in caught.value.message
-        assert caught.value.as_error("syncing")["phase"] == "syncing"
+        assert JobFailure.from_exception("syncing", caught.value).error.phase == "syncing"
 
     asyncio.run(go())
 

@@ -12,8 +12,8 @@ from sqlmodel import Session
 
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import JobState
-from app.runner.flow import STEPS, OnFailure, StepName
-from engine_agent.protocol import AgentState, ReconfigPhase, Strategy
+from app.runner.flow import OnFailure, steps_for
+from engine_agent.protocol import AgentState, CommitMode, Operation, ReconfigPhase, Strategy
 from tests.runner.fakes import INJECTED, FakeAgent
 from tests.runner.scenario import Scenario, fast_settings, make_scenario
 
@@ -25,12 +25,13 @@ def stage(db_engine: DbEngine) -> Scenario:
 
 
 def test_every_strategy_rolls_back_before_the_pause_resumes_after_it_and_degrades_after_the_switch() -> None:
-    for strategy, steps in STEPS.items():
+    for strategy in Strategy:
+        steps = steps_for(strategy, CommitMode.coordinator)
         rules = [step.on_failure for step in steps]
-        pause = [step.name for step in steps].index(StepName.pause)
+        pause = [step.name for step in steps].index(Operation.pause)
         assert all(rule is OnFailure.roll_back for rule in rules[:pause]), strategy
         assert all(rule is OnFailure.resume_all for rule in rules[pause:-1]), strategy
-        assert steps[-1].name is StepName.switch and rules[-1] is OnFailure.fail_and_degrade, strategy
+        assert steps[-1].name is Operation.switch and rules[-1] is OnFailure.fail_and_degrade, strategy
 
 
 # --- success ------------------------------------------------------------------------------------------

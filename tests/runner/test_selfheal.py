@@ -185,7 +185,7 @@ def test_the_jobs_record_the_time_to_detect_and_to_serving_again(stage: Scenario
     assert shrink.loss_at == heard_last  # the loss happened after its last heartbeat
     assert shrink.time_to_detect_ms is not None and shrink.time_to_serving_ms is not None
     assert 20_000 <= shrink.time_to_detect_ms <= shrink.time_to_serving_ms  # silent 20 s when written off
-    public = JobPublic.from_row(shrink, deployment_name="demo")  # on the API record
+    public = JobPublic.of(shrink, deployment="demo")  # on the API record
     assert (public.loss_at, public.time_to_serving_ms) == (heard_last, shrink.time_to_serving_ms)
     (grow_id,) = heal_once(stage).jobs  # replace: back to full size, counted from the same loss
     asyncio.run(stage.run(grow_id))

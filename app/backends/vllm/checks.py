@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from app.backends.vllm.client import VllmAuthRejected, VllmCallError, VllmClient, VllmTimeout
 from app.backends.vllm.discovery import Observation, observe
 from app.backends.vllm.outcomes import ScaleOutcome
 from app.backends.vllm.record import Degradation, Record, VllmJob, restart_hint
 from app.backends.vllm.settings import VllmSettings
+from app.jobs.models import JobError
 from app.jobs.states import JobState
 
 S = JobState
@@ -39,14 +39,14 @@ class FlowFailure(Exception):
         super().__init__(message)
         self.state = state
         self.degradation = degradation
-        self.error: dict[str, Any] = {
-            "phase": phase,
-            "engine_id": None,
-            "type": type_,
-            "message": message,
-            "http_status": http_status,
-            "hint": hint or (degradation.hint if degradation else None),
-        }
+        self.error = JobError(
+            phase=phase,
+            engine_id=None,
+            type=type_,
+            message=message,
+            http_status=http_status,
+            hint=hint or (degradation.hint if degradation else None),
+        )
 
 
 class EngineChecks:

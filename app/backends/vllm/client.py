@@ -16,17 +16,18 @@ from typing import Any
 
 import httpx
 
+from app.core.faults import EngineFault
+
 SCALING_MARKER = "currently scaling"
 
 
-class VllmCallError(Exception):
+class VllmCallError(EngineFault):
     """A call that got no usable answer. `type` is the job's error type."""
 
     type = "engine-call-failed"
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)
-        self.message = message
         self.status = status
 
 

@@ -42,6 +42,7 @@ from app.backends.vllm.record import (
     set_serving,
 )
 from app.backends.vllm.settings import VllmSettings, load_vllm_settings
+from app.jobs.models import JobError
 from app.jobs.states import JobState
 from app.probe import CanaryRecorder, ProbeFigures
 
@@ -317,7 +318,7 @@ class VllmFlow:
             elif engine_checked:
                 set_serving(session, job.deployment_id)  # checked and found serving: not wedged
 
-        message = failure.error["message"]
+        message = failure.error.message
         if degradation is not None:
             message += f"; deployment degraded ({degradation.reason})"
         changes: dict[str, Any] = {"error": failure.error, **(probe or {})}
@@ -326,8 +327,8 @@ class VllmFlow:
         await self.record.move(job, failure.state, message=message, changes=changes, also=health)
 
 
-def _cancelled(phase: str) -> dict[str, Any]:
-    return {"phase": phase, "engine_id": None, "type": "cancelled", "message": "cancelled on request"}
+def _cancelled(phase: str) -> JobError:
+    return JobError(phase=phase, engine_id=None, type="cancelled", message="cancelled on request")
 
 
 async def run_vllm_job(db: DbEngine, job_id: str, *, owner: str) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from app.backends.vllm.client import VllmCallError, VllmClient
+from app.core.faults import EngineFault
 from app.launchers.processes import ProcessRecords, is_alive, start_detached
 
 RECORDS_FILE = "vllm-servers.json"
@@ -44,10 +45,11 @@ CPU_ENV = {
 CPU_ARGS = ["--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "8", "--enforce-eager"]
 
 
-class VllmLaunchError(Exception):
+class VllmLaunchError(EngineFault):
+    type = "engine-launch-failed"
+
     def __init__(self, message: str, *, log_path: Path | None = None) -> None:
         super().__init__(message)
-        self.message = message
         self.log_path = log_path
 
 

@@ -28,13 +28,14 @@ from app.backends.vllm.record import (
     restart_hint,
     serving_as_scaled,
 )
+from app.jobs.models import JobError
 from app.jobs.states import JobState
 
 S = JobState
 
 
-def _restarted(phase: str, message: str) -> dict[str, object]:
-    return {"phase": phase, "engine_id": None, "type": "coordinator-restarted", "message": message}
+def _restarted(phase: str, message: str) -> JobError:
+    return JobError(phase=phase, engine_id=None, type="coordinator-restarted", message=message)
 
 
 async def reconcile_vllm_job(db: DbEngine, job_id: str, *, owner: str) -> None:

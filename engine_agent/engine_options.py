@@ -1,0 +1,47 @@
+"""`EngineConfig` on a command line, derived from the model's fields: the agent's options
+(`add_engine_options`, read back by `AgentSettings.from_options`) and the arguments a launcher passes
+(`engine_args`). A new field of `protocol.EngineConfig` is one edit: its option, its `EPCTL_AGENT_*`
+variable (`AgentSettings` inherits the fields) and every launcher's command line follow.
+
+Torch-free: the coordinator's launchers import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Literal, get_args, get_origin
+
+from engine_agent.protocol import EngineConfig
+
+# Passed only when they differ from the default, so that the command line of an engine that does not
+# use them stays the one it was before they existed.
+SENT_WHEN_SET = frozenset({"num_moe_layers"})
+
+
+def option(name: str) -> str:
+    """`num_moe_layers` -> `--num-moe-layers`."""
+    return "--" + name.replace("_", "-")
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """One option per field: its type (or its choices, for a `Literal`), default and description."""
+    for name, field in EngineConfig.model_fields.items():
+        kind = field.annotation
+        if get_origin(kind) is Literal:
+            form: dict[str, Any] = {"choices": list(get_args(kind))}
+        elif kind in (int, float, str):
+            form = {"type": kind}
+        else:
+            raise TypeError(f"EngineConfig.{name}: no command-line form for {kind}")
+        parser.add_argument(option(name), **form, default=field.default, help=field.description)
+
+
+def engine_args(engine: EngineConfig) -> list[str]:
+    """The engine's shape as the agent's options, in the model's field order."""
+    args: list[str] = []
+    for name, field in EngineConfig.model_fields.items():
+        value = getattr(engine, name)
+        if name in SENT_WHEN_SET and value == field.default:
+            continue
+        args += [option(name), str(value)]
+    return args

@@ -19,6 +19,7 @@ from sqlmodel import Field, SQLModel
 
 from app.core.clock import utc_now
 from app.core.db import UTCDateTime
+from app.core.shapes import RowShape
 
 INCIDENT_ID_PREFIX = "inc"
 

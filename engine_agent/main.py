@@ -11,15 +11,23 @@ import threading
 import time
 
 import uvicorn
+from pydantic import ValidationError
 
 from engine_agent.api import create_app
 from engine_agent.logs import LOG_FORMATS, configure_logging, set_process_fields
-from engine_agent.protocol import Platform
+from engine_agent.protocol import DEFAULT_GRAPH_BUCKETS, Platform
 from engine_agent.settings import AgentSettings
 
 __all__ = ["app", "create_app", "main"]
 
 app = create_app()
+
+
+def _buckets(text: str) -> list[int]:
+    try:
+        return [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"integers, e.g. 1,8,64, not {text!r}") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +55,20 @@ def _parser() -> argparse.ArgumentParser:
         choices=["auto", "on", "off"],
         default="auto",
         help="a layer's experts in two batched matmuls (on) or one at a time (off); auto: batched on GPU",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="capture the step as CUDA graphs, one per token-count bucket, for each new generation "
+        "(auto: on CUDA/ROCm with the batched step)",
+    )
+    p.add_argument(
+        "--cuda-graph-buckets",
+        type=_buckets,
+        default=",".join(map(str, DEFAULT_GRAPH_BUCKETS)),
+        help="token counts with a graph, comma-separated (a step is padded to the next; past the largest "
+        "it runs eagerly)",
     )
     p.add_argument("--coordinator", help="coordinator base URL: register there and send heartbeats")
     p.add_argument("--deployment", help="the deployment to register into")
@@ -87,6 +109,36 @@ def bearer_token(args: argparse.Namespace) -> str | None:
     return token
 
 
+def _settings(args: argparse.Namespace, port: int) -> AgentSettings:
+    return AgentSettings(
+        host=args.host,
+        port=port,
+        url=args.url,
+        engine_id=args.engine_id,
+        platform=Platform(args.platform),
+        device=args.device,
+        num_logical_experts=args.num_logical_experts,
+        num_redundant_experts=args.num_redundant_experts,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        top_k=args.top_k,
+        dtype=args.dtype,
+        seed=args.seed,
+        num_moe_layers=args.num_moe_layers,
+        grouped_step=args.grouped_step,
+        cuda_graphs=args.cuda_graphs,
+        cuda_graph_buckets=args.cuda_graph_buckets,
+        coordinator=args.coordinator,
+        deployment=args.deployment,
+        token=args.token,
+        heartbeat_s=args.heartbeat_s,
+        parent_pid=args.parent_pid,
+        orphan_grace_s=args.orphan_grace_s,
+        enable_fault_injection=args.enable_fault_injection,
+        ready_file=args.ready_file,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -103,31 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     port = sock.getsockname()[1]
-    settings = AgentSettings(
-        host=args.host,
-        port=port,
-        url=args.url,
-        engine_id=args.engine_id,
-        platform=Platform(args.platform),
-        device=args.device,
-        num_logical_experts=args.num_logical_experts,
-        num_redundant_experts=args.num_redundant_experts,
-        hidden_size=args.hidden_size,
-        intermediate_size=args.intermediate_size,
-        top_k=args.top_k,
-        dtype=args.dtype,
-        seed=args.seed,
-        num_moe_layers=args.num_moe_layers,
-        grouped_step=args.grouped_step,
-        coordinator=args.coordinator,
-        deployment=args.deployment,
-        token=args.token,
-        heartbeat_s=args.heartbeat_s,
-        parent_pid=args.parent_pid,
-        orphan_grace_s=args.orphan_grace_s,
-        enable_fault_injection=args.enable_fault_injection,
-        ready_file=args.ready_file,
-    )
+    try:
+        settings = _settings(args, port)
+    except ValidationError as exc:
+        parser.error(
+            "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+        )
     url = settings.url or f"http://{settings.advertised_host()}:{port}"
     set_process_fields(engine_id=settings.resolved_engine_id(os.getpid()), deployment=settings.deployment)
     server = uvicorn.Server(

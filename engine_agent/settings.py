@@ -5,10 +5,10 @@ from __future__ import annotations
 import socket
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from engine_agent.protocol import EngineConfig, Platform
+from engine_agent.protocol import DEFAULT_GRAPH_BUCKETS, EngineConfig, Platform, graph_buckets
 
 
 class AgentSettings(BaseSettings):
@@ -60,6 +60,30 @@ class AgentSettings(BaseSettings):
         "on a GPU only (auto: there kernel launches dominate a loop of small matmuls)",
     )
 
+    cuda_graphs: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="capture the step as CUDA graphs per token-count bucket (auto: on CUDA/ROCm with the "
+        "batched step; on: refuse to start where the step cannot be captured)",
+    )
+    cuda_graph_buckets: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_GRAPH_BUCKETS),
+        description="token counts with a graph, e.g. 1,8,64 (a step is padded to the next; past the "
+        "largest it runs eagerly)",
+    )
+
+    @field_validator("cuda_graph_buckets", mode="before")
+    @classmethod
+    def _buckets_from_text(cls, value: object) -> object:
+        """'1,8,64' as the command line and EPCTL_AGENT_CUDA_GRAPH_BUCKETS give it."""
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("cuda_graph_buckets")
+    @classmethod
+    def _buckets_in_bounds(cls, buckets: list[int]) -> list[int]:
+        return graph_buckets(buckets)
+
     @model_validator(mode="after")
     def _check(self) -> AgentSettings:
         if self.platform == Platform.cpu and self.device not in (None, "cpu"):
@@ -68,6 +92,10 @@ class AgentSettings(BaseSettings):
             raise ValueError(f"platform {self.platform} needs a cuda:N device (ROCm uses the same name)")
         if self.coordinator and not self.deployment:
             raise ValueError("--coordinator needs --deployment")
+        if self.cuda_graphs == "on" and (self.platform == Platform.cpu or self.grouped_step == "off"):
+            raise ValueError(
+                "--cuda-graphs on needs a CUDA/ROCm platform and the batched step (--grouped-step)"
+            )
         return self
 
     def engine_config(self) -> EngineConfig:
@@ -80,6 +108,8 @@ class AgentSettings(BaseSettings):
             dtype=self.dtype,
             seed=self.seed,
             num_moe_layers=self.num_moe_layers,
+            cuda_graphs=self.cuda_graphs,
+            cuda_graph_buckets=self.cuda_graph_buckets,
         )
 
     def device_name(self) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.launchers.base import LaunchSpec
-from engine_agent.protocol import EngineConfig
+from engine_agent.protocol import DEFAULT_GRAPH_BUCKETS, EngineConfig
 
 
 def engine_args(engine: EngineConfig) -> list[str]:
@@ -31,6 +31,10 @@ def engine_args(engine: EngineConfig) -> list[str]:
     ]
     if engine.num_moe_layers > 1:
         args += ["--num-moe-layers", str(engine.num_moe_layers)]
+    if engine.cuda_graphs != "auto":
+        args += ["--cuda-graphs", engine.cuda_graphs]
+    if engine.cuda_graph_buckets != list(DEFAULT_GRAPH_BUCKETS):
+        args += ["--cuda-graph-buckets", ",".join(map(str, engine.cuda_graph_buckets))]
     return args
 
 

@@ -32,12 +32,11 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import gpu_report
 from common import (
     PYTHON,
     ProcessGroup,
     Report,
-    new_figure,
-    save_figure,
     scratch_dir,
     summarize,
     wait_ready_file,
@@ -195,6 +194,10 @@ async def reconfigure(
     await client.prepare(request)
     await client.wait_for_phase(job_id, {ReconfigPhase.prepared}, deadline_s=deadline, poll_interval_s=0.003)
     t_prepared = time.perf_counter()
+    # The timeline is prepare's: its 2 ms status polls would load the agent's event loop (and the GIL
+    # the serving loop needs) inside the window it measures.
+    stop.set()
+    await watcher
     if strategy == "background":
         await client.sync(job_id)
         await client.wait_for_phase(
@@ -220,10 +223,9 @@ async def reconfigure(
         job_id, {ReconfigPhase.committed}, deadline_s=deadline, poll_interval_s=0.003
     )
     t_end = time.perf_counter()
-    stop.set()
-    await watcher
     pause = final.pause.model_dump() if final.pause else {}
     return {
+        "graphs": final.graphs.model_dump() if final.graphs else None,
         "job_id": job_id,
         "generation": generation,
         "strategy": strategy,
@@ -233,7 +235,7 @@ async def reconfigure(
         "total_ms": (t_end - t0) * 1000,
         "commit_window_ms": pause.get("pause_ms"),
         "pause": pause,
-        "steps_ms": step_durations(timeline, t_end),
+        "steps_ms": step_durations(timeline, t_prepared),
     }
 
 
@@ -314,6 +316,54 @@ async def drive_agent(url: str, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def step_part(args: argparse.Namespace, device_name: str) -> dict[str, Any]:
+    """The bare compute and the engine's step per token count, graphs off and on (`gpu_step`)."""
+    import gpu_step
+    import torch
+
+    from engine_agent.protocol import EngineConfig
+
+    config = EngineConfig(
+        num_logical_experts=args.experts, hidden_size=args.hidden, intermediate_size=args.intermediate,
+        top_k=args.top_k, dtype=args.dtype,
+    )  # fmt: skip
+    device = torch.device(device_name)
+    out: dict[str, Any] = {"bare": gpu_step.bare_compute(config, device, args.step_sizes, reps=50)}
+    for mode in args.cuda_graphs:
+        out[mode] = gpu_step.engine_steps(
+            config, device, graphs=mode != "off", buckets=args.graph_buckets, sizes=args.step_sizes,
+            requests=args.step_requests,
+        )  # fmt: skip
+        print(f"engine step, graphs {mode}: {out[mode]['steps_ms']}", flush=True)
+    print(f"bare compute: {out['bare']}", flush=True)
+    return out
+
+
+def run_agent(
+    args: argparse.Namespace, platform: str, device: str, on_gpu: bool, mode: str
+) -> dict[str, Any]:
+    """One agent with `--cuda-graphs mode`, driven through its API (`drive_agent`)."""
+    scratch = scratch_dir(f"gpu-{mode}")
+    ready = scratch / "agent.ready"
+    ready.unlink(missing_ok=True)
+    with ProcessGroup(scratch) as group:
+        argv_agent = [
+            PYTHON, "-m", "engine_agent.main", "--port", "0", "--ready-file", str(ready),
+            "--engine-id", "gpu-0",
+            "--platform", platform, *(["--device", device] if on_gpu else []),
+            "--num-logical-experts", str(args.experts), "--hidden-size", str(args.hidden),
+            "--intermediate-size", str(args.intermediate), "--top-k", str(args.top_k), "--dtype", args.dtype,
+            "--grouped-step", args.grouped_step,
+            "--cuda-graphs", mode if on_gpu else "off",
+            "--cuda-graph-buckets", ",".join(map(str, args.graph_buckets)),
+        ]  # fmt: skip
+        agent = group.start("agent", argv_agent)
+        url = wait_ready_file(ready, agent, timeout_s=300)
+        driven = asyncio.run(drive_agent(url, args))
+    driven["cuda_graphs"] = mode
+    return driven
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -331,6 +381,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--grouped-step", choices=["auto", "on", "off"], default="auto", help="the agent's --grouped-step"
     )
+    parser.add_argument(
+        "--cuda-graphs", nargs="+", choices=["off", "on", "auto"], default=["off", "on"],
+        help="the agent's --cuda-graphs: one agent (and one engine step run) per value, in this order",
+    )  # fmt: skip
+    parser.add_argument(
+        "--graph-buckets", type=lambda text: [int(v) for v in text.split(",")],
+        default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512], help="token counts with a graph (comma-separated)",
+    )  # fmt: skip
+    parser.add_argument("--step-sizes", type=int, nargs="+", default=[1, 8, 64, 512])
+    parser.add_argument("--step-requests", type=int, default=30, help="timed steps per size")
     parser.add_argument("--name", help="results file name (default gpu, or gpu-dryrun-cpu)")
     args = parser.parse_args(argv)
 
@@ -357,21 +417,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     micro = microbenchmarks(args, device, platform)
     report.results["micro"] = micro
 
-    scratch = scratch_dir("gpu")
-    ready = scratch / "agent.ready"
-    ready.unlink(missing_ok=True)
-    with ProcessGroup(scratch) as group:
-        argv_agent = [
-            PYTHON, "-m", "engine_agent.main", "--port", "0", "--ready-file", str(ready),
-            "--engine-id", "gpu-0",
-            "--platform", platform, *(["--device", device] if on_gpu else []),
-            "--num-logical-experts", str(args.experts), "--hidden-size", str(args.hidden),
-            "--intermediate-size", str(args.intermediate), "--top-k", str(args.top_k), "--dtype", args.dtype,
-            "--grouped-step", args.grouped_step,
-        ]  # fmt: skip
-        agent = group.start("agent", argv_agent)
-        url = wait_ready_file(ready, agent, timeout_s=300)
-        driven = asyncio.run(drive_agent(url, args))
+    if on_gpu:
+        report.results["step"] = step_part(args, device)
+    driven_by_mode = {mode: run_agent(args, platform, device, on_gpu, mode) for mode in args.cuda_graphs}
+    report.results["agent_by_graphs"] = driven_by_mode
+    driven = driven_by_mode[args.cuda_graphs[-1]]
     report.results["agent"] = driven
 
     report.add_table(
@@ -398,52 +448,15 @@ def main(argv: Sequence[str] | None = None) -> None:
           st["recompute_to_device_ms_per_expert"], st["stage_all_experts_pinned_ms"],
           micro["steady_allreduce_us"]["p50"]]],
     )  # fmt: skip
-    serving = driven["serving"]
-    report.add_table(
-        "Serving on the agent",
-        ["infer tokens", "JSON p50 ms (HTTP incl.)", "JSON p99 ms", "binary p50 ms", "binary p99 ms",
-         "steps served", "formation prepare ms"],
-        [[serving["infer_tokens"], serving["infer_latency_ms"]["p50"], serving["infer_latency_ms"]["p99"],
-          serving["infer_binary_latency_ms"]["p50"], serving["infer_binary_latency_ms"]["p99"],
-          serving["serving_steps"], driven["formation"]["prepare_ms"]]],
-    )  # fmt: skip
-    report.target(
-        f"issue 10: /v1/infer of {serving['infer_tokens']} tokens, binary body, p50",
-        serving["infer_binary_latency_ms"]["p50"],
-        3.0,
-        "ms",
-    )
-    rows = []
-    for strategy in ("background", "blocking"):
-        for policy in ("eager", "deferred"):
-            jobs = [j for j in driven["jobs"] if j["strategy"] == strategy and j["policy"] == policy]
-            window = summarize([j["commit_window_ms"] for j in jobs if j["commit_window_ms"] is not None])
-            parts = [
-                summarize([j["pause"].get(key, 0.0) for j in jobs]).get("p50")
-                for key in ("boundary_wait_ms", "warmup_ms", "blocking_prepare_ms", "switch_ms", "resume_ms")
-            ]
-            prepare = summarize([j["prepare_ms"] for j in jobs]).get("p50")
-            rows.append([strategy, policy, prepare, window.get("p50"), window.get("max"), *parts])
-    report.add_table(
-        f"1 -> 1 reconfiguration on {device} ({args.reps} reps; ms, p50 unless max)",
-        ["strategy", "policy", "prepare", "commit window", "window max", "boundary wait", "warm-up",
-         "blocking prepare", "switch", "resume"],
-        rows,
-    )  # fmt: skip
-    report.results["reconfig_rows"] = rows
+    gpu_report.agent_tables(report, args, driven_by_mode, device)
+    if "step" in report.results:
+        gpu_report.step_tables(report, args, report.results["step"], driven_by_mode)
     report.notes.append(
         "One GPU holds one NCCL rank: EP groups of several ranks (2 -> 4 scaling, all-to-all, "
         "device-to-device weight transfer between engines over NIXL) need a host with several GPUs."
     )
-
-    fig, (ax,) = new_figure(width=7.5)
-    labels = [f"{r[0]}\n{r[1]}" for r in rows]
-    ax.bar(range(len(rows)), [r[3] or 0 for r in rows], label="commit window p50")
-    ax.set_xticks(range(len(rows)), labels)
-    ax.set_ylabel("ms")
-    ax.set_title(f"Commit window on {report.machine.get('gpu', device)} (world 1)")
-    ax.legend(fontsize=8)
-    save_figure(fig, report.name)
+    gpu_report.window_figure(report, driven_by_mode, device)
+    report.targets_table()
     report.write()
 
 

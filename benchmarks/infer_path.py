@@ -13,6 +13,11 @@ print one `TRACE` line per request to the agent's log. The wrapper changes no be
 product. Stages (ms): client->app (request line and headers reach the app), body read, submit, queue
 wait (submit to the step picking the request up: the idle wait), step, result hand-off (serving thread
 to event loop), response build, response send, and the client's read of the answer.
+
+The anchor, run side by side with the same two clients: a bare uvicorn server (`--as-anchor`, this
+file) whose one ASGI callable reads the raw body and answers it back, no framework, no tensor, no
+compute. What the agent's request costs beyond its step (total minus step, per request) is held to
+1.5x the anchor's whole request. With `--cuda-graphs off on` one agent runs per value, in one run.
 """
 
 from __future__ import annotations
@@ -131,6 +136,60 @@ def run_traced_agent(argv: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------
+# the anchor: bare uvicorn, raw bytes in and out
+
+
+def run_anchor(argv: list[str]) -> int:
+    """`--as-anchor --ready-file F`: serve the echo app on a free loopback port, the agent's way (a
+    TCP socket bound first, so uvicorn's accepted connections get TCP_NODELAY; no access log)."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ready-file", required=True)
+    args = parser.parse_args(argv)
+
+    async def echo(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        headers = [
+            (b"content-type", b"application/octet-stream"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(echo, log_level="warning", access_log=False, lifespan="on"))
+
+    async def announce() -> None:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        Path(args.ready_file).write_text(f"http://127.0.0.1:{sock.getsockname()[1]}\n")
+
+    async def serve() -> None:
+        task = asyncio.create_task(announce())
+        await server.serve(sockets=[sock])
+        await task
+
+    asyncio.run(serve())
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
 # the clients
 
 
@@ -211,17 +270,85 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--grouped-step", choices=["auto", "on", "off"], default="auto", help="the agent's --grouped-step"
     )
+    parser.add_argument(
+        "--cuda-graphs", nargs="+", choices=["off", "on", "auto"], default=None,
+        help="the agent's --cuda-graphs, one agent per value (default: off on on a GPU, off on CPU)",
+    )  # fmt: skip
     parser.add_argument("--name", help="results file name (default infer_path, or infer_path-cpu)")
     args = parser.parse_args(argv)
 
-    import gpu  # its reconfigure() forms generation 1
     import torch
 
     on_gpu = torch.cuda.is_available()
     platform, device = ("cuda", "cuda:0") if on_gpu else ("cpu", "cpu")
+    modes = args.cuda_graphs or (["off", "on"] if on_gpu else ["off"])
     report = Report(args.name or ("infer_path" if on_gpu else "infer_path-cpu"))
-    report.parameters = vars(args) | {"platform": platform, "device": device}
-    scratch = scratch_dir("infer_path")
+    report.parameters = vars(args) | {"platform": platform, "device": device, "cuda_graphs": modes}
+    anchor = measure_anchor(args)
+    report.results["anchor_ms"] = anchor
+    by_mode = {mode: measure_agent(args, platform, device, on_gpu, mode) for mode in modes}
+    report.results["stages_ms"] = by_mode
+    clients = ("httpx", "raw socket")
+    for mode, summaries in by_mode.items():
+        rows = []
+        for name in ["total", "total - step", *(s[0] for s in STAGES)]:
+            row: list[Any] = [name]
+            for client in clients:
+                summary = summaries.get(client, {}).get(name, {})
+                row += [summary.get("p50"), summary.get("max")]
+            rows.append(row)
+        anchor_row: list[Any] = ["bare uvicorn anchor: total"]
+        for client in clients:
+            anchor_row += [anchor[client].get("p50"), anchor[client].get("max")]
+        rows.append(anchor_row)
+        report.add_table(
+            f"Binary /v1/infer of {args.tokens} x {args.hidden} on one {platform} agent, graphs {mode} (ms)",
+            ["stage", "httpx p50", "httpx max", "raw socket p50", "raw socket max"],
+            rows,
+        )
+    last = by_mode[modes[-1]]
+    for client in clients:
+        beyond = last.get(client, {}).get("total - step", {}).get("p50")
+        if beyond is not None and anchor[client].get("p50"):
+            report.target(
+                f"/v1/infer beyond its step / bare uvicorn raw-bytes request, {client} (graphs {modes[-1]})",
+                beyond / anchor[client]["p50"],
+                1.5,
+                "x",
+            )
+    total = last.get("httpx", {}).get("total", {}).get("p50")
+    if on_gpu and total is not None:
+        report.target(
+            f"/v1/infer of {args.tokens} tokens, binary body, p50 (graphs {modes[-1]})", total, 3.0, "ms"
+        )
+    report.targets_table()
+    report.write()
+
+
+def measure_anchor(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """The bare uvicorn echo server, driven by the same two clients with the same body."""
+    scratch = scratch_dir("infer_path-anchor")
+    ready = scratch / "anchor.ready"
+    ready.unlink(missing_ok=True)
+    with ProcessGroup(scratch) as group:
+        anchor = group.start(
+            "anchor", [PYTHON, str(Path(__file__).resolve()), "--as-anchor", "--ready-file", str(ready)]
+        )
+        url = wait_ready_file(ready, anchor, timeout_s=60)
+        stamps = asyncio.run(drive(url, args))
+    per_client: dict[str, list[float]] = {}
+    for client, start, end in stamps.values():
+        per_client.setdefault(client, []).append((end - start) * 1000)
+    return {client: summarize(values) for client, values in per_client.items()}
+
+
+def measure_agent(
+    args: argparse.Namespace, platform: str, device: str, on_gpu: bool, mode: str
+) -> dict[str, dict[str, Any]]:
+    """One traced agent with `--cuda-graphs mode`: per client, each stage's summary."""
+    import gpu  # its reconfigure() forms generation 1
+
+    scratch = scratch_dir(f"infer_path-{mode}")
     ready = scratch / "agent.ready"
     ready.unlink(missing_ok=True)
     with ProcessGroup(scratch) as group:
@@ -230,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "--engine-id", "infer-path-0", "--platform", platform, *(["--device", device] if on_gpu else []),
             "--num-logical-experts", str(args.experts), "--hidden-size", str(args.hidden),
             "--intermediate-size", str(args.intermediate), "--top-k", str(args.top_k), "--dtype", args.dtype,
-            "--grouped-step", args.grouped_step,
+            "--grouped-step", args.grouped_step, "--cuda-graphs", mode,
         ]  # fmt: skip
         agent = group.start("agent", argv_agent)
         url = wait_ready_file(ready, agent, timeout_s=300)
@@ -254,32 +381,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         if marks is None:
             continue
         marks = marks | {"client_start": start, "client_end": end}
-        stages = per_client.setdefault(client, {"total": []})
+        stages = per_client.setdefault(client, {"total": [], "total - step": []})
         stages["total"].append((end - start) * 1000)
+        if "step_start" in marks and "step_end" in marks:
+            step = marks["step_end"] - marks["step_start"]
+            stages["total - step"].append((end - start - step) * 1000)
         for name, a, b in STAGES:
             if a in marks and b in marks:
                 stages.setdefault(name, []).append((marks[b] - marks[a]) * 1000)
-    summaries = {c: {k: summarize(v) for k, v in s.items()} for c, s in per_client.items()}
-    report.results["stages_ms"] = summaries
-    rows = []
-    for name in ["total", *(s[0] for s in STAGES)]:
-        row: list[Any] = [name]
-        for client in ("httpx", "raw socket"):
-            summary = summaries.get(client, {}).get(name, {})
-            row += [summary.get("p50"), summary.get("max")]
-        rows.append(row)
-    report.add_table(
-        f"Binary /v1/infer of {args.tokens} x {args.hidden} on one {platform} agent (ms)",
-        ["stage", "httpx p50", "httpx max", "raw socket p50", "raw socket max"],
-        rows,
-    )
-    total = summaries.get("httpx", {}).get("total", {}).get("p50")
-    if on_gpu and total is not None:
-        report.target(f"issue 10: /v1/infer of {args.tokens} tokens, binary body, p50", total, 3.0, "ms")
-    report.write()
+    return {c: {k: summarize(v) for k, v in s.items()} for c, s in per_client.items()}
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--as-agent"]:
         sys.exit(run_traced_agent(sys.argv[2:]))
+    if sys.argv[1:2] == ["--as-anchor"]:
+        sys.exit(run_anchor(sys.argv[2:]))
     main()

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from engine_agent import moe
+from engine_agent import moe, step_graphs
 from engine_agent.coordinators import CoordinatorSet
 from engine_agent.engine import ReferenceEngine
 from engine_agent.groups import GroupAbandoned, start_store_server
@@ -28,6 +29,7 @@ from engine_agent.protocol import (
     AgentInfo,
     AgentRegistration,
     CleanupRecord,
+    DeviceMemory,
     GenerationBroken,
     StoreAddress,
 )
@@ -37,6 +39,7 @@ from engine_agent.settings import AgentSettings
 from engine_agent.transfer import available_backends
 
 log = logging.getLogger(__name__)
+SWITCH_INTERVAL_S = 0.0005
 # `*_created` series double the output and nothing reads them.
 disable_created_metrics()
 
@@ -92,6 +95,10 @@ class Agent:
         self.config = settings.engine_config()
         self.device = torch.device(settings.device_name())
         torch.set_num_threads(settings.torch_threads)
+        # The serving loop, the HTTP event loop and the job's worker share the GIL: at Python's default
+        # 5 ms switch interval a step boundary waited up to 70 ms behind a thread busy in Python
+        # (benchmarks/step_profile.py), ~6 ms at this one. The process is the agent's alone.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.store = start_store_server(settings.advertised_host(), settings.store_timeout_s)
         self.store_address = StoreAddress(host=settings.advertised_host(), port=self.store.port)
         self.transfer_backends = available_backends()
@@ -99,12 +106,15 @@ class Agent:
         self._stop = threading.Event()
         self._beat_now = threading.Event()  # wakes the heartbeat (the generation broke: say so now)
         self._broken: BrokenGroup | None = None  # the last group that broke under us, and who stalled
+        grouped = moe.grouped_step(settings.grouped_step, self.device)
+        graphs = step_graphs.graphs_wanted(settings.cuda_graphs, self.device, grouped)
         self.engine = ReferenceEngine(
             self.config,
             self.device,
             on_paused=self._on_engine_paused,
             on_broken=self._on_broken,
-            grouped_step=moe.grouped_step(settings.grouped_step, self.device),
+            grouped_step=grouped,
+            graph_buckets=list(settings.cuda_graph_buckets) if graphs else None,
         )
         self.metrics = AgentMetrics(self.engine)
         self.cleanup = CleanupWorker(on_failure=self._on_cleanup_failure)
@@ -183,6 +193,7 @@ class Agent:
             store=self.store_address,
             transfer_backends=self.transfer_backends,
             serving_steps=counters.steps,
+            graph_steps=counters.graph_steps,
             step_ms=self.engine.step_ms(),
             requests_served=counters.requests_served,
             queued_requests=self.engine.queued_requests(),
@@ -191,6 +202,16 @@ class Agent:
             free_kv_bytes=self.engine.free_kv_bytes(),
             reconfig=reconfig,
             cleanup=self.cleanup.status(),
+            cuda_graphs=step_graphs.summary(active.graphs) if active else None,
+            device_memory=self._device_memory(),
+        )
+
+    def _device_memory(self) -> DeviceMemory | None:
+        if self.device.type != "cuda":
+            return None
+        return DeviceMemory(
+            allocated_bytes=torch.cuda.memory_allocated(self.device),
+            reserved_bytes=torch.cuda.memory_reserved(self.device),
         )
 
     def heartbeat(self) -> AgentHeartbeat:

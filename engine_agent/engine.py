@@ -33,9 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_agent import lockstep, moe
+from engine_agent import lockstep, moe, step_graphs
 from engine_agent.engine_stats import STEP_TIMES_KEPT, EngineCounters, step_ms_summary
-from engine_agent.groups import CollectiveTimeout, abort_group
+from engine_agent.grouped import Kernel
+from engine_agent.groups import CollectiveTimeout, CommGroup, abort_group
 from engine_agent.protocol import AgentState, EngineConfig
 from engine_agent.serving import ActiveGeneration, EngineUnavailable, InferResult, PausedAt
 
@@ -67,10 +68,16 @@ class ReferenceEngine:
         on_step: Callable[[int], None] | None = None,
         on_broken: Callable[[ActiveGeneration, Exception], None] | None = None,
         grouped_step: bool = False,
+        graph_buckets: list[int] | None = None,
     ) -> None:
         self.config = config
         self.device = device
         self.grouped_step = grouped_step  # a layer's experts batched (`moe.GroupedExperts`)
+        # Token counts the step is captured for, per generation (None: no graphs). Without CUDA the
+        # buckets' padded buffers run eagerly (tests of the bucketing).
+        self.graph_buckets = graph_buckets
+        self._graph_kernels: dict[int, Kernel] = {}  # the expert kernel chosen for each bucket
+        self._graph_stream: torch.cuda.Stream | None = None  # every generation's capture runs on it
         self._routers = [moe.router_weights(config, device, layer) for layer in range(config.num_moe_layers)]
         self._on_paused = on_paused
         self._on_step = on_step
@@ -89,8 +96,10 @@ class ReferenceEngine:
         self._arm_in_flight = False  # the iteration running now carries this engine's arm
         self._stopped = False
         self._iterations_since_start = 0  # lock-step iterations since the last switch or resume
-        self.counters = EngineCounters(
-            layer_expert_load=[[0] * config.num_logical_experts for _ in range(config.num_moe_layers)]
+        self.counters = EngineCounters()
+        # Tokens routed per layer and logical expert, summed on the device step by step (read on demand).
+        self._load = torch.zeros(
+            config.num_moe_layers, config.num_logical_experts, dtype=torch.int64, device=device
         )
         self._step_ms: collections.deque[float] = collections.deque(maxlen=STEP_TIMES_KEPT)
         self._thread = threading.Thread(target=self._loop, name="serving-loop", daemon=True)
@@ -238,12 +247,36 @@ class ReferenceEngine:
             stacks=stacks if self.grouped_step else None,
         )
 
+    @property
+    def captures_graphs(self) -> bool:
+        return self.graph_buckets is not None
+
+    def capture_graphs(self, views: list[moe.LayerView], *, rank: int) -> step_graphs.StepGraphs | None:
+        """The step's graphs for a generation that serves from `views` as `rank` (built ahead of the
+        switch, `ActiveGeneration.graphs`); None when this engine captures none."""
+        if self.graph_buckets is None:
+            return None
+        graphs = step_graphs.capture(
+            self.config, views, rank, self.device, self.graph_buckets,
+            graphs=self.device.type == "cuda", kernels=self._graph_kernels, stream=self._capture_stream(),
+        )  # fmt: skip
+        self._graph_kernels.update(graphs.kernels)  # timed once: later generations reuse the choice
+        return graphs
+
+    def _capture_stream(self) -> torch.cuda.Stream | None:
+        if self.device.type != "cuda":
+            return None
+        if self._graph_stream is None:
+            self._graph_stream = torch.cuda.Stream(self.device)
+        return self._graph_stream
+
     def switch(
         self, new: ActiveGeneration, views: list[moe.LayerView] | None = None
     ) -> ActiveGeneration | None:
-        """Swap groups, placement and weights together and serve the new generation. Only while
-        paused or idle (the loop holds no group then). Returns the retired generation. `views`: the
-        layers built ahead for `new` (`views_for`), else built here."""
+        """Swap groups, placement, weights and step graphs together and serve the new generation. Only
+        while paused or idle (the loop holds no group then). Returns the retired generation (its graphs
+        are released by the caller's cleanup, not here). `views`: the layers built ahead for `new`
+        (`views_for`), else built here."""
         layers = views or self.views_for(new.placements, new.weights, rank=new.rank, stacks=new.stacks)
         with self._cond:
             if self._state == AgentState.serving:
@@ -294,11 +327,11 @@ class ReferenceEngine:
     def expert_load(self) -> list[int]:
         """Tokens routed to each logical expert, summed over the layers."""
         with self._cond:
-            return [sum(column) for column in zip(*self.counters.layer_expert_load, strict=True)]
+            return [int(v) for v in self._load.sum(dim=0).tolist()]
 
     def layer_expert_load(self) -> list[list[int]]:
         with self._cond:
-            return [list(layer) for layer in self.counters.layer_expert_load]
+            return [[int(v) for v in layer] for layer in self._load.tolist()]
 
     def free_kv_bytes(self) -> int:
         """Memory a KV cache could still take here: free device memory on GPU, available RAM on CPU."""
@@ -312,6 +345,11 @@ class ReferenceEngine:
         with self._cond:
             times = list(self._step_ms)
         return step_ms_summary(times)
+
+    def step_times_ms(self) -> list[float]:
+        """The recent real steps' durations, oldest first (at most `STEP_TIMES_KEPT`)."""
+        with self._cond:
+            return list(self._step_ms)
 
     def queued_requests(self) -> int:
         with self._cond:
@@ -420,19 +458,18 @@ class ReferenceEngine:
             hidden_own = batch[0].tokens if len(batch) == 1 else torch.cat([r.tokens for r in batch])
         else:
             hidden_own = torch.empty(0, self.config.hidden_size, dtype=torch.float32, device=self.device)
-        hidden_own, loads = lockstep.moe_step(
-            self.config, group, layers, hidden_own, boundary.per_rank, self.device, timeout_s
+        hidden_own, loads, from_graphs = lockstep.moe_step(
+            self.config, group, layers, hidden_own, boundary.per_rank, self.device, timeout_s, active.graphs
         )
-        mine = hidden_own.cpu()
+        with self._cond:
+            self._load += loads
+        mine = self._to_host(hidden_own, group, timeout_s)
         with self._cond:
             self.counters.steps += 1
+            self.counters.graph_steps += int(from_graphs)
             step = self.counters.steps
             self.counters.tokens_served += my_count
             self.counters.requests_served += len(batch)
-            self.counters.layer_expert_load = [
-                [a + b for a, b in zip(old, new, strict=True)]
-                for old, new in zip(self.counters.layer_expert_load, loads, strict=True)
-            ]
             self._step_ms.append((time.perf_counter() - started) * 1000.0)
         row = 0
         for request in batch:
@@ -442,6 +479,16 @@ class ReferenceEngine:
         if self._on_step is not None:
             self._on_step(step)
         return True
+
+    def _to_host(self, rows: torch.Tensor, group: CommGroup, timeout_s: float | None) -> torch.Tensor:
+        """The step's outputs on the host: the step's one wait for the device (besides the control
+        all-reduce), held to the collective deadline (a peer that stalls a collective fails it)."""
+        if self.device.type != "cuda":
+            return rows.cpu()
+        host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+        host.copy_(rows, non_blocking=True)
+        group.wait_device(timeout_s)
+        return host
 
     def _enter_pause(self, *, by_peer: bool, armed: bool = False) -> None:
         now = time.monotonic()

@@ -15,7 +15,7 @@ from engine_agent.protocol import EngineConfig
 
 # Passed only when they differ from the default, so that the command line of an engine that does not
 # use them stays the one it was before they existed.
-SENT_WHEN_SET = frozenset({"num_moe_layers"})
+SENT_WHEN_SET = frozenset({"num_moe_layers", "cuda_graphs", "cuda_graph_buckets"})
 
 
 def option(name: str) -> str:
@@ -31,9 +31,20 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
             form: dict[str, Any] = {"choices": list(get_args(kind))}
         elif kind in (int, float, str):
             form = {"type": kind}
+        elif kind == list[int]:
+            form = {"type": _int_list}
         else:
             raise TypeError(f"EngineConfig.{name}: no command-line form for {kind}")
-        parser.add_argument(option(name), **form, default=field.default, help=field.description)
+        default = field.get_default(call_default_factory=True)
+        parser.add_argument(option(name), **form, default=default, help=field.description)
+
+
+def _int_list(text: str) -> list[int]:
+    """`1,2,4` -> [1, 2, 4] (a list field on the command line is comma-separated)."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from exc
 
 
 def engine_args(engine: EngineConfig) -> list[str]:
@@ -41,7 +52,7 @@ def engine_args(engine: EngineConfig) -> list[str]:
     args: list[str] = []
     for name, field in EngineConfig.model_fields.items():
         value = getattr(engine, name)
-        if name in SENT_WHEN_SET and value == field.default:
+        if name in SENT_WHEN_SET and value == field.get_default(call_default_factory=True):
             continue
-        args += [option(name), str(value)]
+        args += [option(name), ",".join(map(str, value)) if isinstance(value, list) else str(value)]
     return args

@@ -1,10 +1,10 @@
-"""What the reference engine counts (steps, requests, tokens, pauses, per-layer expert load, its last
-group error) and the summary of its recent real steps' durations."""
+"""What the reference engine counts (steps, requests, tokens, pauses, its last group error) and the
+summary of its recent real steps' durations."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 STEP_TIMES_KEPT = 1024  # the recent real steps whose durations `step_ms_summary` summarises
 
@@ -12,12 +12,12 @@ STEP_TIMES_KEPT = 1024  # the recent real steps whose durations `step_ms_summary
 @dataclass
 class EngineCounters:
     steps: int = 0
+    graph_steps: int = 0  # steps that replayed the generation's step graphs
     dummy_steps: int = 0
     requests_served: int = 0
     tokens_served: int = 0
     pauses: int = 0
     last_error: str | None = None
-    layer_expert_load: list[list[int]] = field(default_factory=list)  # [layer][logical expert]
 
 
 def step_ms_summary(step_ms: Iterable[float]) -> dict[str, float] | None:

@@ -12,6 +12,11 @@ break): gloo cannot abort a collective in flight (`ProcessGroupGloo.abort` does 
 so without this a survivor whose ring neighbours were alive sat out the whole deadline. An abandoned
 group is kept alive by a reaper until its last collective has timed out, because dropping a gloo group
 joins its worker threads, which would block whichever thread let go of it.
+
+On a GPU a collective's completion is polled (`CommGroup._poll`) against its deadline rather than
+waited with NCCL's timed wait, which sleeps a millisecond between checks; the collectives inside a
+serving step are not waited on the host at all (the stream orders them), and the step's end waits for
+the device once, with the same deadline (`CommGroup.wait_device`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -38,6 +44,8 @@ class GroupAbandoned(CollectiveTimeout):
 
 
 WAIT_SLICE_S = 0.05  # a CPU collective is waited in slices of this: an abandoned group is left within one
+POLL_SPIN_S = 0.005  # a GPU operation's completion is polled without a pause this long, then every
+POLL_SLEEP_S = 0.0002  # this
 
 
 class GroupRendezvousTimeout(CollectiveTimeout):
@@ -124,9 +132,13 @@ class CommGroup:
         input_splits: list[int],
         *,
         timeout_s: float | None = None,
+        in_step: bool = False,
     ) -> torch.Tensor:
         """Rows of `input` to each member (`input_splits` rows each, in rank order) into `output`
-        (`output_splits` rows from each): one exchange round, where a ring all-reduce takes 2(n-1)."""
+        (`output_splits` rows from each): one exchange round, where a ring all-reduce takes 2(n-1).
+
+        `in_step` on a GPU: the host does not wait for it; the device's stream does (what follows on
+        the stream runs after it), and the step's end (`wait_device`) holds the deadline."""
         deadline = timeout_s or self.timeout_s
         opts = dist.AllToAllOptions()
         opts.timeout = timedelta(seconds=deadline)
@@ -138,8 +150,37 @@ class CommGroup:
             work = self.pg.alltoall_base(output, input, output_splits, input_splits, opts)
         except RuntimeError as exc:
             raise CollectiveTimeout(f"{what}: {exc}") from exc
+        if in_step and self.device.type == "cuda":
+            work.wait()  # no timeout: the stream waits on it, the host does not
+            return output
         self._wait(work, what, deadline)
         return output
+
+    def wait_device(self, timeout_s: float | None = None) -> None:
+        """Wait until the device has done everything queued so far on this thread's stream (a step's
+        collectives and compute), within the deadline (`timeout_s`, default the group's). A collective
+        that never completes (a peer stalled or gone) raises CollectiveTimeout, as a timed wait would."""
+        if self.device.type != "cuda":
+            return
+        event = torch.cuda.Event()
+        event.record()
+        self._poll(event.query, "the step's collectives and compute", timeout_s or self.timeout_s)
+
+    def _poll(self, done: Callable[[], bool], what: str, deadline_s: float) -> None:
+        """Until `done()`: a busy loop for the first POLL_SPIN_S (a step's collectives end within
+        microseconds to a millisecond, and each release of the GIL can cost a switch interval to take
+        back while another thread runs Python), then a short sleep between checks (a long wait)."""
+        started = time.monotonic()
+        give_up = started + deadline_s
+        spin_until = started + POLL_SPIN_S
+        while not done():
+            now = time.monotonic()
+            if self.abandoned.is_set():
+                raise GroupAbandoned(f"{what}: the group was given up ({self.abandon_reason})")
+            if now > give_up:
+                raise CollectiveTimeout(f"{what}: not done within {deadline_s:g} s")
+            if now > spin_until:
+                time.sleep(POLL_SLEEP_S)
 
     def _check_abandoned(self, what: str) -> None:
         if self.abandoned.is_set():
@@ -147,10 +188,12 @@ class CommGroup:
 
     def _wait(self, work: Any, what: str, deadline_s: float) -> None:
         if self.device.type == "cuda":
-            # NCCL's watchdog owns a timed-out work (it may abort the communicator): one wait, no slices;
-            # a broken NCCL group is aborted for real (`abort_group`), which ends the peers' waits.
+            # Polled here, not `work.wait(timeout)`: NCCL's timed wait sleeps a whole millisecond between
+            # its checks, which was most of a step. A broken NCCL group is aborted for real
+            # (`abort_group`), which ends the peers' waits; its failed work reads as completed.
+            self._poll(work.is_completed, what, deadline_s)
             try:
-                work.wait(timedelta(seconds=deadline_s))
+                work.wait()  # completed: returns at once (raising the work's own error, if it failed)
             except RuntimeError as exc:
                 raise CollectiveTimeout(f"{what}: {exc}") from exc
             return

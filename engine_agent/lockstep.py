@@ -12,6 +12,7 @@ import torch
 from engine_agent import moe
 from engine_agent.groups import CommGroup
 from engine_agent.protocol import EngineConfig
+from engine_agent.step_graphs import StepGraphs, layer_step
 
 # The control all-reduce: [pause, hold, armed count, armed generation sum] then tokens per rank.
 CONTROL_SLOTS = 4
@@ -36,12 +37,10 @@ def agree_boundary(
     my_count: int,
     timeout_s: float | None = None,
 ) -> Boundary:
-    control = torch.zeros(CONTROL_SLOTS + group.size, dtype=torch.int64, device=device)
-    control[0] = pause_flag
-    control[1] = hold_flag
-    control[2] = int(armed_for > 0)
-    control[3] = armed_for
-    control[CONTROL_SLOTS + group.rank] = my_count
+    values = [pause_flag, hold_flag, int(armed_for > 0), armed_for] + [0] * group.size
+    values[CONTROL_SLOTS + group.rank] = my_count
+    # Built on the host and copied once: five element writes on a GPU were five kernel launches.
+    control = torch.tensor(values, dtype=torch.int64).to(device)
     counts = group.allreduce(control, timeout_s=timeout_s).tolist()
     pause = counts[0] > 0 and counts[1] == 0
     # Every member armed, for the same generation (the sum of equal numbers): switch here.
@@ -59,37 +58,50 @@ def moe_step(
     per_rank: list[int],
     device: torch.device,
     timeout_s: float | None = None,
-) -> tuple[torch.Tensor, list[list[int]]]:
+    graphs: StepGraphs | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """This rank's `hidden_own` rows through every MoE layer: each rank computes its local experts'
     share of every rank's tokens, and each keeps its own rows of the combined result. Returns those
-    rows and, per layer, how many of them each logical expert was routed. `timeout_s`: each collective's
-    deadline (default the group's)."""
+    rows, per layer how many of them each logical expert was routed ([layers, L] on the device), and
+    whether the step ran from graphs. Nothing here waits for the device: on a GPU the whole step is
+    queued on the stream, and the caller's `group.wait_device` holds it to the deadline (`timeout_s`,
+    default the group's). With `graphs`, a step that fits a bucket replays its captured graphs."""
     my_count = hidden_own.shape[0]
     total = sum(per_rank)
     offset = sum(per_rank[: group.rank])
     hidden = config.hidden_size
+    bucket = graphs.bucket(total) if graphs is not None else None
+    if bucket is not None:
+        bucket.set_counts(total, offset, offset + my_count)
     loads = []
-    for view in layers:
+    alone = group.size == 1  # a one-member all-to-all is the identity: no call (the control all-reduce stays)
+    mine = [my_count] * group.size  # this rank's rows, to or from each member
+    for layer, view in enumerate(layers):
         # Dispatch and combine as all-to-alls: one exchange round each, where ring all-reduces take
-        # 2(n-1) rounds (each a wake-up of every peer: what a step cost on loaded cores).
-        gathered = torch.empty(total, hidden, dtype=torch.float32, device=device)
-        group.alltoall(
-            gathered,
-            hidden_own.repeat(group.size, 1),
-            per_rank,
-            [my_count] * group.size,
-            timeout_s=timeout_s,
-        )
-        partial, experts = moe.local_contribution(
-            config, view.router, gathered, group.rank, view.placement, view.table, view.weights, view.grouped
-        )
-        back = torch.empty(group.size * my_count, hidden, dtype=torch.float32, device=device)
-        group.alltoall(back, partial, [my_count] * group.size, per_rank, timeout_s=timeout_s)
-        hidden_own = back.view(group.size, my_count, hidden).sum(dim=0)
-        loads.append(
-            torch.bincount(
-                experts[offset : offset + my_count].reshape(-1).cpu(),
-                minlength=config.num_logical_experts,
-            ).tolist()
-        )
-    return hidden_own, loads
+        # 2(n-1) rounds (each a wake-up of every peer: what a step cost on loaded cores). With graphs,
+        # the dispatch lands in the bucket's input itself.
+        if bucket is not None:
+            gathered = bucket.inputs[:total]
+            if alone:
+                gathered.copy_(hidden_own)
+        elif alone:
+            gathered = hidden_own
+        else:
+            gathered = torch.empty(total, hidden, dtype=torch.float32, device=device)
+        if not alone:
+            sent = hidden_own.repeat(group.size, 1)
+            group.alltoall(gathered, sent, per_rank, mine, timeout_s=timeout_s, in_step=True)
+        if bucket is not None:
+            partial, load = bucket.run(layer)
+            partial = partial[:total]
+        else:
+            own = (offset, offset + my_count)
+            partial, load = layer_step(config, view, group.rank, gathered, None, own, None)
+        if alone:
+            hidden_own = partial
+        else:
+            back = torch.empty(group.size * my_count, hidden, dtype=torch.float32, device=device)
+            group.alltoall(back, partial, mine, per_rank, timeout_s=timeout_s, in_step=True)
+            hidden_own = back.view(group.size, my_count, hidden).sum(dim=0)
+        loads.append(load)
+    return hidden_own, torch.stack(loads), bucket is not None

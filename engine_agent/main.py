@@ -11,6 +11,7 @@ import threading
 import time
 
 import uvicorn
+from pydantic import ValidationError
 
 from engine_agent.api import create_app
 from engine_agent.engine_options import add_engine_options
@@ -102,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     port = sock.getsockname()[1]
-    settings = AgentSettings.from_options(args, port=port)
+    try:
+        settings = AgentSettings.from_options(args, port=port)
+    except ValidationError as exc:
+        parser.error(
+            "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+        )
     url = settings.url or f"http://{settings.advertised_host()}:{port}"
     set_process_fields(engine_id=settings.resolved_engine_id(os.getpid()), deployment=settings.deployment)
     server = uvicorn.Server(

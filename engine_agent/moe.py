@@ -15,8 +15,8 @@ dictionaries and transfers use it, so layer 0's ids are the logical ids.
 
 Stacks: a rank holds each layer's experts as the rows of one buffer (`ExpertStack`), each expert's
 packed buffer a view of its row. Moving an expert is still moving one row; and on a GPU the step runs
-every expert of a layer in two batched matmuls (`GroupedExperts`) instead of a loop of small ones
-whose kernel launches cost more than their arithmetic.
+every expert of a layer in one grouped matmul per weight (`engine_agent.grouped`) instead of a loop of
+small ones whose kernel launches cost more than their arithmetic.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_agent.grouped import Count, GroupedExperts, grouped_mm_available, grouped_share
 from engine_agent.protocol import EngineConfig
 
 _ROUTER_STREAM = 1
@@ -145,26 +146,6 @@ def stack_buffers(
     return views, stacks
 
 
-@dataclass(frozen=True)
-class GroupedExperts:
-    """A layer's stack as batched matrices, with the stack row of each of the rank's slots."""
-
-    gate_up: torch.Tensor  # [R, 2I, H]
-    down: torch.Tensor  # [R, H, I]
-    slot_rows: torch.Tensor  # [S] int64
-
-    @classmethod
-    def over(cls, config: EngineConfig, stack: ExpertStack, slots: list[int]) -> GroupedExperts:
-        hidden, inter = config.hidden_size, config.intermediate_size
-        rows, block = len(stack.experts), inter * hidden
-        row_of = {expert: row for row, expert in enumerate(stack.experts)}
-        return cls(
-            gate_up=stack.buffer[:, : 2 * block].view(rows, 2 * inter, hidden),
-            down=stack.buffer[:, 2 * block : 3 * block].view(rows, hidden, inter),
-            slot_rows=torch.tensor([row_of[e] for e in slots], dtype=torch.int64, device=stack.buffer.device),
-        )
-
-
 def grouped_step(setting: str, device: torch.device) -> bool:
     """Whether a step runs its experts batched (`auto`: on a GPU, where launches dominate a loop of
     small matmuls; not on CPU, where the padding to the busiest expert costs more than the loop)."""
@@ -196,6 +177,38 @@ class ReplicaTable:
         return cls(counts.to(device), ranks.to(device), slots_t.to(device))
 
 
+def grouped_experts(
+    config: EngineConfig, stack: ExpertStack, placement: list[list[int]], rank: int, table: ReplicaTable
+) -> GroupedExperts:
+    """A layer's `stack` batched, as `rank` of `placement` holds it (an expert on two of its slots:
+    both name its one row), with the replica `table` of the whole placement."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    buffer = stack.buffer
+    rows, block = len(stack.experts), inter * hidden
+    row_of = {expert: row for row, expert in enumerate(stack.experts)}
+    ranks, slots = table.ranks.cpu(), table.slots.cpu()
+    slot_rows = torch.tensor([row_of[e] for e in placement[rank]], dtype=torch.int64)
+    pair_rows = torch.full_like(ranks, rows)
+    here = ranks == rank
+    pair_rows[here] = slot_rows[slots[here]]
+    fast = grouped_mm_available(buffer.device, buffer.dtype, hidden, inter)
+    return GroupedExperts(
+        gate_up=buffer[:, : 2 * block].view(rows, 2 * inter, hidden),
+        down=buffer[:, 2 * block : 3 * block].view(rows, hidden, inter),
+        pair_rows=pair_rows.to(buffer.device),
+        replica_counts=table.counts,
+        kernel="grouped_mm" if fast else "padded",
+    )
+
+
+def choose_replicas(table: ReplicaTable, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rank, slot) computing each (token, choice) pair of `experts` [T, k]: replica number (global
+    token index mod replica count), the same on every rank."""
+    token_index = torch.arange(experts.shape[0], device=experts.device).unsqueeze(-1).expand_as(experts)
+    choice = token_index % table.counts[experts]
+    return table.ranks[experts, choice], table.slots[experts, choice]
+
+
 def local_contribution(
     config: EngineConfig,
     router: torch.Tensor,
@@ -205,20 +218,26 @@ def local_contribution(
     table: ReplicaTable,
     weights: Mapping[int, torch.Tensor],
     grouped: GroupedExperts | None = None,
+    *,
+    valid: Count | None = None,
+    capacity: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One EP rank's share of a step over the gathered batch tokens [T, H] (every rank sees the same).
 
-    A (token, expert) pair is computed by exactly one replica of the expert: replica number
-    (global token index mod replica count), so the ranks' partial outputs sum (all-reduce) to the
-    layer's output. Returns (partial output [T, H] fp32, top-k expert ids [T, k] for load accounting).
-    With `grouped`, the rank's experts run batched (`_grouped_contribution`), else one at a time.
+    A (token, expert) pair is computed by exactly one replica of the expert (`choose_replicas`), so
+    the ranks' partial outputs sum (all-reduce) to the layer's output. Returns (partial output [T, H]
+    fp32, top-k expert ids [T, k] for load accounting). With `grouped`, the rank's experts run batched
+    in fixed shapes with no host synchronisation (`grouped.grouped_share`: `valid` and `capacity` are
+    its), else one at a time.
     """
     tokens = tokens.float()
     experts, gate_weights = route(config, router, tokens)
-    token_index = torch.arange(tokens.shape[0], device=tokens.device).unsqueeze(-1).expand_as(experts)
-    choice = token_index % table.counts[experts]
-    chosen_rank = table.ranks[experts, choice]
-    chosen_slot = table.slots[experts, choice]
+    if grouped is not None:
+        partial = grouped_share(
+            config, grouped, tokens, experts, gate_weights, valid=valid, capacity=capacity
+        )
+        return partial, experts
+    chosen_rank, chosen_slot = choose_replicas(table, experts)
     out = torch.zeros_like(tokens)
     dtype = torch_dtype(config)
     # This rank's (token, choice) pairs once, grouped by slot with a stable sort: each slot's pairs are
@@ -228,9 +247,6 @@ def local_contribution(
     if mine_rows.numel() == 0:
         return out, experts
     mine_slots = chosen_slot[mine_rows, mine_which]
-    if grouped is not None:
-        _grouped_contribution(config, grouped, tokens, gate_weights, mine_rows, mine_which, mine_slots, out)
-        return out, experts
     order = torch.argsort(mine_slots, stable=True)
     mine_rows, mine_which = mine_rows[order], mine_which[order]
     slots, counts = torch.unique_consecutive(mine_slots[order], return_counts=True)
@@ -244,33 +260,13 @@ def local_contribution(
     return out, experts
 
 
-def _grouped_contribution(
-    config: EngineConfig,
-    grouped: GroupedExperts,
-    tokens: torch.Tensor,
-    gate_weights: torch.Tensor,
-    rows: torch.Tensor,
-    which: torch.Tensor,
-    slots: torch.Tensor,
-    out: torch.Tensor,
-) -> None:
-    """The rank's (token, choice) pairs through its experts as two batched matmuls: each stack row
-    gets its pairs' tokens, padded to the busiest row's count, then `out` gains each pair's output
-    times its gate weight (the same sum the per-expert loop makes)."""
-    stack_rows = grouped.slot_rows[slots]
-    order = torch.argsort(stack_rows, stable=True)
-    rows, which, stack_rows = rows[order], which[order], stack_rows[order]
-    counts = torch.bincount(stack_rows, minlength=grouped.gate_up.shape[0])
-    capacity = int(counts.max())  # the one host sync of this path
-    position = (
-        torch.arange(stack_rows.numel(), device=tokens.device) - (counts.cumsum(0) - counts)[stack_rows]
-    )
-    dtype, inter = torch_dtype(config), config.intermediate_size
-    x = torch.zeros(counts.numel(), capacity, tokens.shape[1], dtype=dtype, device=tokens.device)
-    x[stack_rows, position] = tokens[rows].to(dtype)
-    h = torch.bmm(x, grouped.gate_up.transpose(1, 2))
-    y = torch.bmm(torch.nn.functional.silu(h[..., :inter]) * h[..., inter:], grouped.down.transpose(1, 2))
-    out.index_add_(0, rows, y[stack_rows, position].float() * gate_weights[rows, which].unsqueeze(-1))
+def own_load(config: EngineConfig, experts: torch.Tensor, start: Count, end: Count) -> torch.Tensor:
+    """How many of the rows [start, end) of `experts` [T, k] each logical expert was routed, [L] int64,
+    on the step's device (no host read: the serving loop adds it up, the API reads the sum)."""
+    index = torch.arange(experts.shape[0], device=experts.device)
+    own = ((index >= start) & (index < end)).unsqueeze(-1).expand_as(experts)
+    load = torch.zeros(config.num_logical_experts, dtype=torch.int64, device=experts.device)
+    return load.index_add_(0, experts.flatten(), own.flatten().to(torch.int64))
 
 
 @dataclass(frozen=True)
@@ -309,6 +305,6 @@ def layer_views(
         stack = (stacks or {}).get(layer)
         grouped = None
         if stack is not None and rank is not None and placement[rank]:
-            grouped = GroupedExperts.over(config, stack, placement[rank])
+            grouped = grouped_experts(config, stack, placement, rank, table)
         views.append(LayerView(routers[layer], placement, table, mine, grouped))
     return views

@@ -44,7 +44,7 @@ from collections.abc import Collection
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from engine_agent.choreography import ACCEPTS as ACCEPTS
 from engine_agent.choreography import ARMED_ONWARD as ARMED_ONWARD
@@ -123,6 +123,18 @@ def is_settled(status: ReconfigStatus | None, job_id: str, wanted: Collection[Re
     return Settlement.pending
 
 
+# As vLLM's capture sizes: powers of two up to twice the most tokens one step takes from the queue.
+DEFAULT_GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+MAX_GRAPH_BUCKET = 4096  # the most tokens one request may bring
+
+
+def graph_buckets(buckets: list[int]) -> list[int]:
+    """Graph buckets checked and in order (sorted, distinct)."""
+    if not buckets or any(not 1 <= b <= MAX_GRAPH_BUCKET for b in buckets):
+        raise ValueError(f"graph buckets must be 1..{MAX_GRAPH_BUCKET} tokens each, at least one")
+    return sorted(set(buckets))
+
+
 class EngineConfig(BaseModel):
     """The reference MoE layer. Every engine of one deployment runs the same config."""
 
@@ -134,6 +146,23 @@ class EngineConfig(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
     num_moe_layers: int = Field(1, ge=1, le=256, description="MoE layers, each with its own experts")
+    cuda_graphs: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="capture the serving step as CUDA graphs, one per token-count bucket (auto: on a "
+        "CUDA/ROCm device with the batched step; on: refuse to start where it cannot)",
+    )
+    cuda_graph_buckets: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_GRAPH_BUCKETS),
+        min_length=1,
+        max_length=32,
+        description="the token counts a graph is captured for (a step is padded to the next one; "
+        "past the largest it runs eagerly)",
+    )
+
+    @field_validator("cuda_graph_buckets")
+    @classmethod
+    def _buckets_sorted(cls, buckets: list[int]) -> list[int]:
+        return graph_buckets(buckets)
 
     @property
     def expert_nbytes(self) -> int:
@@ -243,8 +272,9 @@ class DowntimeOverrun(BaseModel):
 
     engine_id: str
     part: str = Field(
-        description="what took the time: `step boundary`, `warm_up`, `blocking prepare` or `pause "
-        "confirmation` (the coordinator's commit), `warm_up` or `window` (the engine-agreed commit)",
+        description="what took the time: `step boundary`, `warm_up`, `capture_graphs`, `blocking prepare` "
+        "or `pause confirmation` (the coordinator's commit), `warm_up`, `capture_graphs` or `window` (the "
+        "engine-agreed commit)",
         examples=["warm_up"],
     )
     stopped_ms: float = Field(description="how long the engine had been stopped when the budget was judged")
@@ -271,8 +301,29 @@ class PauseInterval(BaseModel):
     boundary_wait_ms: float = 0.0  # from the pause request to the step boundary
     warmup_ms: float = 0.0  # deferred warm-up inside the window
     blocking_prepare_ms: float = 0.0  # blocking strategy: prepare work inside the window
+    capture_ms: float = 0.0  # CUDA graphs captured inside the window (deferred policy, or blocking)
     switch_ms: float = 0.0
     resume_ms: float = 0.0
+
+
+class GraphCapture(BaseModel):
+    """The CUDA graphs one engine captured for a generation's serving step."""
+
+    buckets: list[int] = Field(description="token counts with a graph (a step is padded to the next)")
+    graphs: int = Field(description="graphs captured: one per bucket and MoE layer")
+    capture_ms: float
+    graph_bytes: int = Field(description="device memory the graphs hold (their pool and inputs)")
+    in_window: bool = Field(description="captured inside the commit window (else in prepare)")
+    kernels: list[str] = Field(
+        default_factory=list, description="the expert kernel of each bucket (grouped_mm or padded)"
+    )
+
+
+class DeviceMemory(BaseModel):
+    """The device allocator's figures (torch's caching allocator) on a GPU engine."""
+
+    allocated_bytes: int
+    reserved_bytes: int
 
 
 class ReconfigStatus(BaseModel):
@@ -291,6 +342,7 @@ class ReconfigStatus(BaseModel):
     warmup_policy: WarmupPolicy
     strategy: Strategy
     synced_value: int | None = Field(None, description="min free KV-cache bytes agreed over the new group")
+    graphs: GraphCapture | None = Field(None, description="the new generation's step graphs, once captured")
     pause: PauseInterval | None = None
     error: AgentError | None = None
     updated_at: float
@@ -303,6 +355,7 @@ class CleanupRecord(BaseModel):
     error: str | None = None
     duration_ms: float
     finished_at: float
+    graph_bytes_released: int = Field(0, description="device memory of the retired step graphs given back")
 
 
 class CleanupState(StrEnum):
@@ -338,6 +391,7 @@ class AgentInfo(BaseModel):
     store: StoreAddress
     transfer_backends: list[TransferBackend]
     serving_steps: int
+    graph_steps: int = Field(0, description="serving steps that replayed captured CUDA graphs")
     requests_served: int
     queued_requests: int = Field(0, description="requests waiting for a step (they stall while paused)")
     expert_load: list[int] = Field(
@@ -352,6 +406,8 @@ class AgentInfo(BaseModel):
     )
     reconfig: ReconfigStatus | None = None
     cleanup: CleanupStatus
+    cuda_graphs: GraphCapture | None = Field(None, description="the serving generation's step graphs")
+    device_memory: DeviceMemory | None = Field(None, description="GPU engines: the device allocator")
 
 
 class InferRequest(BaseModel):

@@ -1,7 +1,7 @@
 """The narrow interface between the reconfiguration executor and a serving engine (`ServingEngine`:
-pause at a step boundary, switch groups, placement and weights together, resume, leave, submit, expert
-load, free KV bytes) and the types it passes. `engine_agent.engine`'s reference engine implements it;
-a production engine can be plugged in behind the same interface.
+pause at a step boundary, switch groups, placement, weights and step graphs together, resume, leave,
+submit, expert load, free KV bytes) and the types it passes. `engine_agent.engine`'s reference engine
+implements it; a production engine can be plugged in behind the same interface.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from engine_agent.groups import CommGroup
 from engine_agent.moe import ExpertStack, LayerView
 from engine_agent.protocol import AgentState
+from engine_agent.step_graphs import StepGraphs
 
 
 class EngineUnavailable(RuntimeError):
@@ -32,6 +33,7 @@ class ActiveGeneration:
     weights: dict[int, torch.Tensor]  # flat expert id (moe.flat_id) -> packed buffer held by this rank
     member_urls: list[str] = field(default_factory=list)  # agents' URLs by rank: who to tell it broke
     stacks: dict[int, ExpertStack] = field(default_factory=dict)  # layer -> the stack `weights` views
+    graphs: StepGraphs | None = None  # the step's CUDA graphs, captured for this generation
 
     @property
     def placement(self) -> list[list[int]]:
@@ -88,6 +90,9 @@ class ServingEngine(Protocol):
         rank: int,
         stacks: dict[int, ExpertStack],
     ) -> list[LayerView]: ...
+    @property
+    def captures_graphs(self) -> bool: ...
+    def capture_graphs(self, views: list[LayerView], *, rank: int) -> StepGraphs | None: ...
     def switch(
         self, new: ActiveGeneration, views: list[LayerView] | None = None
     ) -> ActiveGeneration | None: ...

@@ -6,7 +6,7 @@ import argparse
 import socket
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine_agent.protocol import EngineConfig, Platform
@@ -62,6 +62,14 @@ class AgentSettings(EngineConfig, BaseSettings):
         "on a GPU only (auto: there kernel launches dominate a loop of small matmuls)",
     )
 
+    @field_validator("cuda_graph_buckets", mode="before")
+    @classmethod
+    def _buckets_from_text(cls, value: object) -> object:
+        """'1,8,64' as the command line and EPCTL_AGENT_CUDA_GRAPH_BUCKETS give it."""
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> AgentSettings:
         if self.platform == Platform.cpu and self.device not in (None, "cpu"):
@@ -70,6 +78,10 @@ class AgentSettings(EngineConfig, BaseSettings):
             raise ValueError(f"platform {self.platform} needs a cuda:N device (ROCm uses the same name)")
         if self.coordinator and not self.deployment:
             raise ValueError("--coordinator needs --deployment")
+        if self.cuda_graphs == "on" and (self.platform == Platform.cpu or self.grouped_step == "off"):
+            raise ValueError(
+                "--cuda-graphs on needs a CUDA/ROCm platform and the batched step (--grouped-step)"
+            )
         return self
 
     @classmethod

@@ -101,6 +101,9 @@ def print_summary(job: dict[str, Any]) -> None:
             f"{probe.get('canaries_sent', '?')} sent, {probe.get('canaries_failed', '?')} failed)[/]"
         )
     stdout.print(line)
+    parts = ((job.get("downtime") or {}).get("window_parts_ms")) or {}
+    if parts:
+        stdout.print("[dim]inside the window:[/] " + ", ".join(f"{k} {fmt_ms(v)}" for k, v in parts.items()))
     placement_line = describe_placement(job)
     if placement_line:
         stdout.print(placement_line)

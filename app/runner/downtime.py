@@ -6,13 +6,15 @@ the union of the engines' intervals (with overlapping intervals, first pause to 
 
 Agents report wall-clock epoch seconds (`PauseInterval.paused_at` / `resumed_at`) so intervals from
 different processes can be unioned; each engine's own duration comes from its monotonic clock
-(`pause_ms`) and is kept beside the union.
+(`pause_ms`) and is kept beside the union, with the window's breakdown (`window_parts_ms`: what the
+engines spent inside it, each part the longest of the serving engines': reaching the step boundary,
+deferred warm-up, graph capture, blocking prepare, switch, resume).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine_agent.protocol import PauseInterval
 
@@ -54,6 +56,7 @@ class Downtime:
     window_start: float | None  # first pause (epoch s)
     window_end: float | None  # last resume (epoch s)
     per_engine_ms: dict[str, float]
+    window_parts_ms: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -61,7 +64,30 @@ class Downtime:
             "window_start": self.window_start,
             "window_end": self.window_end,
             "per_engine_ms": {k: round(v, 3) for k, v in self.per_engine_ms.items()},
+            "window_parts_ms": {k: round(v, 3) for k, v in self.window_parts_ms.items()},
         }
+
+
+# The parts of an engine's stopped window it reports itself (`PauseInterval`), by the name the job shows.
+WINDOW_PARTS = {
+    "boundary_wait": "boundary_wait_ms",
+    "warm_up": "warmup_ms",
+    "capture_graphs": "capture_ms",
+    "blocking_prepare": "blocking_prepare_ms",
+    "switch": "switch_ms",
+    "resume": "resume_ms",
+}
+
+
+def window_parts(pauses: Iterable[PauseInterval]) -> dict[str, float]:
+    """Each part of the window, the longest of the engines' (a part that no engine spent is left out)."""
+    parts: dict[str, float] = {}
+    for pause in pauses:
+        for name, attribute in WINDOW_PARTS.items():
+            value = float(getattr(pause, attribute))
+            if value > 0:
+                parts[name] = max(parts.get(name, 0.0), value)
+    return parts
 
 
 def job_downtime(
@@ -81,9 +107,12 @@ def job_downtime(
     """
     intervals: list[Interval] = []
     per_engine: dict[str, float] = {}
+    serving_pauses: list[PauseInterval] = []
     for engine_id, pause in pauses.items():
         if pause is None:
             continue
+        if serving is None or engine_id in serving:
+            serving_pauses.append(pause)
         end = pause.resumed_at if pause.resumed_at is not None else now
         if end is not None and (serving is None or engine_id in serving):
             intervals.append(Interval(pause.paused_at, max(end, pause.paused_at)))
@@ -98,4 +127,5 @@ def job_downtime(
         window_start=merged[0].start if merged else None,
         window_end=merged[-1].end if merged else None,
         per_engine_ms=per_engine,
+        window_parts_ms=window_parts(serving_pauses),
     )

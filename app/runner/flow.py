@@ -357,6 +357,7 @@ class Flow:
         parts = {
             "step boundary": pause.boundary_wait_ms,
             "warm_up": pause.warmup_ms,
+            "capture_graphs": pause.capture_ms,
             "blocking prepare": pause.blocking_prepare_ms,
         }
         part, part_ms = max(parts.items(), key=lambda item: item[1])

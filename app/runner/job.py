@@ -202,6 +202,7 @@ class JobRun:
                     if status and status.transfer_backend
                     else None,
                     "synced_value": status.synced_value if status else None,
+                    "graphs": status.graphs.model_dump(mode="json") if status and status.graphs else None,
                     "pause": status.pause.model_dump(mode="json") if status and status.pause else None,
                     "error": status.error.model_dump(mode="json") if status and status.error else None,
                 }

@@ -1,4 +1,6 @@
-"""The one background worker that destroys retired communicator groups after a switch.
+"""The one background worker that destroys retired communicator groups after a switch, and releases
+retired step graphs (`step_graphs.StepGraphs`: their memory pool goes back to the device here, never
+inside the commit window).
 
 Its outcome is observable (`CleanupStatus`). A failure is announced once (the `on_failure`
 callback, the failure metric) and kept as the state `failed` with its record: the status carries it
@@ -15,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine_agent.groups import CommGroup, destroy_group
 from engine_agent.protocol import CleanupRecord, CleanupState, CleanupStatus
@@ -28,11 +31,20 @@ class InjectedCleanupFailure(RuntimeError):
     pass
 
 
+class Releasable(Protocol):
+    """What holds device memory beyond a generation's groups (its step graphs)."""
+
+    graph_bytes: int
+
+    def release(self) -> None: ...
+
+
 @dataclass
 class RetiredGeneration:
     job_id: str
     generation: int
     groups: list[CommGroup] = field(default_factory=list)
+    graphs: list[Releasable] = field(default_factory=list)
 
 
 class CleanupWorker:
@@ -136,11 +148,17 @@ class CleanupWorker:
                 self._fail_next = False
             started = time.monotonic()
             error: str | None = None
+            released = 0
             try:
                 if inject:
                     raise InjectedCleanupFailure("injected cleanup failure (fault injection)")
                 for group in retired.groups:
                     self._destroy(group)
+                while retired.graphs:  # popped once released: a retry does not release them twice
+                    graphs = retired.graphs[0]
+                    graphs.release()
+                    released += graphs.graph_bytes
+                    retired.graphs.pop(0)
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 log.warning(
@@ -153,6 +171,7 @@ class CleanupWorker:
                 error=error,
                 duration_ms=(time.monotonic() - started) * 1000.0,
                 finished_at=time.time(),
+                graph_bytes_released=released,
             )
             with self._cond:
                 self._running = None

@@ -113,7 +113,7 @@ class ReconfigExecutor:
                 )
             role = validate(site.engine_id, request, site.config, site.engine.active)
             policy = self.faults.warmup_policy_override or request.warmup_policy
-            plan = steps_for(role, request.strategy, policy)
+            plan = steps_for(role, request.strategy, policy, graphs=site.engine.captures_graphs)
             job = Job(
                 me=site.engine_id,
                 request=request,

@@ -26,6 +26,7 @@ from engine_agent.protocol import (
 from engine_agent.reconfig.cleanup import CleanupWorker
 from engine_agent.reconfig.steps import ROLES, RoleSteps, Step, StepPlan
 from engine_agent.serving import ServingEngine
+from engine_agent.step_graphs import StepGraphs
 from engine_agent.transfer import WeightChannel
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class Job:
     staged: dict[int, torch.Tensor] = field(default_factory=dict)  # flat id -> a row of `stacks`
     stacks: dict[int, moe.ExpertStack] = field(default_factory=dict)  # layer -> the staged stack
     views: list[moe.LayerView] | None = None  # what the engine serves from after the switch (prepare)
+    graphs: StepGraphs | None = None  # the new generation's captured step (`Step.capture_graphs`)
     channel: WeightChannel | None = None
     warmed: bool = False
     paused: bool = False  # this job stopped the engine (or it is a joiner inside the window)

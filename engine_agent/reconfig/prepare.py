@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from engine_agent import groups, moe
+from engine_agent import groups, moe, step_graphs
 from engine_agent.placement import TransferItem, plan_layer_transfers
 from engine_agent.protocol import ReconfigPhase, layer_placements
 from engine_agent.reconfig.errors import Aborted, ReconfigError
@@ -42,6 +42,7 @@ class Builder:
             Step.open_channel: self._open_channel,
             Step.transfer: self._transfer,
             Step.warm_up: self._warm_up,
+            Step.capture_graphs: self._capture_graphs,
         }
 
     def run(self, job: Job, steps: tuple[Step, ...]) -> dict[Step, float]:
@@ -276,6 +277,22 @@ class Builder:
         assert group is not None
         groups.warm_up(group)
         job.warmed = True
+
+    def _capture_graphs(self, job: Job) -> None:
+        """The new generation's step as CUDA graphs, over the views built in `transfer`: in prepare a
+        side stream captures while the old generation serves; a deferred policy runs this inside the
+        window instead, after the pause, on every member of the new generation alike."""
+        rank = job.me_new_rank
+        assert rank is not None and job.views is not None
+        try:
+            graphs = self.site.engine.capture_graphs(job.views, rank=rank)
+        except RuntimeError as exc:  # torch's capture errors: the job fails before commit, at no cost
+            raise ReconfigError("graph-capture-failed", f"capturing the step's CUDA graphs: {exc}") from exc
+        if graphs is None:
+            return
+        graphs.in_window = job.paused
+        job.graphs = graphs
+        self.site.board.update(job, graphs=step_graphs.summary(graphs))
 
     # ---- helpers -----------------------------------------------------------------------------------
 

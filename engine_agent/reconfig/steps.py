@@ -14,13 +14,16 @@ queue before it pauses.
 
 Where the steps run (`steps_for`), per strategy and warm-up policy:
 
-    strategy    policy     prepare (the old generation serves)    window (stopped, inside pause)
-    background  eager      wait_cleanup, build..., warm_up        -
-    background  deferred   wait_cleanup, build...                 warm_up
-    blocking    either     wait_cleanup                           build..., warm_up
+    strategy    policy     prepare (the old generation serves)             window (stopped, inside pause)
+    background  eager      wait_cleanup, build..., warm_up, capture_graphs  -
+    background  deferred   wait_cleanup, build...                          warm_up, capture_graphs
+    blocking    either     wait_cleanup                                    build..., warm_up, capture_graphs
 
-(warm_up only for members of the new generation.) Which call may follow which, and the phases each
-moves the job through, are the protocol's (`engine_agent.choreography`: `CALLS`, `MOVES`, `ACCEPTS`).
+(warm_up and capture_graphs only for members of the new generation, capture_graphs only on an engine
+that captures its step. The warm-up policy governs the capture as it governs the first collective: a
+capture racing serving collectives is what a deferred platform must not risk. With an eager policy
+nothing is captured inside the window.) Which call may follow which, and the phases each moves the
+job through, are the protocol's (`engine_agent.choreography`: `CALLS`, `MOVES`, `ACCEPTS`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Step(StrEnum):
     open_channel = "open_channel"  # the weight channel over old + new participants
     transfer = "transfer"  # weights from peers, local copies, the checkpoint
     warm_up = "warm_up"  # the first collective on the new group
+    capture_graphs = "capture_graphs"  # the new generation's step as CUDA graphs (`step_graphs`)
 
 
 @dataclass(frozen=True)
@@ -80,10 +84,12 @@ class StepPlan:
     window: tuple[Step, ...]
 
 
-def steps_for(role: Role, strategy: Strategy, policy: WarmupPolicy) -> StepPlan:
-    """The module's second table, for one engine."""
+def steps_for(role: Role, strategy: Strategy, policy: WarmupPolicy, *, graphs: bool = False) -> StepPlan:
+    """The module's second table, for one engine (`graphs`: it captures its step)."""
     steps = ROLES[role]
-    warm_up = (Step.warm_up,) if steps.in_new else ()
+    warm_up: tuple[Step, ...] = ()
+    if steps.in_new:
+        warm_up = (Step.warm_up, Step.capture_graphs) if graphs else (Step.warm_up,)
     if strategy == Strategy.blocking:
         return StepPlan(prepare=(Step.wait_cleanup,), window=steps.build + warm_up)
     if policy == WarmupPolicy.eager:

@@ -1,10 +1,10 @@
 """The commit window: pause, switch, resume, the way back to the old generation, and the pause leases.
 
 A member of the old generation stops at the agreed step boundary; whatever the table puts inside the
-window runs (deferred warm-up; for the blocking strategy, all of prepare's work); then a pause lease
-starts: no switch or resume within it and the engine serves its old generation again by itself. The
-same holds when a peer's pause stopped this engine before its own pause request came (the peer lease):
-an engine never stays stopped forever.
+window runs (deferred warm-up and graph capture; for the blocking strategy, all of prepare's work);
+then a pause lease starts: no switch or resume within it and the engine serves its old generation
+again by itself. The same holds when a peer's pause stopped this engine before its own pause request
+came (the peer lease): an engine never stays stopped forever.
 
 The engine-agreed commit (`arm`) runs the same window from the boundary the serving loops agreed on
 (every member armed), in the one worker thread, with no coordinator exchange inside it."""
@@ -27,7 +27,7 @@ from engine_agent.protocol import (
     ReconfigPhase,
     layer_placements,
 )
-from engine_agent.reconfig.cleanup import RetiredGeneration
+from engine_agent.reconfig.cleanup import Releasable, RetiredGeneration
 from engine_agent.reconfig.errors import Aborted, ReconfigError
 from engine_agent.reconfig.faults import FaultSwitches
 from engine_agent.reconfig.job import Job, Site
@@ -74,6 +74,7 @@ class CommitWindow:
             site.board.count_steps(job, job.plan.window)
             took = self.builder.run(job, job.plan.window)
             interval.warmup_ms = took.pop(Step.warm_up, 0.0)
+            interval.capture_ms = took.pop(Step.capture_graphs, 0.0)
             interval.blocking_prepare_ms = sum(took.values())
         with site.board.lock:
             if job.abort.is_set():
@@ -110,14 +111,18 @@ class CommitWindow:
                 weights=job.staged,
                 member_urls=[m.url for m in request.members],
                 stacks=job.stacks,
+                graphs=job.graphs,
             )
             retired = site.engine.switch(new, views=job.views)
-            job.staged, job.stacks, job.views = {}, {}, None
+            job.staged, job.stacks, job.views, job.graphs = {}, {}, None, None
         else:
             retired = site.engine.leave(fail_queued=False)  # a leaver drained its queue before the pause
         switch_ms = (time.monotonic() - started) * 1000.0
-        if retired is not None:
-            site.cleanup.submit(RetiredGeneration(request.job_id, retired.generation, [retired.group]))
+        if retired is not None:  # its groups and graphs go in the background, never in the window
+            graphs: list[Releasable] = [retired.graphs] if retired.graphs is not None else []
+            site.cleanup.submit(
+                RetiredGeneration(request.job_id, retired.generation, [retired.group], graphs)
+            )
         resume_started = time.monotonic()
         if job.steps.in_new and not site.engine.wait_serving(request.timeouts.collective_s):
             log.warning(
@@ -241,14 +246,15 @@ class CommitWindow:
             active = self.site.engine.active
             assert active is not None and job.status.pause is not None
             group, rank = active.group, active.rank
-            figures = torch.zeros(2 * group.size, dtype=torch.float64, device=group.device)
-            figures[2 * rank] = (time.monotonic() - job.paused_monotonic) * 1000.0
-            figures[2 * rank + 1] = job.status.pause.warmup_ms
+            figures = torch.zeros(3 * group.size, dtype=torch.float64, device=group.device)
+            figures[3 * rank] = (time.monotonic() - job.paused_monotonic) * 1000.0
+            figures[3 * rank + 1] = job.status.pause.warmup_ms
+            figures[3 * rank + 2] = job.status.pause.capture_ms
             stopped = group.allreduce(figures).tolist()
             over = [
-                (stopped[2 * r], stopped[2 * r + 1], r)
+                (stopped[3 * r], stopped[3 * r + 1], stopped[3 * r + 2], r)
                 for r in range(group.size)
-                if stopped[2 * r] > budget_ms
+                if stopped[3 * r] > budget_ms
             ]
             if (
                 job.me == job.old_ids[0]
@@ -258,8 +264,10 @@ class CommitWindow:
                 job.store.set(VERDICT_KEY, "back" if over else "go")
             if not over:
                 return
-            took, warmup, worst = max(over)
-            part = "warm_up" if warmup >= took / 2 else "window"
+            took, warmup, capture, worst = max(over)
+            part = "window"
+            if max(warmup, capture) >= took / 2:
+                part = "warm_up" if warmup >= capture else "capture_graphs"
             raise ReconfigError(
                 "downtime-budget-exceeded",
                 f"engine {job.old_ids[worst]} was stopped {took:.1f} ms in its {part} "
@@ -303,7 +311,11 @@ class CommitWindow:
             job.channel = None
         for error in job.standby.destroy_all():
             log.warning("destroying a standby group failed: %s", error)
-        job.staged, job.stacks, job.views = {}, {}, None
+        if job.graphs is not None:  # graphs of a generation that never served: the cleanup releases them
+            self.site.cleanup.submit(
+                RetiredGeneration(job.request.job_id, job.request.generation, [], [job.graphs])
+            )
+        job.staged, job.stacks, job.views, job.graphs = {}, {}, None, None
         if job.steps.in_old:
             engine.set_drain_before_pause(False)
             engine.set_admitting(True)

@@ -93,3 +93,46 @@ def test_acknowledge_clears_the_failure_without_destroying(
     assert worker.status().state == CleanupState.idle
     assert worker.acknowledge() is None and not worker.retry()
     assert destroyed == []
+
+
+class FakeGraphs:
+    graph_bytes = 4096
+
+    def __init__(self) -> None:
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_retired_graphs_are_released_in_the_background_and_their_memory_recorded(
+    worker: CleanupWorker,
+) -> None:
+    graphs = FakeGraphs()
+    worker.submit(RetiredGeneration(job_id="job-3", generation=3, graphs=[graphs]))
+    assert worker.wait_idle(5)
+    assert graphs.released == 1
+    record = worker.status().recent[0]
+    assert record.ok and record.graph_bytes_released == 4096
+
+
+def test_a_retry_after_a_failed_group_destroy_releases_the_graphs_once(
+    destroyed: list[object], announced: list[CleanupRecord]
+) -> None:
+    failures = iter([RuntimeError("destroy failed"), None])
+
+    def destroy(group: object) -> None:
+        error = next(failures)
+        if error is not None:
+            raise error
+
+    worker = CleanupWorker(destroy=destroy, on_failure=announced.append)
+    try:
+        graphs = FakeGraphs()
+        worker.submit(RetiredGeneration(job_id="job-4", generation=4, groups=[FakeGroup()], graphs=[graphs]))  # type: ignore[list-item]
+        assert worker.wait_idle(5) and worker.status().state == CleanupState.failed
+        assert graphs.released == 0  # the groups first: nothing of a failed cleanup is half-released
+        assert worker.retry() and worker.wait_idle(5)
+        assert graphs.released == 1 and worker.status().recent[0].graph_bytes_released == 4096
+    finally:
+        worker.stop()

@@ -3,10 +3,13 @@ single-process forward for any placement (replicas included)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from engine_agent import moe
+from engine_agent.grouped import Kernel
 from engine_agent.placement import rebalance, round_robin
 from engine_agent.protocol import EngineConfig
 
@@ -80,7 +83,8 @@ def stacked(rank: int, placement: list[list[int]]) -> tuple[dict[int, torch.Tens
     views, stacks = moe.stack_buffers(CONFIG, {0: sorted(set(placement[rank]))}, "cpu")
     for expert, view in views.items():
         view.copy_(moe.expert_weights(CONFIG, expert))
-    return views, moe.GroupedExperts.over(CONFIG, stacks[0], placement[rank])
+    table = moe.ReplicaTable.build(placement, CONFIG.num_logical_experts, "cpu")
+    return views, moe.grouped_experts(CONFIG, stacks[0], placement, rank, table)
 
 
 def test_stacked_buffers_are_views_of_one_row_each() -> None:
@@ -94,11 +98,13 @@ def test_stacked_buffers_are_views_of_one_row_each() -> None:
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize("tokens_count", [1, 5, 37])
+@pytest.mark.parametrize(("kernel", "capacity"), [("grouped_mm", None), ("padded", None), ("padded", 37)])
 def test_the_grouped_step_sums_to_the_same_output_as_the_per_expert_loop(
-    world_size: int, tokens_count: int
+    world_size: int, tokens_count: int, kernel: Kernel, capacity: int | None
 ) -> None:
-    """The GPU's batched form of a rank's share (two bmm over the stack) against the loop, on CPU; a
-    placement with an expert twice on one rank, and ranks that get no pair at all."""
+    """The GPU's batched form of a rank's share (a grouped matmul over the sorted pairs, or two bmm over
+    a padded buffer of the busiest expert's or a fixed capacity) against the loop, on CPU; a placement
+    with an expert twice on one rank, and ranks that get no pair at all."""
     placement = rebalance([9, 1, 1, 1, 1, 1, 1, 5], CONFIG.num_redundant_experts, world_size)
     if world_size == 1:
         placement = [placement[0] + [0]]  # expert 0 on two slots of the one rank
@@ -108,8 +114,11 @@ def test_the_grouped_step_sums_to_the_same_output_as_the_per_expert_loop(
     total = torch.zeros_like(tokens)
     for rank in range(world_size):
         views, grouped = stacked(rank, placement)
+        grouped = dataclasses.replace(grouped, kernel=kernel)
         loop, experts = moe.local_contribution(CONFIG, router, tokens, rank, placement, table, views)
-        batched, same = moe.local_contribution(CONFIG, router, tokens, rank, placement, table, views, grouped)
+        batched, same = moe.local_contribution(
+            CONFIG, router, tokens, rank, placement, table, views, grouped, capacity=capacity
+        )
         torch.testing.assert_close(batched, loop, rtol=1e-5, atol=1e-6)
         assert torch.equal(experts, same)
         total += batched

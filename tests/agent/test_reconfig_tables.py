@@ -88,6 +88,35 @@ def test_no_collective_on_a_new_group_before_the_agreement() -> None:
                     assert order.index(Step.agree) < order.index(Step.create_groups)
 
 
+@pytest.mark.parametrize(
+    ("strategy", "policy", "in_window"),
+    [
+        (Strategy.background, WarmupPolicy.eager, False),
+        (Strategy.background, WarmupPolicy.deferred, True),
+        (Strategy.blocking, WarmupPolicy.eager, True),
+        (Strategy.blocking, WarmupPolicy.deferred, True),
+    ],
+)
+def test_graphs_are_captured_right_after_the_warm_up_wherever_the_policy_puts_it(
+    strategy: Strategy, policy: WarmupPolicy, in_window: bool
+) -> None:
+    for role in (Role.staying, Role.joining):
+        plan = steps_for(role, strategy, policy, graphs=True)
+        where = list(plan.window if in_window else plan.prepare)
+        assert where[-2:] == [Step.warm_up, Step.capture_graphs]
+        assert Step.capture_graphs not in (plan.prepare if in_window else plan.window)
+    assert Step.capture_graphs not in [*steps_for(Role.leaving, strategy, policy, graphs=True).window]
+    assert Step.capture_graphs not in [*steps_for(Role.leaving, strategy, policy, graphs=True).prepare]
+
+
+def test_an_engine_without_graphs_captures_nothing() -> None:
+    for role in Role:
+        for strategy in Strategy:
+            for policy in WarmupPolicy:
+                plan = steps_for(role, strategy, policy)
+                assert Step.capture_graphs not in [*plan.prepare, *plan.window]
+
+
 def test_only_members_of_the_new_generation_switch_in_and_only_old_members_stop() -> None:
     assert [(r, ROLES[r].in_old, ROLES[r].in_new, ROLES[r].drains) for r in Role] == [
         (Role.joining, False, True, False),

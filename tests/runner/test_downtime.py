@@ -49,3 +49,19 @@ def test_no_pause_means_zero_downtime() -> None:
     downtime = job_downtime({"a": None, "b": None})
     assert downtime.downtime_ms == 0.0
     assert downtime.window_start is None
+
+
+def test_the_window_breakdown_shows_each_part_at_the_longest_serving_engines() -> None:
+    pauses = {
+        "a": PauseInterval(paused_at=1.0, resumed_at=1.2, warmup_ms=20.0, capture_ms=150.0, switch_ms=0.1),
+        "b": PauseInterval(paused_at=1.0, resumed_at=1.3, warmup_ms=25.0, capture_ms=120.0, resume_ms=2.0),
+        "joiner": PauseInterval(paused_at=1.0, resumed_at=1.5, capture_ms=400.0),
+    }
+    downtime = job_downtime(pauses, serving={"a", "b"})
+    assert downtime.window_parts_ms == {
+        "warm_up": 25.0,
+        "capture_graphs": 150.0,
+        "switch": 0.1,
+        "resume": 2.0,
+    }
+    assert downtime.as_dict()["window_parts_ms"] == downtime.window_parts_ms

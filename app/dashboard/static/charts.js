@@ -141,9 +141,9 @@ export function commitWindowSvg(j, width) {
 }
 
 // Where a pause went: the agent's own timings, drawn inside its bar. Work right after the pause
-// (reaching the step boundary, blocking prepare, deferred warm-up) from the left; the switch and the
+// (reaching the step boundary, blocking prepare, deferred warm-up and graph capture) from the left; the switch and the
 // resume at the right; the gap between is the wait for the coordinator's switch command.
-const LEADING = [["boundary_wait", "step boundary"], ["blocking_prepare", "blocking prepare"], ["warmup", "deferred warm-up"]];
+const LEADING = [["boundary_wait", "step boundary"], ["blocking_prepare", "blocking prepare"], ["warmup", "deferred warm-up"], ["capture", "graph capture"]];
 const TRAILING = [["switch", "switch"], ["resume", "resume"]];
 
 function breakdownText(e) {
@@ -178,7 +178,7 @@ function breakdownSegments(e, x, y) {
 
 export function commitLegend() {
   const item = (cls, label) => `<span><i class="${cls}"></i>${label}</span>`;
-  return `<div class="legend">${item("lg-pause", "paused")}${item("seg-boundary_wait", "reach step boundary")}${item("seg-blocking_prepare", "blocking prepare")}${item("seg-warmup", "deferred warm-up")}${item("seg-switch", "switch")}${item("seg-resume", "resume")}</div>`;
+  return `<div class="legend">${item("lg-pause", "paused")}${item("seg-boundary_wait", "reach step boundary")}${item("seg-blocking_prepare", "blocking prepare")}${item("seg-warmup", "deferred warm-up")}${item("seg-capture", "graph capture")}${item("seg-switch", "switch")}${item("seg-resume", "resume")}</div>`;
 }
 
 /** Downtime of each job (oldest left), coloured by outcome; a click opens the job. */

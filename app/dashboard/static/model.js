@@ -157,7 +157,7 @@ export const job = {
         return {
           breakdown: {
             boundary_wait: part("boundary_wait_ms"), blocking_prepare: part("blocking_prepare_ms"),
-            warmup: part("warmup_ms"), switch: part("switch_ms"), resume: part("resume_ms"),
+            warmup: part("warmup_ms"), capture: part("capture_ms"), switch: part("switch_ms"), resume: part("resume_ms"),
           },
           engineId: id,
           role: first(r, "role"),

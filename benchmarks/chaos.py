@@ -47,6 +47,9 @@ from tests.e2e.harness import ENGINE, StackCoordinator, SteadyClient, agent_info
 from tests.support.waiting import WaitTimeout
 
 HEARTBEAT_TIMEOUT_S = 3.0
+# A frozen engine must be found on evidence (its peers name it at the serving deadline), not by its
+# silence: the heartbeat timeout of production (15 s) for the freeze and coordinator-down runs.
+FREEZE_ENV = {"EPCTL_HEARTBEAT_TIMEOUT_S": "15", "EPCTL_JOB_LEASE_S": "600"}
 
 
 def one_loss(coordinator: StackCoordinator, mode: str, engines: int, tokens: list[list[float]],
@@ -156,6 +159,106 @@ def one_coordinator_kill(coordinator: StackCoordinator, engines: int, tokens: li
     }
 
 
+def one_freeze(coordinator: StackCoordinator, engines: int, tokens: list[list[float]],
+               expected: list[list[float]]) -> dict[str, Any]:  # fmt: skip
+    """SIGSTOP of the highest rank of N while serving (`replace`, a 15 s heartbeat timeout as in
+    production): the survivors leave its group at the serving deadline and name it, the coordinator
+    fences it and re-forms on them; SIGCONT once they serve, and the grow-back re-admits it."""
+    name = f"chaos-freeze-{uuid.uuid4().hex[:6]}"
+    coordinator.create_deployment(name, on_engine_loss="replace", max_dp_size=max(engines, 4))
+    job = coordinator.wait_job(coordinator.scale(engines, name), timeout_s=180)
+    assert job["state"] == "succeeded", job["error"]
+    members = coordinator.members(job)
+    victim, survivors = members[-1], members[:-1]
+    pid = int(agent_info(victim["url"])["pid"])
+    generation = coordinator.deployment(name)["generation"]
+    client = SteadyClient([m["url"] for m in survivors], tokens, expected, streams=2, period_s=0.01).start()
+    try:
+        client.wait_serving()
+        frozen_at = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+
+            def serving_again() -> float | None:
+                newer = [s.done_at for s in list(client.samples) if s.ok and (s.generation or 0) > generation]
+                return min(newer) if newer else None
+
+            serving_at = wait_until(serving_again, timeout_s=120, what="serving again", interval_s=0.1)
+            state = {e["id"]: e["state"] for e in coordinator.engines(name)}.get(victim["engine_id"])
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+        def whole() -> float | None:
+            deployment = coordinator.deployment(name)
+            ready = deployment["status"] == "ready" and not deployment["active_job_id"]
+            return time.time() if ready and deployment["current_dp_size"] == engines else None
+
+        whole_at = wait_until(whole, timeout_s=180, what="back to full size", interval_s=0.1)
+        serving = {e["id"] for e in coordinator.engines(name) if e["state"] == "serving"}
+        incidents = coordinator.api.get("/v1/incidents", params={"deployment": name}).json()["data"]
+    finally:
+        client.stop()
+        coordinator.api.patch(f"/v1/deployments/{name}", json={"on_engine_loss": "none"})
+        stop_local_agents(coordinator.data_dir)
+    incident = incidents[0] if incidents else {}
+    return {
+        "serving_s": serving_at - frozen_at,
+        "fenced": state == "fenced",
+        "re_admitted": victim["engine_id"] in serving,
+        "full_size_s": whole_at - frozen_at,
+        "client_outage_ms": client.gap_covering(frozen_at, serving_at),
+        "incident_client_outage_ms": incident.get("client_outage_ms"),
+        "incident_reason": incident.get("reason"),
+        "failed_requests": len(client.failures()),
+    }
+
+
+def one_coordinator_down(
+    coordinator: StackCoordinator,
+    engines: int,
+    down_s: float,
+    tokens: list[list[float]],
+    expected: list[list[float]],
+) -> dict[str, Any]:
+    """The coordinator SIGKILLed while N engines serve, restarted `down_s` later: what clients saw."""
+    name = f"chaos-down-{uuid.uuid4().hex[:6]}"
+    coordinator.create_deployment(name, on_engine_loss="replace", max_dp_size=max(engines, 4))
+    job = coordinator.wait_job(coordinator.scale(engines, name), timeout_s=180)
+    assert job["state"] == "succeeded", job["error"]
+    members = coordinator.members(job)
+    pids = [int(agent_info(m["url"])["pid"]) for m in members]
+    client = SteadyClient([m["url"] for m in members], tokens, expected, streams=2, period_s=0.01).start()
+    try:
+        client.wait_serving()
+        time.sleep(2.0)
+        baseline_gap_ms = client.gap_covering(time.time() - 2.0, time.time())
+        killed_at = time.time()
+        coordinator.kill()
+        time.sleep(down_s)
+        coordinator.start(ready_timeout_s=120, **FREEZE_ENV)
+        restarted_at = time.time()
+        wait_until(
+            lambda: f"adopted deployment {name} as it runs" in coordinator.log_tail(50000) or None,
+            timeout_s=60,
+            what="adopted",
+        )
+        adopted_at = time.time()
+        client.wait_serving()
+        outage_ms = client.gap_covering(killed_at, adopted_at)
+        same = [int(agent_info(m["url"])["pid"]) for m in members] == pids
+    finally:
+        client.stop()
+        stop_local_agents(coordinator.data_dir)
+    return {
+        "down_s": restarted_at - killed_at,
+        "longest_client_gap_ms": outage_ms,
+        "baseline_client_gap_ms": baseline_gap_ms,
+        "failed_requests": len(client.failures()),
+        "same_processes": same,
+        "adopted_after_restart_s": adopted_at - restarted_at,
+    }
+
+
 def self_heal_jobs(coordinator: StackCoordinator, name: str) -> list[dict[str, Any]]:
     """The deployment's self-heal jobs, oldest first, with their transition logs."""
     listed = coordinator.api.get("/v1/reconfigurations", params={"deployment": name, "limit": 20}).json()
@@ -189,6 +292,11 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--modes", default="shrink,replace")
     parser.add_argument("--coordinator-kills", type=int, default=3, help="0: skip that part")
+    parser.add_argument("--freeze", type=int, default=0, help="SIGSTOP of 1 of --engines: repetitions")
+    parser.add_argument(
+        "--coordinator-down", type=float, nargs="*", default=[], metavar="S",
+        help="the coordinator gone for S seconds (each S given is one run)",
+    )  # fmt: skip
     parser.add_argument("--name", default="chaos", help="results file name")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
@@ -199,6 +307,8 @@ def main() -> int:
     expected = moe.reference_forward(ENGINE, tokens).tolist()
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     kills: list[dict[str, Any]] = []
+    freezes: list[dict[str, Any]] = []
+    downs: list[dict[str, Any]] = []
     try:
         coordinator.start(ready_timeout_s=120, EPCTL_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_TIMEOUT_S))
         for rep in range(args.reps):
@@ -213,6 +323,15 @@ def main() -> int:
         environment = coordinator.environment()
         lease_s = float(environment.get("EPCTL_JOB_LEASE_S", "30"))
         pause_lease_s = float(environment.get("EPCTL_RUNNER_PAUSE_LEASE_S", "10"))
+        if args.freeze or args.coordinator_down:
+            coordinator.stop()
+            coordinator.start(ready_timeout_s=120, **FREEZE_ENV)
+        for rep in range(args.freeze):
+            freezes.append(one_freeze(coordinator, args.engines, tokens.tolist(), expected))
+            print(f"freeze #{rep + 1}: {freezes[-1]}", flush=True)
+        for down_s in args.coordinator_down:
+            downs.append(one_coordinator_down(coordinator, args.engines, down_s, tokens.tolist(), expected))
+            print(f"coordinator down {down_s:g} s: {downs[-1]}", flush=True)
     finally:
         coordinator.close()
     metrics = [
@@ -231,7 +350,44 @@ def main() -> int:
             values = [r[metric] for r in results if r[metric] is not None]
             if values:
                 rows.append([mode, metric, statistics.median(values), min(values), max(values)])
-    report.results = {"runs": runs, "coordinator_kills": kills}
+    report.results = {"runs": runs, "coordinator_kills": kills, "freezes": freezes, "coordinator_down": downs}
+    if freezes:
+        report.add_table(
+            f"SIGSTOP of 1 of {args.engines} engines while serving (`replace`, heartbeat timeout 15 s)",
+            ["run", "serving again s", "fenced", "client outage ms", "incident client outage ms",
+             "re-admitted", "full size s", "failed requests"],
+            [
+                [i + 1, f["serving_s"], f["fenced"], f["client_outage_ms"], f["incident_client_outage_ms"],
+                 f["re_admitted"], f["full_size_s"], f["failed_requests"]]
+                for i, f in enumerate(freezes)
+            ],
+        )  # fmt: skip
+        report.target(
+            "freeze: time to serving on the survivors (median)",
+            statistics.median(f["serving_s"] for f in freezes),
+            8.0,
+            "s",
+            why="the 5 s serving deadline, the peers' 1 s health probe, one heartbeat pass and the "
+            "re-forming job; the heartbeat timeout (15 s) must not be on the path",
+        )
+    if downs:
+        report.add_table(
+            f"The coordinator SIGKILLed while {args.engines} engines serve, restarted S seconds later",
+            ["down s", "longest client gap ms", "baseline gap ms", "failed requests", "same processes",
+             "adopted after restart s"],
+            [
+                [d["down_s"], d["longest_client_gap_ms"], d["baseline_client_gap_ms"], d["failed_requests"],
+                 d["same_processes"], d["adopted_after_restart_s"]]
+                for d in downs
+            ],
+        )  # fmt: skip
+        report.target(
+            "coordinator down: failed requests (worst run)",
+            max(d["failed_requests"] for d in downs),
+            0,
+            "requests",
+            why="serving never depends on the coordinator",
+        )
     if rows:
         report.add_table(
             f"Losing 1 of {args.engines} engines (SIGKILL), {args.reps} repetitions",

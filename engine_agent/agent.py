@@ -22,6 +22,7 @@ from engine_agent import moe, step_graphs
 from engine_agent.coordinators import CoordinatorSet
 from engine_agent.engine import ReferenceEngine
 from engine_agent.groups import GroupAbandoned, start_store_server
+from engine_agent.netif import interface_of
 from engine_agent.peer_check import BrokenGroup, check_peers
 from engine_agent.peers import notify_peers
 from engine_agent.protocol import (
@@ -99,13 +100,16 @@ class Agent:
         # 5 ms switch interval a step boundary waited up to 70 ms behind a thread busy in Python
         # (benchmarks/step_profile.py), ~6 ms at this one. The process is the agent's alone.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self.store = start_store_server(settings.advertised_host(), settings.store_timeout_s)
-        self.store_address = StoreAddress(host=settings.advertised_host(), port=self.store.port)
+        self.data_host = settings.data_address()
+        use_data_interface(self.data_host)
+        self.store = start_store_server(self.data_host, settings.store_timeout_s)
+        self.store_address = StoreAddress(host=self.data_host, port=self.store.port)
         self.transfer_backends = available_backends()
         self._executor: ReconfigExecutor | None = None
         self._stop = threading.Event()
         self._beat_now = threading.Event()  # wakes the heartbeat (the generation broke: say so now)
         self._broken: BrokenGroup | None = None  # the last group that broke under us, and who stalled
+        self._early: BrokenGroup | None = None  # a probe made while a serving collective waited long
         grouped = moe.grouped_step(settings.grouped_step, self.device)
         graphs = step_graphs.graphs_wanted(settings.cuda_graphs, self.device, grouped)
         self.engine = ReferenceEngine(
@@ -113,6 +117,7 @@ class Agent:
             self.device,
             on_paused=self._on_engine_paused,
             on_broken=self._on_broken,
+            on_stall=self._on_stall,
             grouped_step=grouped,
             graph_buckets=list(settings.cuda_graph_buckets) if graphs else None,
         )
@@ -127,6 +132,7 @@ class Agent:
             cleanup=self.cleanup,
             hooks=ExecutorHooks(on_pause=self._on_pause, on_bytes=self.metrics.bytes_transferred.inc),
             default_pause_lease_s=settings.pause_lease_s,
+            data_host=self.data_host,
         )
         self._executor = self.executor
         self._last_contact = time.monotonic()  # the last heartbeat a coordinator answered
@@ -141,17 +147,30 @@ class Agent:
         if self._executor is not None:  # None only during construction
             self._executor.on_engine_paused(paused)
 
-    def _on_broken(self, active: ActiveGeneration, exc: Exception) -> None:
-        """The serving generation broke: the coordinator hears it in a heartbeat sent now, and again
-        once the other members were probed (`engine_agent.peer_check`: who stalled); unless a peer told
-        us, the other members are told to give the group up (`engine_agent.peers`)."""
-        self._broken = BrokenGroup(active.generation)
-        self._beat_now.set()
-        others = [
+    def _on_stall(self, active: ActiveGeneration) -> None:
+        """A serving collective has waited far longer than a step: probe the other members now, so
+        that if the group breaks at its deadline, who stalled is known at once (`_on_broken`)."""
+
+        def found(broken: BrokenGroup) -> None:
+            self._early = broken
+
+        check_peers(active.generation, self._others(active), found)
+
+    def _others(self, active: ActiveGeneration) -> list[tuple[str, str]]:
+        return [
             (engine_id, url)
             for engine_id, url in zip(active.members, active.member_urls, strict=False)
             if engine_id != self.engine_id
         ]
+
+    def _on_broken(self, active: ActiveGeneration, exc: Exception) -> None:
+        """The serving generation broke: the coordinator hears it in a heartbeat sent now, and again
+        once the other members were probed (`engine_agent.peer_check`: who stalled); unless a peer told
+        us, the other members are told to give the group up (`engine_agent.peers`)."""
+        early = self._early if self._early and self._early.generation == active.generation else None
+        self._broken = early or BrokenGroup(active.generation)  # the early probe's names, if it ran
+        self._beat_now.set()
+        others = self._others(active)
 
         def found(broken: BrokenGroup) -> None:
             self._broken = broken
@@ -315,6 +334,17 @@ class Agent:
         self.executor.shutdown()
         self.engine.stop()
         self.cleanup.stop()
+
+
+def use_data_interface(address: str) -> None:
+    """UCX (NIXL's transport) on the data address's interface only, unless the operator chose one: on
+    a host with several networks it would otherwise pick any. Loopback needs no choice."""
+    if address.startswith("127.") or address in ("localhost", "::1") or "UCX_NET_DEVICES" in os.environ:
+        return
+    interface = interface_of(address)
+    if interface is not None:
+        os.environ["UCX_NET_DEVICES"] = interface
+        log.info("data address %s: UCX_NET_DEVICES=%s", address, interface)
 
 
 def _pid_alive(pid: int) -> bool:

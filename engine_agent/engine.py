@@ -67,6 +67,7 @@ class ReferenceEngine:
         on_paused: Callable[[PausedAt], None] | None = None,
         on_step: Callable[[int], None] | None = None,
         on_broken: Callable[[ActiveGeneration, Exception], None] | None = None,
+        on_stall: Callable[[ActiveGeneration], None] | None = None,
         grouped_step: bool = False,
         graph_buckets: list[int] | None = None,
     ) -> None:
@@ -82,6 +83,7 @@ class ReferenceEngine:
         self._on_paused = on_paused
         self._on_step = on_step
         self._on_broken = on_broken
+        self._on_stall = on_stall  # a serving collective waits unusually long: who stalled?
         self._cond = threading.Condition()
         self._queue: collections.deque[_Request] = collections.deque()
         self._state = AgentState.idle
@@ -282,6 +284,9 @@ class ReferenceEngine:
             if self._state == AgentState.serving:
                 raise RuntimeError("switch needs a paused or idle engine")
             retired, self._active, self._layers = self._active, new, layers
+            if self._on_stall is not None:
+                stall = self._on_stall
+                new.group.on_slow = lambda: stall(new)
             self.counters.last_error = None  # an old generation's failure is history once a new one serves
             self._pause_requested = False
             self._armed_for = 0

@@ -94,6 +94,10 @@ class CommGroup:
     serving_timeout_s: float | None = None
     abandoned: threading.Event = field(default_factory=threading.Event, repr=False)
     abandon_reason: str = ""
+    # Called once when a serving collective has waited `slow_after_s` (far above any step): the
+    # engine starts finding out who stalled, so the evidence is there by the serving deadline.
+    on_slow: Callable[[], None] | None = field(default=None, repr=False)
+    slow_after_s: float = 2.0
 
     def abandon(self, reason: str) -> bool:
         """Give the group up: a collective waiting on it (or started later) raises GroupAbandoned
@@ -199,7 +203,9 @@ class CommGroup:
             return
         # Gloo ends the operation itself at `deadline_s` (a peer's error ends it sooner); the
         # backstop only guards against a work that never completes.
-        backstop = time.monotonic() + deadline_s + 1.0
+        started = time.monotonic()
+        backstop = started + deadline_s + 1.0
+        slow_told = self.on_slow is None
         while True:
             try:
                 work.wait(timedelta(seconds=WAIT_SLICE_S))
@@ -216,6 +222,9 @@ class CommGroup:
                 if time.monotonic() > backstop:
                     raise CollectiveTimeout(f"{what}: {exc}") from exc
             # Not done yet: the slice ran out. Still wanted?
+            if not slow_told and time.monotonic() - started >= self.slow_after_s and self.on_slow is not None:
+                slow_told = True
+                self.on_slow()
             if self.abandoned.is_set():
                 _bury(self)
                 raise GroupAbandoned(f"{what}: the group was given up ({self.abandon_reason})")
@@ -232,6 +241,7 @@ def create_group(
     device: torch.device,
     timeout_s: float,
     serving_timeout_s: float | None = None,
+    device_host: str = "127.0.0.1",
 ) -> CommGroup:
     """Build (rendezvous for) one group. Gloo connects here, so every member must arrive within the
     store's timeout; NCCL makes its communicator at the first collective (the warm-up)."""
@@ -239,8 +249,9 @@ def create_group(
         if platform == Platform.cpu:
             opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
             opts._timeout = timedelta(seconds=timeout_s)
-            # Explicit loopback device: the host name need not resolve.
-            opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+            # The engine's data address, explicitly: the host name need not resolve, and peers on other
+            # hosts connect to what the device binds.
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=device_host)]
             pg: Any = dist.ProcessGroupGloo(store, rank, size, opts)
         else:
             nccl_opts = dist.ProcessGroupNCCL.Options()

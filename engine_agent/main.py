@@ -28,7 +28,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="epctl-agent", description="Run one engine agent (reference MoE engine)."
     )
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="the control address (HTTP API)")
+    p.add_argument(
+        "--data-host",
+        help="the data address: rendezvous store, gloo devices, weight channel (default: --host)",
+    )
+    p.add_argument("--data-interface", help="the data address as an interface (e.g. ib0), if no --data-host")
     p.add_argument(
         "--port", type=int, default=0, help="0: pick a free port (printed, and written to --ready-file)"
     )

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine_agent.netif import ipv4_of
 from engine_agent.protocol import EngineConfig, Platform
 
 
@@ -18,7 +19,15 @@ class AgentSettings(EngineConfig, BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="EPCTL_AGENT_")
 
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="the control address: the HTTP API binds and advertises it")
+    data_host: str | None = Field(
+        None,
+        description="the data address: the rendezvous store, gloo devices and the weight channel bind to "
+        "it and peers use it (default: the control address)",
+    )
+    data_interface: str | None = Field(
+        None, description="the data address as an interface (its IPv4 address), when data_host is unset"
+    )
     port: int = Field(0, ge=0, le=65535, description="0: pick a free port")
     url: str | None = Field(
         None, description="the URL peers and the coordinator use; default http://host:port"
@@ -104,6 +113,15 @@ class AgentSettings(EngineConfig, BaseSettings):
 
     def advertised_host(self) -> str:
         return socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+
+    def data_address(self) -> str:
+        """Where the data plane binds and what peers use: `data_host`, else `data_interface`'s address,
+        else the control address."""
+        if self.data_host:
+            return self.data_host
+        if self.data_interface:
+            return ipv4_of(self.data_interface)
+        return self.advertised_host()
 
     def resolved_engine_id(self, pid: int) -> str:
         return self.engine_id or f"agent-{self.advertised_host()}-{pid}"

@@ -63,6 +63,7 @@ class ReconfigExecutor:
         cleanup: CleanupWorker,
         hooks: ExecutorHooks | None = None,
         default_pause_lease_s: float = 10.0,
+        data_host: str = "127.0.0.1",
     ) -> None:
         self.board = StatusBoard()
         self.site = Site(
@@ -74,6 +75,7 @@ class ReconfigExecutor:
             cleanup=cleanup,
             hooks=hooks or ExecutorHooks(),
             board=self.board,
+            data_host=data_host,
         )
         self.faults = FaultSwitches(cleanup)
         self.builder = Builder(self.site, self.faults)

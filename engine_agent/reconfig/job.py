@@ -177,3 +177,4 @@ class Site:
     cleanup: CleanupWorker
     hooks: ExecutorHooks
     board: StatusBoard
+    data_host: str = "127.0.0.1"  # where this engine's groups and weight channel bind (its data address)

@@ -150,6 +150,7 @@ class Builder:
                 size=len(request.members),
                 platform=self.site.platform,
                 device=self.site.device,
+                device_host=self.site.data_host,
                 timeout_s=request.timeouts.collective_s,
                 serving_timeout_s=request.timeouts.serving_collective_s,
             )
@@ -185,6 +186,7 @@ class Builder:
             participants=job.participants,
             store=groups.prefixed(job.store, "xfer/"),
             device=self.site.device,
+            data_host=self.site.data_host,
             timeout_s=request.timeouts.transfer_s,
             abort=job.abort,  # a peer that died never comes: the abort ends the wait for it
         )

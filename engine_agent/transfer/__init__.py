@@ -61,6 +61,7 @@ def open_channel(
     timeout_s: float,
     read_threads: int | None = None,
     abort: threading.Event | None = None,
+    data_host: str = "127.0.0.1",
 ) -> WeightChannel:
     """Open the channel for one reconfiguration. Every participant (old members and new members) calls
     it with the same participants in the same order. `store` is a PrefixStore private to this
@@ -71,7 +72,7 @@ def open_channel(
         raise TransferError(f"{engine_id} is not among the participants {list(participants)}")
     if len(set(participants)) != len(participants):
         raise TransferError(f"participants repeat an engine id: {list(participants)}")
-    opening = ChannelOpening(engine_id, tuple(participants), store, device, timeout_s, abort)
+    opening = ChannelOpening(engine_id, tuple(participants), store, device, timeout_s, abort, data_host)
     if backend == TransferBackend.nixl:
         return NixlChannel(opening, read_threads=read_threads)
     if backend == TransferBackend.gloo:

@@ -50,6 +50,7 @@ class ChannelOpening:
     device: torch.device
     timeout_s: float
     abort: threading.Event | None = None
+    data_host: str = "127.0.0.1"  # this engine's data address: what the channel binds
 
 
 class WeightChannel(ABC):

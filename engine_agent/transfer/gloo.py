@@ -53,7 +53,7 @@ class GlooChannel(WeightChannel):
         )
         gloo: Any = dist.ProcessGroupGloo
         options = gloo._Options()
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=opening.data_host)]
         options._timeout = timedelta(seconds=self._timeout_s)
         self._group = dist.ProcessGroupGloo(
             dist.PrefixStore("gloo/pg", store), self._rank_of[self._me], len(self._participants), options

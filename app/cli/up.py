@@ -24,19 +24,21 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
 import typer
 
-from app.cli.serve import claim_data_dir
-from app.core.config import ConfigError, Settings, load_settings
-from app.launchers.state_lock import DataDirInUseError
-from engine_agent.logs import configure_logging
+from app.cli.serve import PortUnavailableError, claim_data_dir, listening_socket
+
+if TYPE_CHECKING:
+    import httpx
+
+    from app.core.config import Settings
 
 DEMO = "demo"
 DEMO_ENGINES = 2
@@ -59,20 +61,26 @@ def up(
     ] = None,
 ) -> None:
     """Run the coordinator (SQLite) and a local deployment `demo` of reference engines."""
+    from app.core.config import ConfigError, load_settings
+    from app.launchers.state_lock import DataDirInUseError
+    from engine_agent.logs import configure_logging
+
     overrides: dict[str, object] = {"host": "127.0.0.1", "port": port}
     if data_dir is not None:
         overrides["data_dir"] = data_dir
     try:
         settings = load_settings(**overrides)
-        # Before anything is touched: a second `epctl up` on this directory must leave the first alone.
+        # Before anything is touched: a second `epctl up` on this directory must leave the first alone,
+        # and a port someone else holds stops this one here, in one line.
         claim_data_dir(settings, holder="epctl up")
-    except (ConfigError, DataDirInUseError) as exc:
+        sock = listening_socket(settings.host, settings.port)
+    except (ConfigError, DataDirInUseError, PortUnavailableError) as exc:
         typer.echo(f"epctl up: {exc}", err=True)
         raise typer.Exit(2 if isinstance(exc, ConfigError) else 1) from None
     configure_logging(settings.log_format, logging.WARNING)  # a terminal session: warnings and errors only
     _forget_a_dead_run(settings)
     try:
-        asyncio.run(_run(settings, engines))
+        asyncio.run(_run(settings, engines, sock))
     except KeyboardInterrupt:
         pass
     finally:
@@ -109,7 +117,7 @@ def _server_class() -> type[Any]:
 ADMIN_TOKEN_FILE = "admin-token"
 
 
-async def _run(settings: Settings, engines: int | None) -> None:
+async def _run(settings: Settings, engines: int | None, sock: socket.socket) -> None:
     import uvicorn
 
     from app.main import create_app
@@ -120,7 +128,7 @@ async def _run(settings: Settings, engines: int | None) -> None:
             create_app(settings), host=settings.host, port=settings.port, log_level="warning", log_config=None
         )
     )
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
     setup = asyncio.create_task(_set_up(server, settings, engines, token, first))
     try:
         done, _ = await asyncio.wait({serving, setup}, return_when=asyncio.FIRST_COMPLETED)
@@ -139,6 +147,8 @@ async def _set_up(server: Any, settings: Settings, engines: int | None, token: s
         if server.should_exit:
             return
         await asyncio.sleep(0.05)
+    import httpx  # the coordinator runs in this process: its imports are paid anyway
+
     url = f"http://{settings.host}:{settings.port}"
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30.0) as api:

@@ -205,13 +205,26 @@ async def _start_engines(api: httpx.AsyncClient, engines: int) -> None:
     typer.echo(f"epctl up: {engines} engines serving after {time.monotonic() - started:.1f} s", err=True)
 
 
+PROGRESS_EVERY_S = 10.0  # a loaded machine takes tens of seconds to start engines: say how it goes
+
+
 async def _wait(api: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
+    started = next_line = time.monotonic()
     while True:
         response = await api.get(f"/v1/reconfigurations/{job_id}")
         response.raise_for_status()
         job: dict[str, Any] = response.json()
         if job["terminal"]:
             return job
+        if time.monotonic() >= next_line + PROGRESS_EVERY_S:
+            next_line = time.monotonic()
+            progress = job.get("progress") or {}
+            step = f" ({progress['step']})" if progress.get("step") else ""
+            typer.echo(
+                f"epctl up: job {job_id} {job['state']} {progress.get('percent', 0):.0f}%{step}, "
+                f"{next_line - started:.0f} s so far",
+                err=True,
+            )
         await asyncio.sleep(0.2)
 
 

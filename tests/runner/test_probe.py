@@ -12,12 +12,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from sqlalchemy.engine import Engine as DbEngine
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from app.engines.models import Engine
 from app.jobs.states import JobState
 from app.probe.settings import ProbeSettings
 from app.runner.flow import Flow
+from app.webhooks.models import OutboxEvent
 from engine_agent import tensor_wire
 from tests.runner.scenario import Scenario, make_scenario
 from tests.support.processes import free_port
@@ -137,6 +138,11 @@ def test_slow_canaries_that_never_fail_are_no_outage_but_a_slowest_answer(slow_s
     assert job.probe["slowest_answer_phase"] in job.probe["phases"]
     note = next(e for e in slow_stage.events(job.id) if e.kind == "probe")
     assert "client outage 0.0 ms; slowest answer" in (note.message or "")
+    with Session(slow_stage.db) as session:  # the webhook says it in the same words
+        events = session.exec(select(OutboxEvent).where(OutboxEvent.job_id == job.id)).all()
+    succeeded = next(e.payload["data"] for e in events if e.type == "reconfiguration.succeeded")
+    assert succeeded["client_outage_ms"] == 0.0
+    assert succeeded["client_slowest_answer_ms"] == job.client_slowest_answer_ms
 
 
 def test_failing_canaries_are_the_outage(failing_stage: Scenario) -> None:

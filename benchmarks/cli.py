@@ -1,14 +1,16 @@
 """The CLI's start-up cost: CPU time of `epctl --help`, `epctl jobs list` and `epctl jobs show JOB`.
 
 Each command runs as a fresh process, the installed `epctl` console script, as a user runs it; the
-CPU time (user + system) of that child comes from `os.wait4`. `jobs list` and `jobs show` talk to a
-real coordinator (uvicorn on a SQLite file, runner off) holding a small history (a static deployment
-and a few jobs moved through the state machine), so the table is really drawn. The `import` column
-is what the same process spends importing `app.cli.main` alone (`-X importtime`, the top-level
-entry), to show where the time goes.
+CPU time (user + system) of that child comes from `os.wait4`. The children may write bytecode, as a
+normal installation has it (this machine sets PYTHONDONTWRITEBYTECODE=1, which would compile every
+module of the checkout on every start); one untimed run of each command writes it first. `jobs list`
+and `jobs show` talk to a real coordinator (uvicorn on a SQLite file, runner off) holding a small
+history (a static deployment and a few jobs moved through the state machine), so the table is really
+drawn. The import table is what a fresh interpreter spends importing `app.cli.main` alone
+(`-X importtime`), to show where the time goes.
 
     .venv/bin/python benchmarks/cli.py                # 15 runs of each command
-    .venv/bin/python benchmarks/cli.py --runs 30
+    .venv/bin/python benchmarks/cli.py --runs 30 --name cli-before   # e.g. from an older checkout
 
 Target: p50 CPU <= 0.3 s for each command (the issue's "start-up under ~0.3 s of CPU").
 """
@@ -59,8 +61,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--name", default="cli", help="results file name")
     args = parser.parse_args()
-    report = Report("cli", parameters={"runs": args.runs, "target_cpu_s": TARGET_CPU_S})
+    report = Report(args.name, parameters={"runs": args.runs, "target_cpu_s": TARGET_CPU_S})
     data_dir = scratch_dir("cli")
     with Coordinator(f"sqlite:///{data_dir / 'cli.db'}", data_dir) as coordinator:
         with coordinator.client() as api:
@@ -78,7 +81,7 @@ def main() -> None:
                     pause_ms=pause_ms,
                 )
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
             "PYTHONPATH": str(ROOT),
             "EPCTL_URL": coordinator.url,
             "EPCTL_TOKEN": coordinator.admin_token,
@@ -87,9 +90,7 @@ def main() -> None:
         commands = {
             "epctl --help": [*epctl, "--help"],
             "epctl jobs list": [*epctl, "jobs", "list"],
-            f"epctl --token T --url U jobs show {job_id[:9]}...": [
-                *epctl, "--token", coordinator.admin_token, "--url", coordinator.url, "jobs", "show", job_id
-            ],
+            "epctl jobs show JOB": [*epctl, "jobs", "show", job_id],
         }  # fmt: skip
         for argv in commands.values():  # warm the page cache and the .pyc files once
             cpu_seconds(argv, env)

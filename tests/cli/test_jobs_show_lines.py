@@ -1,5 +1,5 @@
-"""`epctl jobs show` prints what the canary probe saw: the client outage as the headline, the slowest
-answer with its phase beside it, and the probe's details under the summary."""
+"""What `epctl jobs show` prints: the client outage as the headline, the slowest answer with its phase
+beside it, the probe's details under the summary, and each engine's own generation before and after."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.cli.job_summary import print_summary
+from app.cli.job_summary import engine_rows, print_summary
 from app.cli.jobs import probe_lines
 
 PROBE: dict[str, Any] = {
@@ -68,3 +68,17 @@ def test_probe_lines_show_the_rate_the_deadline_the_prepare_cost_and_unreachable
 
 def test_no_probe_no_lines() -> None:
     assert probe_lines({"probe": None}) == []
+
+
+def test_each_engine_shows_its_own_generation_before_and_after() -> None:
+    results = [
+        {"engine_id": "e0", "role": "staying", "generation_before": 1, "generation_after": 2},
+        {"engine_id": "e1", "role": "leaving", "generation_before": 1, "generation_after": None},
+        {"engine_id": "e2", "role": "joining", "generation_before": None, "generation_after": None},
+    ]
+    finished = {r[0]: r[3] for r in engine_rows({"terminal": True, "engine_results": results})}
+    assert finished == {"e0": "1 -> 2", "e1": "1 -> -", "e2": "- -> -"}
+    running = {r[0]: r[3] for r in engine_rows({"terminal": False, "engine_results": results})}
+    assert running["e1"] == "1 -> ?"  # not known until the job ends
+    old_record = engine_rows({"terminal": True, "engine_results": [{"engine_id": "e0", "generation": 2}]})
+    assert old_record[0][3] == "2"

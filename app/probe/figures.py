@@ -11,6 +11,10 @@ Two figures, because a slow answer is not an outage:
 - the **slowest answer**: the longest latency of a canary that succeeded (a paused engine stalls
   requests and fails none: its pause shows here), with the phase in which that canary was sent.
 
+Both cover the job itself: from the end of the baseline (the first phase, `BASELINE`, canaries sent
+before the job changes anything) to the stop; the baseline's own figures stay in its phase, for
+comparison (a first canary that sets up its connection on a busy host is no cost of the job).
+
 Per phase: canaries sent in it, failed, late, p50/p99 and slowest answer of those that succeeded, and
 the longest gap between successful completions (raw spacing, for comparison with outside clients).
 """
@@ -25,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.probe.canary import CanarySample
+
+BASELINE = "before"  # the phase both backends mark first, before the job changes anything
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -234,12 +240,15 @@ def probe_figures(
     """The figures of one recording from `start` to `end` (monotonic seconds). `marks` are phase
     starts, in order: each phase runs to the next mark (the last to `end`). `epoch_offset` turns
     monotonic times into epoch seconds for the reported window."""
+    spans = _phase_spans(marks, end)
+    # The job's own span: after the baseline, when there is one.
+    job_start = spans[0][2] if spans and spans[0][0] == BASELINE else start
     targets = sorted({s.target for s in samples})
     per_target: dict[str, float] = {}
     out: list[tuple[float, float]] | None = None
     for target in targets:
         own = [s for s in samples if s.target == target]
-        windows = answer_windows(own, start=start, end=end, deadline_s=deadline_s)
+        windows = answer_windows(own, start=job_start, end=end, deadline_s=deadline_s)
         outages = [(w.start, w.end) for w in windows if w.outage]
         per_target[target] = _ms0(max((b - a for a, b in outages), default=0.0))
         out = outages if out is None else _intersect(out, outages)
@@ -248,8 +257,7 @@ def probe_figures(
     outside = [
         s.latency_s for s in succeeded if worst is None or s.done_at <= worst[0] or s.sent_at >= worst[1]
     ]
-    spans = _phase_spans(marks, end)
-    slowest = max(succeeded, key=lambda s: s.latency_s, default=None)
+    slowest = max((s for s in succeeded if s.sent_at >= job_start), key=lambda s: s.latency_s, default=None)
     return ProbeFigures(
         interval_ms=_ms0(interval_s),
         deadline_ms=_ms0(deadline_s),

@@ -17,6 +17,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
 from app.probe.canary import CanarySample
+from app.probe.figures import BASELINE
 from app.probe.record import figures_changes, outage_summary
 from app.probe.recorder import CanaryRecorder
 from app.probe.reference import ReferenceCanary
@@ -58,7 +59,7 @@ class JobProbe:
             probe.recorder.set_targets(list(probe.targets.values()))
             probe._thread.start()
             await probe._on_probe_loop(probe.recorder.start())
-            probe.mark("before")
+            probe.mark(BASELINE)
             if probe.targets and probe._baseline_s > 0:
                 await asyncio.sleep(probe._baseline_s)
             return probe

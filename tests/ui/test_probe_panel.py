@@ -75,6 +75,7 @@ def test_a_slow_job_without_failures_shows_outage_0_and_its_slowest_answer_in_pr
     expect(page.locator('#probe-phases tr[data-phase="prepare"] td.slowest')).to_have_text("453 ms")
     expect(page.locator("#probe-panel")).to_contain_text("deadline 1.00 s")
     expect(page.locator("#probe-unreachable")).to_contain_text("alpha-e3")
+    screenshot(page, "job-client-outage-and-slowest-answer")
     page.goto("/ui/")
     expect(page.locator(f'svg.downtime-chart rect[data-client-job="{job_id}"]')).to_have_count(1)
     expect(page.locator(f'svg.downtime-chart rect[data-slowest-job="{job_id}"]')).to_have_count(1)
@@ -129,7 +130,7 @@ def test_the_history_chart_is_on_a_log_scale_where_milliseconds_and_seconds_both
     chart = page.locator("svg.downtime-chart")
     expect(chart.locator("rect.bar[data-job]")).to_have_count(4)
     expect(chart).to_have_attribute("data-scale", "log")
-    ticks = chart.locator("text.tick").all_inner_texts()
+    ticks = chart.locator("text.tick").all_text_contents()  # (SVG text has no innerText)
     assert {"1 ms", "10 ms", "100 ms", "1 s", "10 s"} <= set(ticks), ticks
     blocking = bar_height(page, blocking_and_background["blocking"])
     shortest = bar_height(page, blocking_and_background["bg-6"])

@@ -52,6 +52,24 @@ def test_slow_answers_that_never_fail_are_no_outage_but_the_slowest_answer_in_it
     assert phases["prepare"].longest_gap_ms > 400.0  # the raw gap is still there, named as a gap
 
 
+def test_the_baseline_before_the_job_is_only_for_comparison() -> None:
+    # The first canary sets up its connection (700 ms), and a 503 follows: both before the job began.
+    samples = [CanarySample("a", 0.0, 0.7, True, 200), CanarySample("a", 0.75, 0.76, False, 503)]
+    samples += steady(0.8, 3.0, 0.05)
+    figures = probe_figures(
+        samples,
+        start=0.0,
+        end=3.0,
+        interval_s=0.05,
+        deadline_s=1.0,
+        marks=[("before", 0.0), ("prepare", 1.0)],
+    )
+    assert figures.outage_ms == 0.0 and figures.failed == 1
+    assert figures.slowest_answer_ms == pytest.approx(10.0) and figures.slowest_answer_phase == "prepare"
+    before = next(p for p in figures.phases if p.name == "before")
+    assert before.slowest_answer_ms == pytest.approx(700.0) and before.failed == 1
+
+
 def test_a_window_of_503s_is_the_outage_with_its_phase() -> None:
     # Successes until 2.0, 503s from 2.1 to 3.4, successes again from 3.5.
     samples = steady(0.0, 2.1, 0.1) + steady(2.1, 3.5, 0.1, ok=False) + steady(3.5, 5.0, 0.1)

@@ -45,6 +45,7 @@ from app.backends.vllm.record import (
 from app.backends.vllm.settings import VllmSettings, load_vllm_settings
 from app.jobs.states import JobState
 from app.probe import CanaryRecorder, ProbeFigures, figures_changes, outage_summary
+from app.probe.figures import BASELINE
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class VllmFlow:
         scaled: Scaled | None = None
         async with recorder:
             recorder.set_targets([client.url])
-            recorder.mark("before")
+            recorder.mark(BASELINE)
             await self.record.move(
                 job, S.syncing, message=f"baseline: canaries for {settings.baseline_s:g} s"
             )

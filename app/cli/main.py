@@ -3,7 +3,8 @@ in `COMMANDS` (a typer app for a group, a function for a single command).
 
 Start-up is kept under ~0.3 s of CPU: typer builds (and type-checks) every command it knows before it
 runs one, so the root group loads only the command asked for (`LazyRoot`); `epctl --help` loads them
-all to list them. Help is plain text (rich's help renderer alone costs more CPU to import than that).
+all to list them. Help is plain text (rich's help renderer alone costs more CPU to import than that),
+and values that need no conversion skip typer's pydantic-based coercion (`app.cli.coercion`).
 
 The global options (`--url`, `--token`, `--json`) are each command's own options, so they may come
 after the command as always; the root group also accepts them before it (and lists them in `epctl
@@ -19,7 +20,10 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+from app.cli import coercion
 from app.cli.client import DEFAULT_URL, JsonOption, TokenOption, UrlOption
+
+coercion.install()  # values that need no conversion skip typer's pydantic (see app/cli/coercion.py)
 
 # name -> (module, attribute): a typer app (a command group) or a function (one command), in the
 # order `epctl --help` lists them.

@@ -1,6 +1,6 @@
 """`epctl` starts light (benchmarks/cli.py measures the CPU; here, what it imports, which is what
-makes it cost): `--help` and a simple read load neither httpx, rich's help renderer, nor the
-coordinator's own stack (settings, SQLAlchemy, FastAPI); a read does not even load asyncio (only
+makes it cost): `--help` and a simple read load neither httpx, rich's help renderer, pydantic, nor
+the coordinator's own stack (settings, SQLAlchemy, FastAPI); a read does not even load asyncio (only
 `epctl up` needs it)."""
 
 from __future__ import annotations
@@ -11,7 +11,16 @@ import sys
 
 from tests.support.processes import ROOT, clean_environment
 
-HEAVY = ("httpx", "typer.rich_utils", "sqlalchemy", "fastapi", "app.core.config", "app.main", "asyncio")
+HEAVY = (
+    "httpx",
+    "typer.rich_utils",
+    "pydantic",  # typer's own coercion would import it (app/cli/coercion.py passes plain values through)
+    "sqlalchemy",
+    "fastapi",
+    "app.core.config",
+    "app.main",
+    "asyncio",
+)
 HELP_MAY_LOAD = {"asyncio"}  # `--help` loads every command to list it, `epctl up` with them
 
 

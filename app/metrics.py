@@ -13,7 +13,7 @@ Who calls what:
   across coordinators, because each outbox event is claimed by one);
 - `record_webhook_delivery(outcome)`: the webhook delivery worker, once per attempt;
 - `record_inbound_hook(source, decision)`: the inbound hook service, once per request;
-- `record_canaries(ok, failed)`: a job's canary probe, once when it stops;
+- `record_canaries(ok, late, failed)`: a job's canary probe (either backend), once when it stops;
 - `HttpMetrics`: an ASGI middleware, once per HTTP request (route template and status).
 """
 
@@ -134,17 +134,25 @@ DOWNTIME = Histogram(
     buckets=_DOWNTIME_BUCKETS,
     registry=REGISTRY,
 )
-CLIENT_DOWNTIME = Histogram(
-    "epctl_reconfiguration_client_downtime_seconds",
-    "A finished job's client downtime, measured from outside by the canary probe: the longest window "
-    "in which no canary completed.",
+CLIENT_OUTAGE = Histogram(
+    "epctl_reconfiguration_client_outage_seconds",
+    "A finished job's client outage, measured from outside by the canary probe: the longest window in "
+    "which canaries failed or went unanswered past their deadline.",
+    ["outcome"],
+    buckets=_DOWNTIME_BUCKETS,
+    registry=REGISTRY,
+)
+CLIENT_SLOWEST_ANSWER = Histogram(
+    "epctl_reconfiguration_client_slowest_answer_seconds",
+    "A finished job's slowest answer to the canary probe: the longest latency of a canary that succeeded.",
     ["outcome"],
     buckets=_DOWNTIME_BUCKETS,
     registry=REGISTRY,
 )
 PROBE_CANARIES = Counter(
     "epctl_probe_canaries",
-    "Canary requests the probe sent to serving engines during jobs, by outcome (ok, failed).",
+    "Canary requests the probe sent to serving engines during jobs, by outcome (ok: answered within its "
+    "deadline, late: answered after it, failed).",
     ["outcome"],
     registry=REGISTRY,
 )
@@ -202,22 +210,26 @@ def observe_job_finished(
     phase_durations_s: Mapping[str, float],
     deployment: str = "",
     duration_s: float | None = None,
-    client_downtime_ms: float | None = None,
+    client_outage_ms: float | None = None,
+    client_slowest_answer_ms: float | None = None,
 ) -> None:
     JOBS_FINISHED.labels(deployment=deployment, outcome=outcome, requested_by=requested_by).inc()
     if duration_s is not None:
         JOB_DURATION.labels(deployment=deployment, outcome=outcome).observe(max(duration_s, 0.0))
     if downtime_ms is not None:
         DOWNTIME.labels(outcome=outcome).observe(max(downtime_ms, 0.0) / 1000.0)
-    if client_downtime_ms is not None:
-        CLIENT_DOWNTIME.labels(outcome=outcome).observe(max(client_downtime_ms, 0.0) / 1000.0)
+    if client_outage_ms is not None:
+        CLIENT_OUTAGE.labels(outcome=outcome).observe(max(client_outage_ms, 0.0) / 1000.0)
+    if client_slowest_answer_ms is not None:
+        CLIENT_SLOWEST_ANSWER.labels(outcome=outcome).observe(max(client_slowest_answer_ms, 0.0) / 1000.0)
     for phase, seconds in phase_durations_s.items():
         PHASE_DURATION.labels(phase=phase).observe(max(seconds, 0.0))
 
 
-def record_canaries(ok: int, failed: int) -> None:
+def record_canaries(*, ok: int, late: int, failed: int) -> None:
     """One job's canaries, once the probe stopped."""
     PROBE_CANARIES.labels(outcome="ok").inc(ok)
+    PROBE_CANARIES.labels(outcome="late").inc(late)
     PROBE_CANARIES.labels(outcome="failed").inc(failed)
 
 

@@ -1,4 +1,4 @@
-"""The vLLM backend's canary probe: does `client_downtime_ms` agree with vLLM's own 503 window, and
+"""The vLLM backend's canary probe: does `client_outage_ms` agree with vLLM's own 503 window, and
 what does a canary cost the coordinator?
 
     .venv/bin/python benchmarks/vllm_probe.py [--delays 0.25 0.5 1 2] [--reps 3] [--interval 0.05]
@@ -6,7 +6,7 @@ what does a canary cost the coordinator?
 Needs `.venv-vllm` (scripts/vllm-env). A real coordinator (uvicorn, job runner on, SQLite) drives jobs
 against the stand-in vLLM server (`tests/vllm/standin_server.py`: vLLM's own `/scale_elastic_ep`
 route and 503 middleware over a stand-in engine client that holds vLLM's scaling flag for `delay`
-seconds and records exactly when it set and cleared it). Each job's `client_downtime_ms` is compared
+seconds and records exactly when it set and cleared it). Each job's `client_outage_ms` is compared
 with that flag window, the true 503 window. Then the probe alone (a `CanaryRecorder` with the vLLM
 canary, in this process) sends canaries to the stand-in for a few seconds: CPU per canary.
 
@@ -160,7 +160,7 @@ def main() -> None:
                     state = httpx.get(f"{standin_url}/standin/state", timeout=10).json()
                     (set_at, cleared_at) = state["flag_windows"][0]
                     true_ms = (cleared_at - set_at) * 1000.0
-                    client_ms = float(job["client_downtime_ms"])
+                    client_ms = float(job["client_outage_ms"])
                     diffs.append(client_ms - true_ms)
                     probe = job["probe"]
                     rows.append(
@@ -176,12 +176,12 @@ def main() -> None:
                         ]
                     )
         report.add_table(
-            "client_downtime_ms against vLLM's own 503 window (the stand-in's flag)",
+            "client_outage_ms against vLLM's own 503 window (the stand-in's flag)",
             [
                 "delay s",
                 "job",
                 "true 503 window ms",
-                "client_downtime_ms",
+                "client_outage_ms",
                 "diff ms",
                 "canaries failed",
                 "p99 before ms",
@@ -198,7 +198,7 @@ def main() -> None:
         abs_diffs = [abs(d) for d in diffs]
         report.results = {"jobs": rows, "diff_ms": diffs, "probe_cost": cost}
         report.target(
-            "median |client_downtime_ms - true 503 window|",
+            "median |client_outage_ms - true 503 window|",
             statistics.median(abs_diffs),
             2 * args.interval * 1000.0,
             "ms",

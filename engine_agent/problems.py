@@ -140,8 +140,28 @@ def _allowed_methods(request: Request) -> list[str]:
     return next((methods for pattern, methods in table if pattern.match(request.url.path)), [])
 
 
+def _undeclared_json(request: Request) -> str | None:
+    """A body sent without saying it is JSON: its media type ("none" when absent), else None."""
+    sized = request.headers.get("content-length", "0").strip() not in ("", "0")
+    chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if not (sized or chunked) or media == "application/json" or media.endswith("+json"):
+        return None
+    return media or "none"
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    media = _undeclared_json(request)
+    if media is not None and any(tuple(err.get("loc", ())) == ("body",) for err in exc.errors()):
+        # The body was never read as JSON, so "Input should be a valid dictionary" would mislead.
+        return problem_response(
+            request,
+            status=415,
+            code="unsupported-media-type",
+            title="Unsupported media type",
+            detail=f"the body must be JSON, sent with Content-Type: application/json (this one: {media})",
+        )
     errors = [
         {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type", "")}
         for err in exc.errors()

@@ -1,12 +1,16 @@
-"""The CLI's side of the coordinator API: a small httpx client, shared options and output helpers.
+"""The CLI's side of the coordinator API: a small client, shared options and output helpers.
 
-Every command takes `--url` / `--token` (or `EPCTL_URL` / `EPCTL_TOKEN`) and `--json`. An error answer
-(problem+json) is printed readably on stderr and the command exits non-zero:
+Every command takes `--url` / `--token` (or `EPCTL_URL` / `EPCTL_TOKEN`) and `--json`, before or after
+the command. An error answer (problem+json) is printed readably on stderr and the command exits
+non-zero:
 
     exit 0  success
     exit 1  the coordinator refused the request (4xx/5xx problem), or a watched job did not succeed
     exit 2  usage error (typer's)
     exit 3  the coordinator could not be reached
+
+Imports stay light (the standard library and typer): rich is imported when something is printed,
+the HTTP client when a command connects, so `epctl --help` and simple reads start fast.
 """
 
 from __future__ import annotations
@@ -15,14 +19,17 @@ import json
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import httpx
 import typer
-from rich.console import Console
-from rich.table import Table
+
+from app.cli.http import HttpClient, Response, StreamingResponse, TransportError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 # Requests the CLI makes on an operator's behalf are recorded as coming from the CLI.
@@ -43,9 +50,40 @@ TokenOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 DeploymentFilter = Annotated[str | None, typer.Option("--deployment", "-d", help="Only this deployment.")]
 
-# Piped output (scripts, logs) gets wide lines instead of tables folded at 80 columns.
-stdout = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 250)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # messages are never cut mid-line
+
+def command_group(help_text: str) -> typer.Typer:
+    """A group of commands. Help in plain text: rich's renderer costs more CPU to import than a
+    command may take to start."""
+    return typer.Typer(
+        help=help_text, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False
+    )
+
+
+class LazyConsole:
+    """A rich `Console` made on first use (importing rich costs CPU that `--help` need not pay)."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            options = dict(self._options)
+            if options.pop("wide_when_piped", False):
+                # Piped output (scripts, logs) gets wide lines instead of tables folded at 80 columns.
+                options["width"] = None if sys.stdout.isatty() else 250
+            self._console = Console(**options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console, name)
+
+
+stdout = LazyConsole(highlight=False, soft_wrap=False, wide_when_piped=True)
+stderr = LazyConsole(stderr=True, highlight=False, soft_wrap=True)  # messages are never cut mid-line
 
 
 class CoordinatorError(Exception):
@@ -73,15 +111,19 @@ class Coordinator:
     url: str
     token: str | None
     timeout_s: float = 15.0
+    http: HttpClient = field(init=False)
 
     def __post_init__(self) -> None:
         headers = {"Accept": "application/json", "User-Agent": "epctl"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        self.http = httpx.Client(base_url=self.url.rstrip("/"), headers=headers, timeout=self.timeout_s)
+        try:
+            self.http = HttpClient(self.url.rstrip("/"), headers=headers, timeout_s=self.timeout_s)
+        except TransportError as exc:
+            raise CoordinatorUnreachable(f"cannot reach the coordinator at {self.url}: {exc}") from exc
 
     def close(self) -> None:
-        self.http.close()
+        """Nothing held between requests (one connection each)."""
 
     def __enter__(self) -> Coordinator:
         return self
@@ -100,16 +142,26 @@ class Coordinator:
     ) -> Any:
         clean_params = {k: v for k, v in (params or {}).items() if v is not None}
         try:
-            response = self.http.request(method, path, json=json_body, params=clean_params, headers=headers)
-        except httpx.TransportError as exc:
+            response = self.http.request(
+                method, path, json_body=json_body, params=clean_params, headers=headers
+            )
+        except TransportError as exc:
             raise CoordinatorUnreachable(f"cannot reach the coordinator at {self.url}: {exc}") from exc
         return self.decode(response)
 
+    @contextmanager
+    def stream(
+        self, path: str, *, headers: Mapping[str, str], read_timeout_s: float
+    ) -> Iterator[StreamingResponse]:
+        """A GET whose body is read line by line (`StreamInterrupted` when it goes quiet or drops)."""
+        with self.http.stream("GET", path, headers=headers, read_timeout_s=read_timeout_s) as response:
+            yield response
+
     @staticmethod
-    def decode(response: httpx.Response) -> Any:
+    def decode(response: Response) -> Any:
         if response.is_error:
-            raise CoordinatorError(response.status_code, _problem_of(response))
-        if response.status_code == 204 or not response.content:
+            raise CoordinatorError(response.status, _problem_of(response))
+        if response.status == 204 or not response.content:
             return None
         try:
             return response.json()
@@ -129,7 +181,7 @@ class Coordinator:
         return self.request("DELETE", path)
 
 
-def _problem_of(response: httpx.Response) -> dict[str, Any]:
+def _problem_of(response: Response) -> dict[str, Any]:
     try:
         body = response.json()
     except ValueError:
@@ -137,9 +189,9 @@ def _problem_of(response: httpx.Response) -> dict[str, Any]:
     if isinstance(body, dict):
         return body
     return {
-        "title": response.reason_phrase or f"HTTP {response.status_code}",
+        "title": response.reason or f"HTTP {response.status}",
         "detail": response.text[:500] or None,
-        "status": response.status_code,
+        "status": response.status,
     }
 
 
@@ -207,6 +259,8 @@ _PROSE_COLUMNS = frozenset({"MESSAGE", "DESCRIPTION", "LAST ERROR", "URL", "PAUS
 
 
 def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
+    from rich.table import Table
+
     out = Table(title=title, title_justify="left", header_style="bold", box=None, pad_edge=False)
     for name in columns:
         prose = name in _PROSE_COLUMNS
@@ -267,6 +321,8 @@ def short_time(value: str | None) -> str:
 def fmt_ms(ms: float | None) -> str:
     if ms is None:
         return "-"
+    if ms == 0:
+        return "0 ms"
     if ms < 10:
         return f"{ms:.2f} ms"
     if ms < 100:

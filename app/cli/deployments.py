@@ -13,6 +13,7 @@ from app.cli.client import (
     TokenOption,
     UrlOption,
     api_errors,
+    command_group,
     connect,
     print_json,
     short_time,
@@ -20,9 +21,7 @@ from app.cli.client import (
     table,
 )
 
-app = typer.Typer(
-    help="Deployments: one EP group of engines, its size limits and policies.", no_args_is_help=True
-)
+app = command_group("Deployments: one EP group of engines, its size limits and policies.")
 
 WarmupOption = Annotated[str | None, typer.Option("--warmup-policy", help="auto | eager | deferred")]
 StrategyOption = Annotated[str | None, typer.Option("--strategy", help="background | blocking")]

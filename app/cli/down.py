@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from app.core.config import ConfigError, Settings, load_settings
-from app.launchers.state_lock import DataDirInUseError, hold_state_dir
+if TYPE_CHECKING:  # the CLI imports only what the command it runs needs (`epctl --help` loads all)
+    from app.core.config import Settings
 
 
 @dataclass
@@ -94,6 +94,9 @@ def down(
     ] = None,
 ) -> None:
     """Stop the engines a data directory's records name (after a crashed `epctl up`), by pid."""
+    from app.core.config import ConfigError, load_settings
+    from app.launchers.state_lock import DataDirInUseError, hold_state_dir
+
     overrides: dict[str, object] = {} if data_dir is None else {"data_dir": data_dir}
     try:
         settings = load_settings(**overrides)

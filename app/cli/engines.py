@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import typer
-
 from app.cli.client import (
     DEFAULT_URL,
     DeploymentFilter,
@@ -11,6 +9,7 @@ from app.cli.client import (
     TokenOption,
     UrlOption,
     api_errors,
+    command_group,
     connect,
     print_json,
     short_time,
@@ -18,7 +17,7 @@ from app.cli.client import (
     table,
 )
 
-app = typer.Typer(help="Engines: the registered agents, one DP rank each.", no_args_is_help=True)
+app = command_group("Engines: the registered agents, one DP rank each.")
 
 
 @app.command("list")

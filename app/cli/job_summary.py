@@ -18,8 +18,22 @@ from app.cli.client import (
 )
 
 
+def generations(result: dict[str, Any], job: dict[str, Any]) -> str | None:
+    """The generation this engine served before the job and serves after it (`-`: none; `?`: not
+    known yet). Jobs recorded before the per-engine figures show the one generation they kept."""
+    if "generation_before" not in result:
+        return None if result.get("generation") is None else str(result.get("generation"))
+    after = result.get("generation_after")
+    if after is None and not job.get("terminal", True):
+        after_text = "?"
+    else:
+        after_text = "-" if after is None else str(after)
+    before = result.get("generation_before")
+    return f"{'-' if before is None else before} -> {after_text}"
+
+
 def engine_rows(job: dict[str, Any]) -> list[list[Any]]:
-    """One row per engine: id, role, ranks, generation, pause (ms), paused..resumed."""
+    """One row per engine: id, role, ranks, generation before -> after, pause (ms), paused..resumed."""
     per_engine_ms = ((job.get("downtime") or {}).get("per_engine_ms")) or {}
     rows = []
     seen = set()
@@ -44,7 +58,7 @@ def engine_rows(job: dict[str, Any]) -> list[list[Any]]:
                 engine_id,
                 result.get("role"),
                 ranks,
-                result.get("generation"),
+                generations(result, job),
                 fmt_ms(pause_ms),
                 _pause_window(pause),
             ]
@@ -92,15 +106,7 @@ def print_summary(job: dict[str, Any]) -> None:
     ]
     stdout.print("  ".join(f"[dim]{k}:[/] {v}" for k, v in details if v not in (None, "")))
     downtime = job.get("downtime_ms")
-    line = f"[bold]downtime:[/] {fmt_ms(downtime) if downtime is not None else '-'}"
-    client_downtime = job.get("client_downtime_ms")
-    if client_downtime is not None:
-        probe = job.get("probe") or {}
-        line += (
-            f"  [bold]client downtime:[/] {fmt_ms(client_downtime)} [dim](canary probe: "
-            f"{probe.get('canaries_sent', '?')} sent, {probe.get('canaries_failed', '?')} failed)[/]"
-        )
-    stdout.print(line)
+    stdout.print(f"[bold]downtime:[/] {fmt_ms(downtime) if downtime is not None else '-'}{client_line(job)}")
     parts = ((job.get("downtime") or {}).get("window_parts_ms")) or {}
     if parts:
         stdout.print("[dim]inside the window:[/] " + ", ".join(f"{k} {fmt_ms(v)}" for k, v in parts.items()))
@@ -126,8 +132,31 @@ def print_summary(job: dict[str, Any]) -> None:
         stdout.print(table("phases", ["PHASE", "STARTED", "DURATION"], rows))
     engines = engine_rows(job)
     if engines:
-        stdout.print(table("engines", ["ENGINE", "ROLE", "RANKS", "GEN", "PAUSE", "PAUSED"], engines))
+        stdout.print(table("engines", ["ENGINE", "ROLE", "RANKS", "GENERATION", "PAUSE", "PAUSED"], engines))
     print_failure(job)
+
+
+def client_line(job: dict[str, Any]) -> str:
+    """What the canary probe saw, in the job's words: the client outage (the headline), the slowest
+    answer with its phase, and the canaries; a job recorded before the two were told apart shows its
+    one old figure as such."""
+    probe = job.get("probe") or {}
+    outage, slowest = job.get("client_outage_ms"), job.get("client_slowest_answer_ms")
+    counts = (
+        f"[dim](canary probe: {probe.get('canaries_sent', '?')} sent, "
+        f"{probe.get('canaries_failed', '?')} failed, {probe.get('canaries_late', 0)} late)[/]"
+    )
+    if outage is None:
+        old = job.get("client_downtime_ms")
+        return "" if old is None else f"  [bold]client downtime (old figure):[/] {fmt_ms(old)} {counts}"
+    line = f"  [bold]client outage:[/] {fmt_ms(outage)}"
+    if outage and probe.get("outage_phase"):
+        line += f" [dim]({probe['outage_phase']})[/]"
+    if slowest is not None:
+        line += f"  [bold]slowest answer:[/] {fmt_ms(slowest)}"
+        if probe.get("slowest_answer_phase"):
+            line += f" [dim]({probe['slowest_answer_phase']})[/]"
+    return f"{line}  {counts}"
 
 
 def describe_placement(job: dict[str, Any]) -> str | None:

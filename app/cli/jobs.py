@@ -16,6 +16,7 @@ from app.cli.client import (
     TokenOption,
     UrlOption,
     api_errors,
+    command_group,
     connect,
     duration_ms,
     fail,
@@ -30,8 +31,8 @@ from app.cli.client import (
 from app.cli.job_summary import describe_failure, print_summary
 from app.cli.watch import WatchTimeout, follow, job_path
 
-app = typer.Typer(help="Reconfiguration jobs: history, details, live progress, cancel.", no_args_is_help=True)
-cleanup_app = typer.Typer(help="Resolve a job's failed background cleanup.", no_args_is_help=True)
+app = command_group("Reconfiguration jobs: history, details, live progress, cancel.")
+cleanup_app = command_group("Resolve a job's failed background cleanup.")
 
 JobIdArgument = Annotated[str, typer.Argument(help="Job id (rcfg_...).")]
 TimeoutOption = Annotated[
@@ -142,26 +143,30 @@ def list_jobs(
 
 
 def probe_lines(job: dict[str, Any]) -> list[str]:
-    """What the canary probe saw, beyond the client downtime of the summary: rate, latency outside
-    the window, what prepare cost against before the job, and engines it could not reach."""
+    """What the canary probe saw, beyond the summary's outage and slowest answer: rate and deadline,
+    latency outside the outage, what prepare cost against before the job, and engines it could not
+    reach."""
     probe = job.get("probe")
-    if not isinstance(probe, dict) or probe.get("client_downtime_ms") is None:
+    if not isinstance(probe, dict) or probe.get("canaries_sent") is None:
         return []
 
     def ms(value: Any) -> str:
         return fmt_ms(value) if isinstance(value, int | float) else "-"
 
+    outside = probe.get("latency_p50_ms_outside_outage", probe.get("latency_p50_ms_outside_downtime"))
+    deadline = f", deadline {ms(probe['deadline_ms'])}" if probe.get("deadline_ms") is not None else ""
     lines = [
         f"[bold]probe:[/] {probe.get('canaries_sent', 0)} canaries to {probe.get('targets', 0)} engines "
-        f"every {ms(probe.get('interval_ms'))}, {probe.get('canaries_failed', 0)} failed; "
-        f"p50 outside the window {ms(probe.get('latency_p50_ms_outside_downtime'))}"
+        f"every {ms(probe.get('interval_ms'))}{deadline}, {probe.get('canaries_failed', 0)} failed; "
+        f"p50 outside the outage {ms(outside)}"
     ]
     phases = probe.get("phases") or {}
     before, prepare = phases.get("before"), phases.get("prepare")
     if isinstance(before, dict) and isinstance(prepare, dict):
         lines.append(
             f"  [dim]prepare cost:[/] p99 {ms(prepare.get('p99_ms'))} (before {ms(before.get('p99_ms'))}), "
-            f"longest gap {ms(prepare.get('longest_gap_ms'))} (before {ms(before.get('longest_gap_ms'))})"
+            f"slowest answer {ms(prepare.get('slowest_answer_ms'))} "
+            f"(before {ms(before.get('slowest_answer_ms'))})"
         )
     unreachable = probe.get("unreachable") or {}
     if unreachable:

@@ -4,15 +4,13 @@ line per change elsewhere (logs, pipes, tests)."""
 from __future__ import annotations
 
 import time
-from typing import Any
-
-from rich.console import Group, RenderableType
-from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from app.cli.client import PHASE_ORDER, duration_ms, fmt_ms, stdout, styled_state
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+    from rich.live import Live
 
 
 def progress_of(job: dict[str, Any]) -> tuple[float, str | None]:
@@ -38,7 +36,11 @@ class ProgressView:
             return
         if self.interactive:
             if self.live is None:
-                self.live = Live(self.render(job), console=stdout, refresh_per_second=8, transient=True)
+                from rich.live import Live
+
+                self.live = Live(
+                    self.render(job), console=stdout.console, refresh_per_second=8, transient=True
+                )
                 self.live.start()
             else:
                 self.live.update(self.render(job))
@@ -60,6 +62,11 @@ class ProgressView:
 
     @staticmethod
     def render(job: dict[str, Any]) -> RenderableType:
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
         percent, step = progress_of(job)
         head = Text.from_markup(
             f"[bold]{job.get('deployment')}[/] {job.get('from_dp_size')} -> {job.get('to_dp_size')}  "

@@ -2,24 +2,50 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import socket
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from app.core.config import ConfigError, Settings, load_settings
-from app.launchers.state_lock import DataDirInUseError, hold_state_dir
+if TYPE_CHECKING:
+    from app.core.config import Settings
 
 
 def claim_data_dir(settings: Settings, *, holder: str = "epctl serve") -> Path | None:
     """Lock the local launcher's data directory before touching anything, when this coordinator runs
     jobs (and so may start and stop local agents there); `DataDirInUseError` when another holds it."""
+    from app.launchers.state_lock import hold_state_dir
     from app.runner.settings import load_runner_settings
 
     runner = load_runner_settings()
     if not runner.enabled:
         return None
     return hold_state_dir(Path(runner.state_dir or settings.data_dir), holder=holder)
+
+
+class PortUnavailableError(Exception):
+    """The coordinator's address cannot be listened on (in use, not ours, not an address here)."""
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The coordinator's socket, bound before anything else starts (uvicorn is handed it), so that a
+    busy port is one line and a non-zero exit, not a traceback after the database was touched."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortUnavailableError(
+                f"cannot listen on {host}:{port}: address already in use (another coordinator? "
+                "stop it, or choose another port with --port)"
+            ) from None
+        raise PortUnavailableError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
 
 
 def serve(
@@ -30,6 +56,8 @@ def serve(
     import uvicorn
     from sqlalchemy.exc import SQLAlchemyError
 
+    from app.core.config import ConfigError, load_settings
+    from app.launchers.state_lock import DataDirInUseError
     from app.main import announce_admin_token, create_app, start_database
     from engine_agent.logs import configure_logging
 
@@ -46,18 +74,25 @@ def serve(
     configure_logging(settings.log_format)
     try:
         claim_data_dir(settings)
-    except (ConfigError, DataDirInUseError) as exc:
+        sock = listening_socket(settings.host, settings.port)
+    except (ConfigError, DataDirInUseError, PortUnavailableError) as exc:
         typer.echo(f"epctl serve: {exc}", err=True)
         raise typer.Exit(1) from None
     try:
         engine, generated = start_database(settings)
     except SQLAlchemyError as exc:
+        sock.close()
         typer.echo(f"epctl serve: cannot use database {settings.database_url!r}: {exc}", err=True)
         raise typer.Exit(1) from None
     engine.dispose()
     if generated is not None:
         announce_admin_token(generated)
     # log_config=None: uvicorn's loggers go through the handler configure_logging set up.
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings), host=settings.host, port=settings.port, log_level="info", log_config=None
     )
+    server = uvicorn.Server(config)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
+        server.run(sockets=[sock])
+    if not server.started:
+        raise typer.Exit(1)

@@ -12,6 +12,7 @@ from app.cli.client import (
     TokenOption,
     UrlOption,
     api_errors,
+    command_group,
     connect,
     print_json,
     short_time,
@@ -20,7 +21,7 @@ from app.cli.client import (
     table,
 )
 
-app = typer.Typer(help="API tokens and their roles (admin only).", no_args_is_help=True)
+app = command_group("API tokens and their roles (admin only).")
 ROLES = ("viewer", "autoscaler", "operator", "admin")
 _COLUMNS = ["ID", "NAME", "ROLE", "PREFIX", "CREATED BY", "CREATED", "LAST USED", "REVOKED"]
 

@@ -26,20 +26,22 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
 import typer
 
 from app.cli.down import state_dir, stop_recorded
-from app.cli.serve import claim_data_dir
-from app.core.config import ConfigError, Settings, load_settings
-from app.launchers.state_lock import DataDirInUseError
-from engine_agent.logs import configure_logging
+from app.cli.serve import PortUnavailableError, claim_data_dir, listening_socket
+
+if TYPE_CHECKING:
+    import httpx
+
+    from app.core.config import Settings
 
 DEMO = "demo"
 DEMO_ENGINES = 2
@@ -62,20 +64,26 @@ def up(
     ] = None,
 ) -> None:
     """Run the coordinator (SQLite) and a local deployment `demo` of reference engines."""
+    from app.core.config import ConfigError, load_settings
+    from app.launchers.state_lock import DataDirInUseError
+    from engine_agent.logs import configure_logging
+
     overrides: dict[str, object] = {"host": "127.0.0.1", "port": port}
     if data_dir is not None:
         overrides["data_dir"] = data_dir
     try:
         settings = load_settings(**overrides)
-        # Before anything is touched: a second `epctl up` on this directory must leave the first alone.
+        # Before anything is touched: a second `epctl up` on this directory must leave the first alone,
+        # and a port someone else holds stops this one here, in one line.
         claim_data_dir(settings, holder="epctl up")
-    except (ConfigError, DataDirInUseError) as exc:
+        sock = listening_socket(settings.host, settings.port)
+    except (ConfigError, DataDirInUseError, PortUnavailableError) as exc:
         typer.echo(f"epctl up: {exc}", err=True)
         raise typer.Exit(2 if isinstance(exc, ConfigError) else 1) from None
     configure_logging(settings.log_format, logging.WARNING)  # a terminal session: warnings and errors only
     _forget_a_dead_run(settings)
     try:
-        asyncio.run(_run(settings, engines))
+        asyncio.run(_run(settings, engines, sock))
     except KeyboardInterrupt:
         pass
     finally:
@@ -112,7 +120,7 @@ def _server_class() -> type[Any]:
 ADMIN_TOKEN_FILE = "admin-token"
 
 
-async def _run(settings: Settings, engines: int | None) -> None:
+async def _run(settings: Settings, engines: int | None, sock: socket.socket) -> None:
     import uvicorn
 
     from app.main import create_app
@@ -122,7 +130,7 @@ async def _run(settings: Settings, engines: int | None) -> None:
     server = _server_class()(
         uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", log_config=None)
     )
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
     setup = asyncio.create_task(_set_up(server, app, settings, engines, token, first))
     try:
         done, _ = await asyncio.wait({serving, setup}, return_when=asyncio.FIRST_COMPLETED)
@@ -143,6 +151,8 @@ async def _set_up(
         if server.should_exit:
             return
         await asyncio.sleep(0.05)
+    import httpx  # the coordinator runs in this process: its imports are paid anyway
+
     url = f"http://{settings.host}:{settings.port}"
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30.0) as api:
@@ -227,13 +237,26 @@ async def _start_engines(api: httpx.AsyncClient, engines: int) -> None:
     typer.echo(f"epctl up: {engines} engines serving after {time.monotonic() - started:.1f} s", err=True)
 
 
+PROGRESS_EVERY_S = 10.0  # a loaded machine takes tens of seconds to start engines: say how it goes
+
+
 async def _wait(api: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
+    started = next_line = time.monotonic()
     while True:
         response = await api.get(f"/v1/reconfigurations/{job_id}")
         response.raise_for_status()
         job: dict[str, Any] = response.json()
         if job["terminal"]:
             return job
+        if time.monotonic() >= next_line + PROGRESS_EVERY_S:
+            next_line = time.monotonic()
+            progress = job.get("progress") or {}
+            step = f" ({progress['step']})" if progress.get("step") else ""
+            typer.echo(
+                f"epctl up: job {job_id} {job['state']} {progress.get('percent', 0):.0f}%{step}, "
+                f"{next_line - started:.0f} s so far",
+                err=True,
+            )
         await asyncio.sleep(0.2)
 
 

@@ -11,9 +11,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
-
 from app.cli.client import Coordinator, CoordinatorUnreachable
+from app.cli.http import StreamInterrupted, TransportError
 from app.cli.progress_view import ProgressView
 from app.cli.sse import iter_sse
 
@@ -69,19 +68,17 @@ def _follow_stream(
         read_timeout = STREAM_READ_TIMEOUT_S
         if deadline is not None:
             read_timeout = max(0.05, min(read_timeout, deadline - time.monotonic()))
-        timeout = httpx.Timeout(api.timeout_s, read=read_timeout)
         try:
-            with api.http.stream(
-                "GET", f"{job_path(job_id)}/events", headers=headers, timeout=timeout
+            with api.stream(
+                f"{job_path(job_id)}/events", headers=headers, read_timeout_s=read_timeout
             ) as response:
-                if response.status_code in (404, 405, 501):
+                if response.status in (404, 405, 501):
                     # No stream on this coordinator (a missing job is reported by this GET instead).
                     response.read()
                     api.get(job_path(job_id))
                     return None
                 if response.is_error:
-                    response.read()
-                    Coordinator.decode(response)
+                    Coordinator.decode(response.read())
                 failures = 0
                 for event in iter_sse(_lines_until(response.iter_lines(), deadline, job_id)):
                     if event.id:
@@ -93,9 +90,9 @@ def _follow_stream(
                     if is_terminal(job):
                         return job
                     _check_deadline(deadline, job_id)
-        except (httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ReadError):
+        except StreamInterrupted:  # quiet past the read timeout, or dropped: reconnect and resume
             failures += 1
-        except httpx.TransportError as exc:
+        except TransportError as exc:
             failures += 1
             if failures >= 5:
                 raise CoordinatorUnreachable(f"lost the coordinator at {api.url}: {exc}") from exc

@@ -12,6 +12,7 @@ from app.cli.client import (
     TokenOption,
     UrlOption,
     api_errors,
+    command_group,
     connect,
     print_json,
     short_time,
@@ -19,7 +20,7 @@ from app.cli.client import (
     table,
 )
 
-app = typer.Typer(help="Outbound webhook subscriptions and their delivery log.", no_args_is_help=True)
+app = command_group("Outbound webhook subscriptions and their delivery log.")
 
 EVENT_TYPES = (
     "reconfiguration.started",

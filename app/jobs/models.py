@@ -93,8 +93,17 @@ class ReconfigurationJob(SQLModel, table=True):
     engine_results: list[Any] = Field(default_factory=list, sa_type=sa.JSON)
     downtime_ms: float | None = None
     downtime: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
+    client_outage_ms: float | None = Field(
+        default=None,
+        description="the canary probe's longest window in which canaries failed or missed their deadline",
+    )
+    client_slowest_answer_ms: float | None = Field(
+        default=None, description="the canary probe's longest latency of a canary that succeeded"
+    )
     client_downtime_ms: float | None = Field(
-        default=None, description="the canary probe's longest window with no successful canary"
+        default=None,
+        description="jobs from before 0011 only: the probe's longest window with no successful canary "
+        "(slow answers counted as an outage); newer jobs fill client_outage_ms instead",
     )
     probe: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     error: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
@@ -263,13 +272,29 @@ class JobPublic(RowShape):
     engine_results: list[Any]
     downtime_ms: float | None
     downtime: dict[str, Any] | None
+    client_outage_ms: float | None = ApiField(
+        None,
+        description="the client outage, measured from outside by the canary probe: the longest window "
+        "in which canaries failed or went unanswered past their deadline (vLLM jobs: its 503 window); "
+        "null where no probe ran",
+    )
+    client_slowest_answer_ms: float | None = ApiField(
+        None,
+        description="the slowest answer the canary probe got: the longest latency of a canary that "
+        "succeeded (a pause stalls requests without failing them: it shows here); its phase is "
+        "`probe.slowest_answer_phase`",
+    )
     client_downtime_ms: float | None = ApiField(
         None,
-        description="measured from outside by the canary probe: the longest window in which no canary "
-        "request succeeded (vLLM jobs: its 503 window)",
+        deprecated=True,
+        description="deprecated: the client outage (`client_outage_ms`) for jobs that have one; for "
+        "jobs recorded before the outage was defined, the probe's old figure (the longest window with "
+        "no successful canary, which counted slow answers as an outage)",
     )
     probe: dict[str, Any] | None = ApiField(
-        None, description="the canary probe's figures: canaries sent/failed, latencies, per-phase gaps"
+        None,
+        description="the canary probe's figures: outage and slowest answer with their phases, canaries "
+        "sent/failed/late, the deadline, latencies, and per phase p50/p99, slowest answer, longest gap",
     )
     error: JobError | None
     cleanup_state: CleanupState
@@ -313,6 +338,10 @@ class JobPublic(RowShape):
             "phases": row.phases or {},
             "engine_results": row.engine_results or [],
             "error": row.error or None,
+            # The deprecated figure: the outage for jobs that have one, else what older jobs stored.
+            "client_downtime_ms": row.client_outage_ms
+            if row.client_outage_ms is not None
+            else row.client_downtime_ms,
         }
 
 

@@ -196,15 +196,20 @@ def _commit_mode(requested: CommitMode | None, strategy: Strategy) -> CommitMode
     return requested
 
 
+def out_of_range(deployment: Deployment, field: str, size: int) -> InvalidRequestError:
+    """`target-out-of-range`: `field` asks for a DP size outside the deployment's limits."""
+    return InvalidRequestError(
+        f"{field} {size} is outside the limits of deployment {deployment.name!r}: "
+        f"[{deployment.min_dp_size}, {deployment.max_dp_size}]",
+        code="target-out-of-range",
+        min_dp_size=deployment.min_dp_size,
+        max_dp_size=deployment.max_dp_size,
+    )
+
+
 def _validate_target(session: Session, deployment: Deployment, target: int) -> None:
     if not deployment.min_dp_size <= target <= deployment.max_dp_size:
-        raise InvalidRequestError(
-            f"target_dp_size {target} is outside deployment {deployment.name!r}'s limits "
-            f"[{deployment.min_dp_size}, {deployment.max_dp_size}]",
-            code="target-out-of-range",
-            min_dp_size=deployment.min_dp_size,
-            max_dp_size=deployment.max_dp_size,
-        )
+        raise out_of_range(deployment, "target_dp_size", target)
     if deployment.backend == EngineBackend.vllm and deployment.current_dp_size == 0:
         raise ConflictError(
             f"deployment {deployment.name!r}: the DP size of its vLLM server is not known yet; start it "

@@ -1,11 +1,22 @@
 """From recorded canaries to a job's figures (pure: no clock, no I/O).
 
-For one target, an outage is a window between two successful completions (or from the recorder's
-start / to its stop) in which a canary failed (an HTTP error, a refused connection, a timeout) or that
-lasted longer than `stall_s` (requests stalled without failing). Below `stall_s`, a window with no
-failure is the canaries' normal spacing, not downtime. The deployment is down while every target is
-in an outage (a target that does not serve yet, or any more, counts as down, so joiners and leavers
-change nothing). `client_downtime_ms` is the longest such stretch. Its resolution is one interval.
+Two figures, because a slow answer is not an outage:
+
+- the **outage**: for one target, a window between two good answers (a success within its deadline;
+  or the recorder's start / stop) in which a canary failed (an HTTP error, a refused connection, a
+  timeout) or went unanswered past its deadline (`deadline_s`: answered later, or never). The
+  deployment is out while every target is (a target that does not serve yet, or any more, counts as
+  out, so joiners and leavers change nothing); `outage_ms` is the longest such stretch, with the phase
+  it fell in. Its resolution is one interval.
+- the **slowest answer**: the longest latency of a canary that succeeded (a paused engine stalls
+  requests and fails none: its pause shows here), with the phase in which that canary was sent.
+
+Both cover the job itself: from the end of the baseline (the first phase, `BASELINE`, canaries sent
+before the job changes anything) to the stop; the baseline's own figures stay in its phase, for
+comparison (a first canary that sets up its connection on a busy host is no cost of the job).
+
+Per phase: canaries sent in it, failed, late, p50/p99 and slowest answer of those that succeeded, and
+the longest gap between successful completions (raw spacing, for comparison with outside clients).
 """
 
 from __future__ import annotations
@@ -18,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.probe.canary import CanarySample
+
+BASELINE = "before"  # the phase both backends mark first, before the job changes anything
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -48,24 +61,48 @@ class Window:
         return self.end - self.start
 
 
-def success_windows(
-    samples: Sequence[CanarySample], *, start: float, end: float, stall_s: float
+def is_good(sample: CanarySample, deadline_s: float) -> bool:
+    """A success within its deadline: what ends an outage."""
+    return sample.ok and sample.latency_s <= deadline_s
+
+
+def _bad_moments(samples: Sequence[CanarySample], deadline_s: float) -> list[float]:
+    """When each failure or missed deadline became known: a failure when it completed, a late
+    answer when its deadline passed."""
+    moments = []
+    for s in samples:
+        if not s.ok:
+            moments.append(min(s.done_at, s.sent_at + deadline_s))
+        elif s.latency_s > deadline_s:
+            moments.append(s.sent_at + deadline_s)
+    return sorted(moments)
+
+
+def answer_windows(
+    samples: Sequence[CanarySample], *, start: float, end: float, deadline_s: float
 ) -> list[Window]:
-    """The windows between consecutive successful completions within [start, end], each marked
-    whether it shows an outage (a failure completed inside it, or it is longer than `stall_s`)."""
+    """The windows between consecutive good answers within [start, end], each marked whether it
+    shows an outage (a failure or a missed deadline inside it)."""
     if end < start:
         return []
-    successes = sorted(s.done_at for s in samples if s.ok and start <= s.done_at <= end)
-    failures = sorted(s.done_at for s in samples if not s.ok and start <= s.done_at <= end)
-    edges = [start, *successes, end]
+    good = sorted(s.done_at for s in samples if is_good(s, deadline_s) and start <= s.done_at <= end)
+    bad = [t for t in _bad_moments(samples, deadline_s) if start <= t <= end]
+    edges = [start, *good, end]
     windows: list[Window] = []
     f = 0
     for a, b in itertools.pairwise(edges):
-        while f < len(failures) and failures[f] <= a:
+        while f < len(bad) and bad[f] <= a:
             f += 1
-        failed_inside = f < len(failures) and failures[f] <= b
-        windows.append(Window(a, b, failed_inside or (b - a) > stall_s))
+        windows.append(Window(a, b, f < len(bad) and bad[f] <= b))
     return windows
+
+
+def longest_gap(samples: Sequence[CanarySample], *, start: float, end: float) -> float:
+    """The longest stretch within [start, end] with no successful completion at all (seconds)."""
+    if end < start:
+        return 0.0
+    done = sorted(s.done_at for s in samples if s.ok and start <= s.done_at <= end)
+    return max((b - a for a, b in itertools.pairwise([start, *done, end])), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -77,16 +114,20 @@ class PhaseFigures:
     end: float
     sent: int
     failed: int
+    late: int  # succeeded, but after their deadline
     p50_ms: float | None
     p99_ms: float | None
+    slowest_answer_ms: float | None
     longest_gap_ms: float  # the longest window in the phase with no successful completion (raw)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "sent": self.sent,
             "failed": self.failed,
+            "late": self.late,
             "p50_ms": self.p50_ms,
             "p99_ms": self.p99_ms,
+            "slowest_answer_ms": self.slowest_answer_ms,
             "longest_gap_ms": self.longest_gap_ms,
             "duration_ms": _ms(self.end - self.start),
         }
@@ -95,36 +136,44 @@ class PhaseFigures:
 @dataclass(frozen=True)
 class ProbeFigures:
     interval_ms: float
-    stall_ms: float
+    deadline_ms: float
     targets: int
     sent: int
     failed: int
+    late: int
     skipped: int  # not sent: the target still had its maximum of canaries in flight
-    client_downtime_ms: float
-    downtime_window: tuple[float, float] | None  # epoch seconds
-    longest_gap_ms: float  # any window, outage or not
-    latency_p50_ms_outside: float | None  # successful canaries that do not overlap the downtime window
+    outage_ms: float
+    outage_window: tuple[float, float] | None  # epoch seconds
+    outage_phase: str | None
+    slowest_answer_ms: float | None  # None: no canary succeeded
+    slowest_answer_phase: str | None
+    longest_gap_ms: float  # any window without a successful completion, outage or not
+    latency_p50_ms_outside: float | None  # successful canaries that do not overlap the outage window
     failures: dict[str, int] = field(default_factory=dict)  # by status or reason
     phases: list[PhaseFigures] = field(default_factory=list)
-    per_target_downtime_ms: dict[str, float] = field(default_factory=dict)
+    per_target_outage_ms: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "client_downtime_ms": self.client_downtime_ms,
-            "downtime_window": {"start": self.downtime_window[0], "end": self.downtime_window[1]}
-            if self.downtime_window
+            "outage_ms": self.outage_ms,
+            "outage_window": {"start": self.outage_window[0], "end": self.outage_window[1]}
+            if self.outage_window
             else None,
+            "outage_phase": self.outage_phase,
+            "slowest_answer_ms": self.slowest_answer_ms,
+            "slowest_answer_phase": self.slowest_answer_phase,
+            "deadline_ms": self.deadline_ms,
             "canaries_sent": self.sent,
             "canaries_failed": self.failed,
+            "canaries_late": self.late,
             "canaries_skipped": self.skipped,
             "failures": self.failures,
-            "latency_p50_ms_outside_downtime": self.latency_p50_ms_outside,
+            "latency_p50_ms_outside_outage": self.latency_p50_ms_outside,
             "longest_gap_ms": self.longest_gap_ms,
             "interval_ms": self.interval_ms,
-            "stall_ms": self.stall_ms,
             "targets": self.targets,
             "phases": {p.name: p.as_dict() for p in self.phases},
-            **({"per_target_downtime_ms": self.per_target_downtime_ms} if self.targets > 1 else {}),
+            **({"per_target_outage_ms": self.per_target_outage_ms} if self.targets > 1 else {}),
         }
 
 
@@ -135,22 +184,46 @@ def _failure_key(sample: CanarySample) -> str:
 
 
 def _phase(
-    name: str, samples: Sequence[CanarySample], start: float, end: float, stall_s: float
+    name: str, samples: Sequence[CanarySample], start: float, end: float, deadline_s: float
 ) -> PhaseFigures:
     sent = [s for s in samples if start <= s.sent_at < end]
     latencies = [s.latency_s for s in sent if s.ok]
-    windows = success_windows(samples, start=start, end=end, stall_s=stall_s)
-    longest = max((w.seconds for w in windows), default=0.0)
     return PhaseFigures(
         name=name,
         start=start,
         end=end,
         sent=len(sent),
         failed=sum(1 for s in sent if not s.ok),
+        late=sum(1 for s in sent if s.ok and s.latency_s > deadline_s),
         p50_ms=_ms(percentile(latencies, 50)),
         p99_ms=_ms(percentile(latencies, 99)),
-        longest_gap_ms=_ms0(longest),
+        slowest_answer_ms=_ms(max(latencies, default=None)),
+        longest_gap_ms=_ms0(longest_gap(samples, start=start, end=end)),
     )
+
+
+def _phase_spans(marks: Sequence[tuple[str, float]], end: float) -> list[tuple[str, float, float]]:
+    """(name, start, end) per phase: each runs to the next mark, the last to `end`."""
+    ordered = sorted(marks, key=lambda m: m[1])
+    return [
+        (name, at, ordered[i + 1][1] if i + 1 < len(ordered) else end) for i, (name, at) in enumerate(ordered)
+    ]
+
+
+def _phase_at(spans: Sequence[tuple[str, float, float]], t: float) -> str | None:
+    for name, a, b in spans:
+        if a <= t < b:
+            return name
+    return spans[-1][0] if spans and t >= spans[-1][2] else None
+
+
+def _phase_of_window(spans: Sequence[tuple[str, float, float]], a: float, b: float) -> str | None:
+    """The phase holding most of [a, b] (a window that spans a boundary belongs where it mostly was)."""
+    overlaps = [(min(b, hi) - max(a, lo), name) for name, lo, hi in spans]
+    best = max(overlaps, default=None)
+    if best is None or best[0] <= 0:
+        return _phase_at(spans, a)
+    return best[1]
 
 
 def probe_figures(
@@ -159,7 +232,7 @@ def probe_figures(
     start: float,
     end: float,
     interval_s: float,
-    stall_s: float,
+    deadline_s: float,
     marks: Sequence[tuple[str, float]] = (),
     skipped: int = 0,
     epoch_offset: float = 0.0,
@@ -167,42 +240,42 @@ def probe_figures(
     """The figures of one recording from `start` to `end` (monotonic seconds). `marks` are phase
     starts, in order: each phase runs to the next mark (the last to `end`). `epoch_offset` turns
     monotonic times into epoch seconds for the reported window."""
-    windows = success_windows(samples, start=start, end=end, stall_s=stall_s)
+    spans = _phase_spans(marks, end)
+    # The job's own span: after the baseline, when there is one.
+    job_start = spans[0][2] if spans and spans[0][0] == BASELINE else start
     targets = sorted({s.target for s in samples})
     per_target: dict[str, float] = {}
-    down: list[tuple[float, float]] | None = None
+    out: list[tuple[float, float]] | None = None
     for target in targets:
         own = [s for s in samples if s.target == target]
-        outages = [
-            (w.start, w.end) for w in success_windows(own, start=start, end=end, stall_s=stall_s) if w.outage
-        ]
+        windows = answer_windows(own, start=job_start, end=end, deadline_s=deadline_s)
+        outages = [(w.start, w.end) for w in windows if w.outage]
         per_target[target] = _ms0(max((b - a for a, b in outages), default=0.0))
-        down = outages if down is None else _intersect(down, outages)
-    worst = max(down or [], key=lambda w: w[1] - w[0], default=None)
+        out = outages if out is None else _intersect(out, outages)
+    worst = max(out or [], key=lambda w: w[1] - w[0], default=None)
+    succeeded = [s for s in samples if s.ok]
     outside = [
-        s.latency_s
-        for s in samples
-        if s.ok and (worst is None or s.done_at <= worst[0] or s.sent_at >= worst[1])
+        s.latency_s for s in succeeded if worst is None or s.done_at <= worst[0] or s.sent_at >= worst[1]
     ]
-    phases = []
-    ordered = sorted(marks, key=lambda m: m[1])
-    for i, (name, at) in enumerate(ordered):
-        until = ordered[i + 1][1] if i + 1 < len(ordered) else end
-        phases.append(_phase(name, samples, at, until, stall_s))
+    slowest = max((s for s in succeeded if s.sent_at >= job_start), key=lambda s: s.latency_s, default=None)
     return ProbeFigures(
         interval_ms=_ms0(interval_s),
-        stall_ms=_ms0(stall_s),
+        deadline_ms=_ms0(deadline_s),
         targets=len(targets),
         sent=len(samples),
         failed=sum(1 for s in samples if not s.ok),
+        late=sum(1 for s in succeeded if s.latency_s > deadline_s),
         skipped=skipped,
-        client_downtime_ms=_ms0(worst[1] - worst[0]) if worst else 0.0,
-        downtime_window=(worst[0] + epoch_offset, worst[1] + epoch_offset) if worst else None,
-        longest_gap_ms=_ms0(max((w.seconds for w in windows), default=0.0)),
+        outage_ms=_ms0(worst[1] - worst[0]) if worst else 0.0,
+        outage_window=(worst[0] + epoch_offset, worst[1] + epoch_offset) if worst else None,
+        outage_phase=_phase_of_window(spans, *worst) if worst else None,
+        slowest_answer_ms=_ms(slowest.latency_s) if slowest else None,
+        slowest_answer_phase=_phase_at(spans, slowest.sent_at) if slowest else None,
+        longest_gap_ms=_ms0(longest_gap(samples, start=start, end=end)),
         latency_p50_ms_outside=_ms(percentile(outside, 50)),
         failures=dict(Counter(_failure_key(s) for s in samples if not s.ok)),
-        phases=phases,
-        per_target_downtime_ms=per_target if len(targets) > 1 else {},
+        phases=[_phase(name, samples, a, b, deadline_s) for name, a, b in spans],
+        per_target_outage_ms=per_target if len(targets) > 1 else {},
     )
 
 

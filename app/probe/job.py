@@ -16,8 +16,9 @@ import threading
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
-from app import metrics
 from app.probe.canary import CanarySample
+from app.probe.figures import BASELINE
+from app.probe.record import figures_changes, outage_summary
 from app.probe.recorder import CanaryRecorder
 from app.probe.reference import ReferenceCanary
 from app.probe.settings import ProbeSettings
@@ -36,7 +37,7 @@ class JobProbe:
             self._canary,
             interval_s=interval,
             timeout_s=settings.timeout_s,
-            stall_s=settings.stall_for(interval),
+            deadline_s=settings.deadline_s,
         )
         self._baseline_s = settings.baseline_s
         self._closed = False
@@ -58,7 +59,7 @@ class JobProbe:
             probe.recorder.set_targets(list(probe.targets.values()))
             probe._thread.start()
             await probe._on_probe_loop(probe.recorder.start())
-            probe.mark("before")
+            probe.mark(BASELINE)
             if probe.targets and probe._baseline_s > 0:
                 await asyncio.sleep(probe._baseline_s)
             return probe
@@ -69,18 +70,18 @@ class JobProbe:
     def mark(self, phase: str) -> None:
         self.recorder.mark(phase)
 
-    async def stop(self) -> dict[str, Any]:
-        """Stop sending and return the job's changes: `client_downtime_ms` and `probe`."""
+    async def stop(self) -> tuple[dict[str, Any], str] | None:
+        """Stop sending; the job's changes (the client outage, the slowest answer, `probe`) and the
+        line that announces them, or None when the figures could not be made."""
         try:
             await self._on_probe_loop(self.recorder.stop())
             figures = self.recorder.figures()
             probe = figures.as_dict()
             probe["engines"], probe["unreachable"] = self._per_engine(self.recorder.samples)
-            metrics.record_canaries(ok=figures.sent - figures.failed, failed=figures.failed)
-            return {"client_downtime_ms": figures.client_downtime_ms, "probe": probe}
+            return figures_changes(figures, probe), outage_summary(figures)
         except Exception:
             log.exception("canary probe figures failed; the job goes on without them")
-            return {}
+            return None
         finally:
             await self.close()
 

@@ -10,7 +10,9 @@
 
 Every `interval_s` one canary goes to each target, whether or not earlier ones have answered (a
 stalled target must show as a stall, not as a slower rate), up to `max_in_flight` per target; past
-that a tick is counted as skipped. A canary that does not answer within `timeout_s` failed. The
+that a tick is counted as skipped. A canary that does not answer within `timeout_s` failed; one
+answered after `deadline_s` (default: `timeout_s`) was late, and one still unanswered past its
+deadline when the recorder stops is recorded as failed ("no answer when the probe stopped"). The
 schedule does not catch up after a late tick (no bursts on a loaded machine).
 """
 
@@ -53,7 +55,7 @@ class CanaryRecorder:
         interval_s: float = 0.1,
         timeout_s: float = 5.0,
         max_in_flight: int = 4,
-        stall_s: float | None = None,
+        deadline_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval_s <= 0:
@@ -62,8 +64,8 @@ class CanaryRecorder:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.max_in_flight = max_in_flight
-        # Below this, a window without any failure is the canaries' normal spacing, not downtime.
-        self.stall_s = stall_s if stall_s is not None else max(5 * interval_s, 0.5)
+        # A success later than this counts toward an outage; below it, a slow answer is only slow.
+        self.deadline_s = min(deadline_s, timeout_s) if deadline_s is not None else timeout_s
         self._clock = clock
         self._targets: list[str] = []
         self._samples: list[CanarySample] = []
@@ -144,7 +146,7 @@ class CanaryRecorder:
             start=start,
             end=end,
             interval_s=self.interval_s,
-            stall_s=self.stall_s,
+            deadline_s=self.deadline_s,
             marks=self._marks,
             skipped=self._skipped,
             epoch_offset=self._epoch_offset,
@@ -177,15 +179,21 @@ class CanaryRecorder:
         except TimeoutError:
             result = CanaryResult(ok=False, detail=f"timeout: no answer within {self.timeout_s:g}s")
         except asyncio.CancelledError:
+            if self._stopped_at is not None and self._clock() - sent_at > self.deadline_s:
+                self._record(
+                    target, sent_at, CanaryResult(ok=False, detail="no answer when the probe stopped")
+                )
             raise
         except Exception as exc:  # the canary's own failure to reach the target
             result = CanaryResult(ok=False, detail=f"{exc.__class__.__name__}: {exc}"[:200])
-        done_at = self._clock()
+        self._record(target, sent_at, result)
+
+    def _record(self, target: str, sent_at: float, result: CanaryResult) -> None:
         self._samples.append(
             CanarySample(
                 target=target,
                 sent_at=sent_at,
-                done_at=done_at,
+                done_at=self._clock(),
                 ok=result.ok,
                 status=result.status,
                 detail=result.detail,

@@ -17,21 +17,18 @@ class ProbeSettings(BaseSettings):
     max_rate_per_s: float = Field(
         200.0, gt=0, description="canaries per second in all: with many engines the interval grows"
     )
-    timeout_s: float = Field(5.0, gt=0, description="a canary unanswered this long failed")
-    stall_s: float | None = Field(
-        None,
+    timeout_s: float = Field(5.0, gt=0, description="a canary unanswered this long failed (and is dropped)")
+    deadline_s: float = Field(
+        1.0,
         gt=0,
-        description="a window this long without a completion is an outage; default one interval (a pause "
-        "stalls requests, it fails none: the longest gap is the figure)",
+        description="a canary answered later than this counts toward an outage, like a failed one; "
+        "faster, it is only a slow answer (a pause stalls requests, it fails none)",
     )
     baseline_s: float = Field(0.3, ge=0, description="canaries before the job starts, for comparison")
 
     def interval_for(self, targets: int) -> float:
         """The interval that keeps `targets` engines within `max_rate_per_s`."""
         return max(self.interval_s, targets / self.max_rate_per_s)
-
-    def stall_for(self, interval_s: float) -> float:
-        return self.stall_s if self.stall_s is not None else interval_s
 
 
 def load_probe_settings() -> ProbeSettings:

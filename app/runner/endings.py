@@ -60,7 +60,7 @@ class Endings:
                 "error": failure.error,
                 "downtime_ms": 0.0,
                 "downtime": {"downtime_ms": 0.0, "per_engine_ms": {}},
-                "engine_results": run.engine_results(),
+                "engine_results": run.engine_results(ended_on="old"),
             },
         )
 
@@ -76,7 +76,7 @@ class Endings:
             changes={
                 "error": failure.error,
                 **run.downtime_record(now=time.time()),
-                "engine_results": run.engine_results(),
+                "engine_results": run.engine_results(ended_on="old"),
             },
         )
 
@@ -94,7 +94,10 @@ class Endings:
         }
         results = run.engine_results()
         for result in results:
-            result["agent"] = generations.get(result["engine_id"])
+            view = generations.get(result["engine_id"]) or {}
+            result["agent"] = view
+            if view.get("state") in ("serving", "paused"):  # what it serves, as it says itself
+                result["generation_after"] = view.get("generation")
         error = blame_the_silent(failure.error, generations)
         await self.record.move(
             run,
@@ -126,7 +129,7 @@ class Endings:
                 f"downtime {downtime.downtime_ms:.1f} ms",
                 changes={
                     **run.downtime_record(),
-                    "engine_results": run.engine_results(),
+                    "engine_results": run.engine_results(ended_on="new"),
                     "to_generation": plan.generation,
                     **recovery,
                 },

@@ -213,14 +213,15 @@ class Flow:
         """The probe's figures onto the job, before its last transition (never fails the job)."""
         if probe is None:
             return
-        changes = await probe.stop()
-        if not changes:
+        stopped = await probe.stop()
+        if stopped is None:
             return
+        changes, summary = stopped
         figures = changes["probe"]
         unreachable = figures.get("unreachable") or {}
         message = (
-            f"client downtime {changes['client_downtime_ms']:.1f} ms ({figures['canaries_sent']} canaries, "
-            f"{figures['canaries_failed']} failed)"
+            f"{summary} ({figures['canaries_sent']} canaries, "
+            f"{figures['canaries_failed']} failed, {figures['canaries_late']} late)"
             + (f"; could not reach {', '.join(sorted(unreachable))}" if unreachable else "")
         )
         await self.record.note(run, "probe", message, changes=changes)

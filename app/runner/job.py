@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from app.agents.client import AgentClient
 from app.core.errors import DomainError
@@ -37,6 +37,9 @@ PROGRESS_BANDS: Mapping[str, tuple[float, float]] = {
     "switching": (80.0, 90.0),
     "cleaning_up": (90.0, 100.0),
 }
+
+# The generation a job ended on, for its per-engine results (see `JobRun.engine_results`).
+EndedOn = Literal["new", "old"]
 
 
 class JobFailure(Exception):
@@ -175,8 +178,11 @@ class JobRun:
             "downtime": {**downtime.as_dict(), "coordinator": self.commit_timing_ms()},
         }
 
-    def engine_results(self) -> list[dict[str, Any]]:
-        """Per-engine results: role, ranks, the agent's phase, generation, pause and transfer."""
+    def engine_results(self, *, ended_on: EndedOn | None = None) -> list[dict[str, Any]]:
+        """Per-engine results: role, ranks, the agent's phase, the generation each engine served
+        before the job and serves after it, pause and transfer. `ended_on`: the generation the job
+        ended on (`new`: the members switched, leavers left; `old`: the old members serve the old
+        one, joiners were released); None while it runs (after: not known yet)."""
         plan = self.plan
         if plan is None:
             return []
@@ -186,6 +192,10 @@ class JobRun:
         for member in plan.participants:
             status = self.statuses.get(member.engine_id)
             info = self.infos.get(member.engine_id)
+            before = plan.old_generation if member.engine_id in old_rank else None
+            after = before if ended_on == "old" else None
+            if ended_on == "new" and member.engine_id in new_rank:
+                after = plan.generation
             results.append(
                 {
                     "engine_id": member.engine_id,
@@ -193,9 +203,11 @@ class JobRun:
                     "role": plan.role(member.engine_id).value,
                     "old_rank": old_rank.get(member.engine_id),
                     "new_rank": new_rank.get(member.engine_id),
+                    "generation_before": before,
+                    "generation_after": after,
                     "platform": info.platform.value if info else None,
                     "phase": status.phase.value if status else None,
-                    "generation": status.generation if status else None,
+                    "generation": status.generation if status else None,  # the job's (its target)
                     "step": status.step if status else None,
                     "bytes_moved": status.bytes_moved if status else 0,
                     "transfer_backend": status.transfer_backend.value

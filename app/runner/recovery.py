@@ -167,7 +167,7 @@ class Recovery:
                 changes={
                     "error": restarted.error,
                     "downtime_ms": run.downtime(now=time.time()).downtime_ms,
-                    "engine_results": run.engine_results(),
+                    "engine_results": run.engine_results(ended_on="old"),
                 },
             )
 

@@ -28,7 +28,7 @@ from app.deployments.models import Deployment
 from app.deployments.service import get_deployment
 from app.jobs.idempotency import IdempotencyKey
 from app.jobs.models import IdempotencyRecord, ReconfigurationCreate, ReconfigurationJob, RequestSource
-from app.jobs.service import active_job, create_reconfiguration
+from app.jobs.service import active_job, create_reconfiguration, out_of_range
 from app.scale import desired as desires
 from app.scale.models import (
     ACTIVE_JOB_ANNOTATION,
@@ -138,13 +138,7 @@ def put_scale(
         return ScaleOutcome(scale=current, job=None)
     if not in_range:
         # Checked here too: 0 (scale to zero) is a valid Scale but never a valid DP size.
-        raise InvalidRequestError(
-            f"spec.replicas {desired} is outside deployment {deployment.name!r}'s limits "
-            f"[{deployment.min_dp_size}, {deployment.max_dp_size}]",
-            code="target-out-of-range",
-            min_dp_size=deployment.min_dp_size,
-            max_dp_size=deployment.max_dp_size,
-        )
+        raise out_of_range(deployment, "spec.replicas", desired)
     now = utc_now()
     blocked = desires.blocker(session, deployment, now)
     replay = idempotency is not None and _key_used(session, idempotency.scope, idempotency.key)

@@ -168,7 +168,7 @@ def observe_finished_job(job: dict[str, Any]) -> None:
         if math.isfinite(seconds):
             phase_durations[phase] = seconds
     downtime = job.get("downtime_ms")
-    client_downtime = job.get("client_downtime_ms")
+    outage, slowest = job.get("client_outage_ms"), job.get("client_slowest_answer_ms")
     duration: float | None = None
     try:
         duration = (
@@ -183,5 +183,6 @@ def observe_finished_job(job: dict[str, Any]) -> None:
         phase_durations_s=phase_durations,
         deployment=str(job.get("deployment") or ""),
         duration_s=duration if duration is not None and math.isfinite(duration) else None,
-        client_downtime_ms=float(client_downtime) if isinstance(client_downtime, int | float) else None,
+        client_outage_ms=float(outage) if isinstance(outage, int | float) else None,
+        client_slowest_answer_ms=float(slowest) if isinstance(slowest, int | float) else None,
     )

@@ -117,9 +117,12 @@ class JobDriver:
     def move(self, from_state: str, to_state: str, message: str | None = None, **changes: Any) -> None:
         from sqlmodel import Session
 
+        from app.jobs.models import JobError
         from app.jobs.states import JobState
         from app.jobs.transitions import transition
 
+        if isinstance(changes.get("error"), dict):  # a test's error as JSON: the record takes the model
+            changes["error"] = JobError.model_validate(changes["error"])
         with Session(self.engine) as session:
             transition(
                 session,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
 
-import httpx
 import pytest
 import typer
 
@@ -52,22 +55,29 @@ def test_unreadable_time_is_a_usage_error() -> None:
         parse_when("yesterday-ish")
 
 
+class NoStreamCoordinator(Coordinator):
+    """A coordinator without an event stream (404 on `/events`), whose job moves on at each GET."""
+
+    def __init__(self, states: list[str]) -> None:
+        super().__init__(url="http://coordinator.test", token=None)
+        self.states = iter(states)
+        self.seen: list[str] = []
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        state = next(self.states, "succeeded")
+        self.seen.append(state)
+        return {"id": "rcfg_1", "state": state, "progress": {"percent": 0}}
+
+    @contextmanager
+    def stream(self, path: str, *, headers: Mapping[str, str], read_timeout_s: float) -> Iterator[Any]:
+        yield SimpleNamespace(status=404, is_error=True, read=lambda: None)
+
+
 def test_watch_falls_back_to_polling_when_the_coordinator_has_no_event_stream(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    states = iter(["pending", "preparing", "syncing", "succeeded"])
-    seen: list[str] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/events"):
-            return httpx.Response(404, json={"title": "Not Found", "status": 404})
-        state = next(states, "succeeded")
-        seen.append(state)
-        return httpx.Response(200, json={"id": "rcfg_1", "state": state, "progress": {"percent": 0}})
-
-    api = Coordinator(url="http://coordinator.test", token=None)
-    api.http = httpx.Client(base_url="http://coordinator.test", transport=httpx.MockTransport(handler))
+    api = NoStreamCoordinator(["pending", "preparing", "syncing", "succeeded"])
     monkeypatch.setattr(watch, "POLL_INTERVAL_S", 0.0)
     job = watch.follow(api, "rcfg_1", live=False)
     assert job["state"] == "succeeded"
-    assert seen[-1] == "succeeded" and "syncing" in seen
+    assert api.seen[-1] == "succeeded" and "syncing" in api.seen

@@ -63,3 +63,25 @@ def test_a_nul_character_in_input_is_a_4xx_problem_and_changes_nothing(client: T
         assert 400 <= response.status_code < 500, response.text
         assert response.headers["content-type"] == "application/problem+json"
     assert client.get("/v1/reconfigurations").json()["count"] == before
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain"])
+def test_a_json_body_sent_without_saying_so_is_a_415_that_names_the_header(
+    client: TestClient, content_type: str | None
+) -> None:
+    body = b'{"name": "demo", "launcher": "static"}'
+    headers = {"content-type": content_type} if content_type else {}
+    request = client.build_request("POST", "/v1/deployments", content=body, headers=headers)
+    assert request.headers.get("content-type") == content_type  # raw bytes: httpx adds none
+    response = client.send(request)
+    assert response.status_code == 415 and response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["code"] == "unsupported-media-type"
+    assert "Content-Type: application/json" in problem["detail"]
+    assert f"(this one: {content_type or 'none'})" in problem["detail"]
+    assert client.get("/v1/deployments").json()["count"] == 0
+
+
+def test_a_missing_body_is_still_a_422_naming_the_body(client: TestClient) -> None:
+    response = client.post("/v1/deployments")
+    assert response.status_code == 422 and response.json()["errors"][0]["loc"] == ["body"]

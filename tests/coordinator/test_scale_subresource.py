@@ -144,6 +144,7 @@ def test_out_of_range_replicas_are_422_problems_and_create_nothing(demo: TestCli
         demo.put("/v1/deployments/demo/scale", json=scale_body(replicas)), 422, "target-out-of-range"
     )
     assert (body["min_dp_size"], body["max_dp_size"]) == (1, 4)
+    assert body["detail"] == f"spec.replicas {replicas} is outside the limits of deployment 'demo': [1, 4]"
     assert _job_count(demo) == 0
 
 

@@ -24,6 +24,7 @@ from app.webhooks.delivery import DeliveryPolicy, DeliveryWorker
 from tests.operators import rows
 from tests.support.factories import register_engines
 from tests.support.fixtures import token_headers
+from tests.support.processes import ADMIN_TOKEN
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
@@ -189,3 +190,20 @@ def test_service_discovery_needs_a_token(client: TestClient) -> None:
     viewer = token_headers(client, "viewer")
     assert client.get("/v1/sd/agents", headers=viewer).status_code == 200
     assert client.get("/v1/sd/agents", headers={"Authorization": ""}).status_code == 401
+
+
+def test_metrics_answer_without_a_token_and_carry_no_credential(
+    client: TestClient, db_engine: Engine
+) -> None:
+    """`/metrics` is open, as Prometheus exporters usually are (docs/api.md says why): counts,
+    durations and names, never a secret. Agent addresses (`/v1/sd/agents`) stay behind a viewer token."""
+    fleet(client, db_engine)
+    viewer = client.post("/v1/tokens", json={"name": "reader", "role": "viewer"}).json()["token"]
+    hook = client.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/hook"}).json()
+    anonymous = {"Authorization": ""}
+    response = client.get("/metrics", headers=anonymous)
+    assert response.status_code == 200, response.text
+    assert 'epctl_deployment_dp_size{deployment="d1"}' in response.text
+    for secret in (viewer, hook["secret"], ADMIN_TOKEN):
+        assert secret not in response.text
+    assert client.get("/v1/sd/agents", headers=anonymous).status_code == 401

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from app.probe import CanaryRecorder, CanaryResult, CanarySample, probe_figures
-from app.probe.figures import percentile, success_windows
+from app.probe.figures import answer_windows, percentile
 
 
 def steady(
@@ -25,25 +25,62 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([5.0], 99) == 5.0
 
 
-def test_no_failure_means_no_client_downtime() -> None:
+def test_no_failure_means_no_outage() -> None:
     samples = steady(0.0, 10.0, 0.1)
-    figures = probe_figures(samples, start=0.0, end=10.0, interval_s=0.1, stall_s=0.5)
-    assert figures.client_downtime_ms == 0.0
-    assert figures.downtime_window is None
-    assert figures.failed == 0
-    assert 100.0 <= figures.longest_gap_ms < 120.0  # the spacing, not downtime
+    figures = probe_figures(samples, start=0.0, end=10.0, interval_s=0.1, deadline_s=1.0)
+    assert figures.outage_ms == 0.0
+    assert figures.outage_window is None and figures.outage_phase is None
+    assert figures.failed == 0 and figures.late == 0
+    assert figures.slowest_answer_ms == pytest.approx(10.0)
+    assert 100.0 <= figures.longest_gap_ms < 120.0  # the spacing, not an outage
 
 
-def test_a_window_of_503s_is_the_client_downtime() -> None:
+def test_slow_answers_that_never_fail_are_no_outage_but_the_slowest_answer_in_its_phase() -> None:
+    # Answers in 10 ms, except those sent in prepare (1.0-2.0 s): 450 ms, like a busy host.
+    samples = steady(0.0, 1.0, 0.05) + steady(1.0, 2.0, 0.05, latency=0.45) + steady(2.0, 3.0, 0.05)
+    figures = probe_figures(
+        samples, start=0.0, end=3.0, interval_s=0.05, deadline_s=1.0,
+        marks=[("before", 0.0), ("prepare", 1.0), ("pause", 2.0)],
+    )  # fmt: skip
+    assert figures.failed == 0 and figures.late == 0
+    assert figures.outage_ms == 0.0
+    assert figures.slowest_answer_ms == pytest.approx(450.0)
+    assert figures.slowest_answer_phase == "prepare"
+    phases = {p.name: p for p in figures.phases}
+    assert phases["prepare"].slowest_answer_ms == pytest.approx(450.0)
+    assert phases["before"].slowest_answer_ms == pytest.approx(10.0)
+    assert phases["prepare"].longest_gap_ms > 400.0  # the raw gap is still there, named as a gap
+
+
+def test_the_baseline_before_the_job_is_only_for_comparison() -> None:
+    # The first canary sets up its connection (700 ms), and a 503 follows: both before the job began.
+    samples = [CanarySample("a", 0.0, 0.7, True, 200), CanarySample("a", 0.75, 0.76, False, 503)]
+    samples += steady(0.8, 3.0, 0.05)
+    figures = probe_figures(
+        samples,
+        start=0.0,
+        end=3.0,
+        interval_s=0.05,
+        deadline_s=1.0,
+        marks=[("before", 0.0), ("prepare", 1.0)],
+    )
+    assert figures.outage_ms == 0.0 and figures.failed == 1
+    assert figures.slowest_answer_ms == pytest.approx(10.0) and figures.slowest_answer_phase == "prepare"
+    before = next(p for p in figures.phases if p.name == "before")
+    assert before.slowest_answer_ms == pytest.approx(700.0) and before.failed == 1
+
+
+def test_a_window_of_503s_is_the_outage_with_its_phase() -> None:
     # Successes until 2.0, 503s from 2.1 to 3.4, successes again from 3.5.
     samples = steady(0.0, 2.1, 0.1) + steady(2.1, 3.5, 0.1, ok=False) + steady(3.5, 5.0, 0.1)
     figures = probe_figures(
-        samples, start=0.0, end=5.0, interval_s=0.1, stall_s=0.5, epoch_offset=1000.0,
+        samples, start=0.0, end=5.0, interval_s=0.1, deadline_s=1.0, epoch_offset=1000.0,
         marks=[("before", 0.0), ("committing", 2.0), ("after", 4.0)],
     )  # fmt: skip
     # From the last success (2.01) to the first success after (3.51).
-    assert figures.client_downtime_ms == pytest.approx(1500.0, abs=1.0)
-    assert figures.downtime_window == pytest.approx((1002.01, 1003.51))
+    assert figures.outage_ms == pytest.approx(1500.0, abs=1.0)
+    assert figures.outage_window == pytest.approx((1002.01, 1003.51))
+    assert figures.outage_phase == "committing"
     assert figures.failures == {"503": 14}
     assert figures.latency_p50_ms_outside == pytest.approx(10.0)
     phases = {p.name: p for p in figures.phases}
@@ -53,20 +90,25 @@ def test_a_window_of_503s_is_the_client_downtime() -> None:
     assert phases["after"].failed == 0
 
 
-def test_a_stall_without_failures_counts_past_the_stall_threshold_only() -> None:
-    samples = steady(0.0, 1.0, 0.1) + steady(1.8, 3.0, 0.1)  # last success at 0.91, next at 1.81
-    long_stall = probe_figures(samples, start=0.0, end=3.0, interval_s=0.1, stall_s=0.5)
-    assert long_stall.client_downtime_ms == pytest.approx(900.0, abs=1.0)
-    short_enough = probe_figures(samples, start=0.0, end=3.0, interval_s=0.1, stall_s=1.0)
-    assert short_enough.client_downtime_ms == 0.0
+def test_an_answer_past_its_deadline_counts_toward_the_outage() -> None:
+    # A stall: canaries sent from 1.0 to 1.8 s are all answered at 2.0 s; the deadline is 0.5 s.
+    stalled = [CanarySample("a", t, 2.0, True, 200) for t in (1.0 + i * 0.1 for i in range(9))]
+    samples = steady(0.0, 1.0, 0.1) + stalled + steady(2.0, 3.0, 0.1)
+    figures = probe_figures(samples, start=0.0, end=3.0, interval_s=0.1, deadline_s=0.5)
+    assert figures.failed == 0 and figures.late == 5  # sent at 1.0-1.4: waited 0.6-1.0 s
+    # From the last good answer (0.91) to the first answer within its deadline (2.0, sent at 1.5+).
+    assert figures.outage_ms == pytest.approx(1090.0, abs=1.0)
+    assert figures.slowest_answer_ms == pytest.approx(1000.0)
+    patient = probe_figures(samples, start=0.0, end=3.0, interval_s=0.1, deadline_s=1.5)
+    assert patient.outage_ms == 0.0 and patient.slowest_answer_ms == pytest.approx(1000.0)
 
 
 def test_an_outage_that_lasts_to_the_end_counts_to_the_end() -> None:
     samples = steady(0.0, 1.0, 0.1) + steady(1.0, 2.0, 0.1, ok=False)
-    windows = success_windows(samples, start=0.0, end=2.0, stall_s=0.5)
+    windows = answer_windows(samples, start=0.0, end=2.0, deadline_s=1.0)
     assert windows[-1].outage and windows[-1].end == 2.0
-    figures = probe_figures(samples, start=0.0, end=2.0, interval_s=0.1, stall_s=0.5)
-    assert figures.client_downtime_ms == pytest.approx(1090.0, abs=1.0)
+    figures = probe_figures(samples, start=0.0, end=2.0, interval_s=0.1, deadline_s=1.0)
+    assert figures.outage_ms == pytest.approx(1090.0, abs=1.0)
 
 
 def test_several_targets_show_each_ones_longest_outage() -> None:
@@ -75,10 +117,10 @@ def test_several_targets_show_each_ones_longest_outage() -> None:
         CanarySample("b", s.sent_at, s.done_at, not 1.0 <= s.sent_at < 2.0, None)
         for s in steady(0.0, 3.0, 0.1)
     ]
-    figures = probe_figures(a + b, start=0.0, end=3.0, interval_s=0.1, stall_s=0.5)
-    assert figures.client_downtime_ms == 0.0  # "a" answered throughout: someone was served
-    assert figures.per_target_downtime_ms["a"] == 0.0
-    assert figures.per_target_downtime_ms["b"] == pytest.approx(1100.0, abs=1.0)
+    figures = probe_figures(a + b, start=0.0, end=3.0, interval_s=0.1, deadline_s=1.0)
+    assert figures.outage_ms == 0.0  # "a" answered throughout: someone was served
+    assert figures.per_target_outage_ms["a"] == 0.0
+    assert figures.per_target_outage_ms["b"] == pytest.approx(1100.0, abs=1.0)
 
 
 class FlakyCanary:
@@ -126,7 +168,8 @@ async def _recorder_with_an_outage() -> None:
     assert set(canary.targets) == {"http://a", "http://b"}
     assert figures.failed > 0 and figures.sent > figures.failed
     # The outage lasted 0.4 s; the canaries see it to within a few intervals on a loaded machine.
-    assert 300.0 <= figures.client_downtime_ms <= 2000.0
+    assert 300.0 <= figures.outage_ms <= 2000.0
+    assert figures.outage_phase == "committing"
     phases = {p.name: p for p in figures.phases}
     assert phases["before"].failed == 0
     assert phases["committing"].failed == figures.failed
@@ -145,3 +188,45 @@ async def _recorder_with_a_hanging_canary() -> None:
     assert figures.failed >= 1
     assert figures.failures.get("timeout", 0) >= 1
     assert figures.skipped >= 1  # at most 2 in flight: later ticks were skipped, not queued
+
+
+class SlowCanary:
+    """Answers 200 after `latency_s`."""
+
+    def __init__(self, latency_s: float) -> None:
+        self.latency_s = latency_s
+
+    async def send(self, target: str) -> CanaryResult:
+        await asyncio.sleep(self.latency_s)
+        return CanaryResult(ok=True, status=200)
+
+
+def test_slow_answers_within_the_deadline_are_no_outage_however_sparse() -> None:
+    asyncio.run(_recorder_with_slow_answers())
+
+
+async def _recorder_with_slow_answers() -> None:
+    # 4 in flight at most and 150 ms each: completions come in bunches, far apart against the interval.
+    recorder = CanaryRecorder(SlowCanary(0.15), interval_s=0.01, timeout_s=2.0, deadline_s=1.0)
+    async with recorder:
+        recorder.set_targets(["http://a"])
+        await asyncio.sleep(0.5)
+    figures = recorder.figures()
+    assert figures.failed == 0 and figures.sent > 0
+    assert figures.outage_ms == 0.0
+    assert figures.slowest_answer_ms is not None and figures.slowest_answer_ms >= 150.0
+
+
+def test_a_canary_still_unanswered_past_its_deadline_at_the_stop_is_an_outage() -> None:
+    asyncio.run(_recorder_stopped_over_a_hanging_canary())
+
+
+async def _recorder_stopped_over_a_hanging_canary() -> None:
+    recorder = CanaryRecorder(HangingCanary(), interval_s=0.05, timeout_s=60.0, deadline_s=0.1)
+    async with recorder:
+        recorder.set_targets(["http://a"])
+        await asyncio.sleep(0.3)
+    figures = recorder.figures()
+    assert figures.failed >= 1
+    assert figures.failures.get("no answer when the probe stopped", 0) >= 1
+    assert figures.outage_ms > 0.0

@@ -81,14 +81,16 @@ def test_a_successful_scale_goes_through_every_phase_and_measures_the_503_window
     assert probe["phases"]["committing"]["failed"] == probe["canaries_failed"]
     assert probe["phases"]["committing"]["longest_gap_ms"] > probe["phases"]["before"]["longest_gap_ms"]
     # The stand-in held its flag for 1.5 s; the canaries see about that (loose: a loaded machine).
-    assert 750.0 <= job["client_downtime_ms"] <= 6000.0
+    assert 750.0 <= job["client_outage_ms"] <= 6000.0
+    assert probe["outage_phase"] == "committing"
     # The canaries' window covers vLLM's own 503 window (the stand-in's flag; one machine, one clock).
     ((set_at, cleared_at),) = standin.state()["flag_windows"]
-    window = probe["downtime_window"]
+    window = probe["outage_window"]
     assert window["start"] <= set_at + 0.5 and window["end"] >= cleared_at - 0.01
-    assert job["downtime_ms"] == job["client_downtime_ms"]
+    assert job["downtime_ms"] == job["client_outage_ms"] == job["client_downtime_ms"]  # (deprecated alias)
     assert job["downtime"]["source"] == "canary-probe"
-    assert probe["latency_p50_ms_outside_downtime"] is not None
+    assert probe["latency_p50_ms_outside_outage"] is not None
+    assert job["client_slowest_answer_ms"] is not None
     after = coordinator.deployment(deployment)
     assert (after["current_dp_size"], after["generation"], after["status"]) == (2, 1, "ready")
 
@@ -118,7 +120,7 @@ def test_400_is_invalid_for_this_engine_with_vllms_message(
     error = job["error"]
     assert (error["type"], error["http_status"], error["phase"]) == ("invalid-for-engine", 400, "committing")
     assert "stand-in limit" in error["message"]
-    assert job["client_downtime_ms"] == 0.0  # vLLM refused before it set its scaling flag
+    assert job["client_outage_ms"] == 0.0  # vLLM refused before it set its scaling flag
     assert coordinator.deployment(deployment)["status"] == "ready"
 
 
@@ -130,7 +132,7 @@ def test_408_fails_as_a_drain_timeout_and_leaves_the_deployment_serving(
     assert job["state"] == "failed", job
     assert (job["error"]["type"], job["error"]["http_status"]) == ("drain-timeout", 408)
     assert f"{DRAIN_TIMEOUT_S} s" in job["error"]["hint"]
-    assert job["client_downtime_ms"] > 0.0
+    assert job["client_outage_ms"] > 0.0
     after = coordinator.deployment(deployment)
     assert (after["status"], after["current_dp_size"], after["generation"]) == ("ready", 1, 0)
 

@@ -83,7 +83,7 @@ def test_no_answer_fails_the_job_and_checks_the_engine() -> None:
     assert (gone.state, gone.type) == (JobState.failed, "engine-unreachable")
 
 
-def test_the_cli_summary_shows_client_downtime_the_engines_answer_and_the_hint(
+def test_the_cli_summary_shows_the_client_outage_the_engines_answer_and_the_hint(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from app.cli.job_summary import print_summary
@@ -95,8 +95,9 @@ def test_the_cli_summary_shows_client_downtime_the_engines_answer_and_the_hint(
         "from_dp_size": 1,
         "to_dp_size": 2,
         "downtime_ms": 1234.5,
-        "client_downtime_ms": 1234.5,
-        "probe": {"canaries_sent": 80, "canaries_failed": 24},
+        "client_outage_ms": 1234.5,
+        "client_slowest_answer_ms": 40.0,
+        "probe": {"canaries_sent": 80, "canaries_failed": 24, "outage_phase": "committing"},
         "error": {
             "phase": "committing",
             "type": "engine-scale-failed",
@@ -107,7 +108,7 @@ def test_the_cli_summary_shows_client_downtime_the_engines_answer_and_the_hint(
     }
     print_summary(job)
     out = " ".join(capsys.readouterr().out.split())
-    assert "client downtime: 1.23 s" in out, out
+    assert "client outage: 1.23 s (committing) slowest answer: 40.0 ms" in out, out
     assert "80 sent, 24 failed" in out
     assert "engine answered 500" in out and "hint: restart the vLLM server" in out
 

@@ -11,7 +11,8 @@
 
 Every answer of vLLM maps to an outcome (`outcomes.py`); after a failure that may have left the engine
 stuck or changed, the engine is checked and the deployment marked `degraded` with a remediation.
-The canary figures (`client_downtime_ms`, canaries sent/failed, latencies per phase) go on the job.
+The canary figures (the client outage, the slowest answer, canaries sent/failed, latencies per phase)
+go on the job.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from app.backends.vllm.record import (
 from app.backends.vllm.settings import VllmSettings, load_vllm_settings
 from app.jobs.models import JobError
 from app.jobs.states import JobState
-from app.probe import CanaryRecorder, ProbeFigures
+from app.probe import CanaryRecorder, ProbeFigures, figures_changes, outage_summary
+from app.probe.figures import BASELINE
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +64,16 @@ class Scaled:
 
 def probe_changes(figures: ProbeFigures | None) -> dict[str, Any]:
     """The job columns the canary figures fill. vLLM reports no pause intervals of its own: its
-    downtime is the window its middleware answers 503, which is what the canaries measure."""
+    downtime is the window its middleware answers 503, which is what the canaries' outage measures."""
     if figures is None:
         return {}
-    window = figures.downtime_window
+    window = figures.outage_window
     return {
-        "client_downtime_ms": figures.client_downtime_ms,
-        "probe": figures.as_dict(),
-        "downtime_ms": figures.client_downtime_ms,
+        **figures_changes(figures),
+        "downtime_ms": figures.outage_ms,
         "downtime": {
             "source": "canary-probe",
-            "downtime_ms": figures.client_downtime_ms,
+            "downtime_ms": figures.outage_ms,
             "window_start": window[0] if window else None,
             "window_end": window[1] if window else None,
             "per_engine_ms": {},
@@ -151,13 +152,13 @@ class VllmFlow:
             canary,
             interval_s=settings.canary_interval_s,
             timeout_s=settings.canary_timeout_s,
-            stall_s=settings.canary_stall_s,
+            deadline_s=settings.canary_deadline_s,
         )
         cancelled = False
         scaled: Scaled | None = None
         async with recorder:
             recorder.set_targets([client.url])
-            recorder.mark("before")
+            recorder.mark(BASELINE)
             await self.record.move(
                 job, S.syncing, message=f"baseline: canaries for {settings.baseline_s:g} s"
             )
@@ -277,7 +278,7 @@ class VllmFlow:
 
     async def close(self, job: VllmJob, scaled: Scaled, figures: ProbeFigures) -> None:
         probe = probe_changes(figures)
-        downtime = f"client downtime {figures.client_downtime_ms:.0f} ms"
+        downtime = outage_summary(figures)
         if scaled.failure is not None:
             await self.end(job, scaled.failure, probe)
             return

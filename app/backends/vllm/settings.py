@@ -30,9 +30,9 @@ class VllmSettings(BaseSettings):
         5.0, gt=0, description="after a failure: a no-op scale to the current size must answer in this"
     )
     canary_interval_s: float = Field(0.1, gt=0, description="one canary completion per this, per server")
-    canary_timeout_s: float = Field(5.0, gt=0)
-    canary_stall_s: float | None = Field(
-        None, gt=0, description="a window without failures counts as downtime past this (default 5 intervals)"
+    canary_timeout_s: float = Field(5.0, gt=0, description="a canary unanswered this long failed")
+    canary_deadline_s: float = Field(
+        1.0, gt=0, description="a canary answered later than this counts toward the outage, like a 503"
     )
     canary_prompt: str = Field("Hello", min_length=1)
     python: str = Field(

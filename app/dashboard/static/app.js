@@ -421,35 +421,75 @@ function jobPage(jobId) {
       out += `<div class="alert ${failed ? "bad" : "warn"}" id="job-cleanup"><h2>Background cleanup: ${esc(cleanup.replace(/_/g, " "))}</h2>
         ${failed ? `<p style="margin:0">The next reconfiguration of <strong>${esc(job.deployment(j))}</strong> is refused until an operator retries or acknowledges it
         (<code>epctl cleanup retry ${esc(job.id(j))}</code> or <code>epctl cleanup ack ${esc(job.id(j))}</code>).</p>` : ""}
-        ${detail ? `<pre>${esc(JSON.stringify(detail, null, 2))}</pre>` : ""}</div>`;
+        <p style="margin:0" id="job-cleanup-line">${esc(cleanupLine(j, detail))}</p>
+        ${detail ? `<details><summary class="faint">details</summary><pre class="json">${esc(JSON.stringify(detail, null, 2))}</pre></details>` : ""}</div>`;
     }
     return out;
+  }
+
+  // A background cleanup in words, as `epctl jobs show` says it (the record stays under "details").
+  function cleanupLine(j, detail) {
+    const d = detail && typeof detail === "object" ? detail : {};
+    const generation = d.failed_generation ?? d.retired_generation;
+    const what = generation !== undefined && generation !== null ? `generation ${generation}` : "the retired groups";
+    const engines = Array.isArray(d.engines) && d.engines.length ? ` on ${d.engines.length} engines` : "";
+    const state = job.cleanupState(j);
+    if (state === "failed") return `destroying ${what} failed on ${d.failed_engine_id ?? "an engine"}: ${d.error ?? "no error recorded"}`;
+    if (state === "pending" || state === "running") return `destroying ${what}${engines} in the background`;
+    return `${what}${engines}`;
   }
 
   // What the coordinator's canaries saw while the job ran (null where no probe ran).
   function probeHtml(j) {
     const probe = j.probe;
-    if (!probe || typeof probe !== "object" || probe.client_downtime_ms === undefined) return "";
+    if (!probe || typeof probe !== "object" || probe.canaries_sent === undefined) return "";
     const ms = (v) => (typeof v === "number" ? esc(fmtMs(v)) : "–");
     const phases = Object.entries(probe.phases || {});
     const unreachable = Object.entries(probe.unreachable || {});
+    const outside = probe.latency_p50_ms_outside_outage ?? probe.latency_p50_ms_outside_downtime;
+    const deadline = typeof probe.deadline_ms === "number" ? ` · deadline ${ms(probe.deadline_ms)}` : "";
     return `<section class="panel" id="probe-panel"><div class="panel-head"><h2>Canary probe</h2>
-      <span class="muted">${esc(probe.canaries_sent)} canaries to ${esc(probe.targets)} engines every ${ms(probe.interval_ms)} · ${esc(probe.canaries_failed)} failed · p50 outside the window ${ms(probe.latency_p50_ms_outside_downtime)}</span></div>
+      <span class="muted">${esc(probe.canaries_sent)} canaries to ${esc(probe.targets)} engines every ${ms(probe.interval_ms)}${deadline} · ${esc(probe.canaries_failed)} failed · ${esc(probe.canaries_late ?? 0)} late · p50 outside the outage ${ms(outside)}</span></div>
       ${unreachable.length ? `<div class="alert warn" id="probe-unreachable">could not reach ${unreachable.map(([e, why]) => `<span class="mono">${esc(e)}</span> (${esc(why)})`).join(", ")}</div>` : ""}
-      <div class="table-wrap"><table id="probe-phases"><thead><tr><th>Phase</th><th class="num">Canaries</th><th class="num">Failed</th>
-        <th class="num">p50</th><th class="num">p99</th><th class="num">Longest gap</th></tr></thead><tbody>
-        ${phases.map(([name, p]) => `<tr data-phase="${esc(name)}"><td>${esc(name)}</td><td class="num">${esc(p.sent)}</td><td class="num">${esc(p.failed)}</td>
-          <td class="num">${ms(p.p50_ms)}</td><td class="num">${ms(p.p99_ms)}</td><td class="num">${ms(p.longest_gap_ms)}</td></tr>`).join("")}
+      <div class="table-wrap"><table id="probe-phases"><thead><tr><th>Phase</th><th class="num">Canaries</th><th class="num">Failed</th><th class="num">Late</th>
+        <th class="num">p50</th><th class="num">p99</th><th class="num">Slowest answer</th><th class="num">Longest gap</th></tr></thead><tbody>
+        ${phases.map(([name, p]) => `<tr data-phase="${esc(name)}"><td>${esc(name)}</td><td class="num">${esc(p.sent)}</td><td class="num">${esc(p.failed)}</td><td class="num">${esc(p.late ?? "–")}</td>
+          <td class="num">${ms(p.p50_ms)}</td><td class="num">${ms(p.p99_ms)}</td><td class="num slowest">${ms(p.slowest_answer_ms)}</td><td class="num">${ms(p.longest_gap_ms)}</td></tr>`).join("")}
       </tbody></table></div></section>`;
+  }
+
+  // The client's two figures: the outage is the headline; the slowest answer is a slow stretch (with
+  // the phase it fell in), not a stop. A job from before they were told apart shows its old figure.
+  function clientCards(j) {
+    const outage = job.clientOutageMs(j);
+    const slowest = job.clientSlowestAnswerMs(j);
+    const old = job.oldClientDowntimeMs(j);
+    const phase = (p) => (p ? ` <span class="card-note">in ${esc(p)}</span>` : "");
+    let out = "";
+    if (outage !== null) {
+      out += `<div class="card"><div class="k">Client outage (canaries)</div><div class="v" id="card-client-outage">${esc(fmtMs(outage))}${outage ? phase(job.outagePhase(j)) : ""}</div></div>`;
+      out += `<div class="card"><div class="k">Slowest answer (canaries)</div><div class="v" id="card-slowest-answer">${esc(fmtMs(slowest))}${slowest !== null ? phase(job.slowestAnswerPhase(j)) : ""}</div></div>`;
+    } else if (old !== null) {
+      out += `<div class="card" title="recorded before the outage and the slowest answer were told apart: slow answers counted as an outage"><div class="k">Client downtime (old figure)</div><div class="v" id="card-client-downtime">${esc(fmtMs(old))}</div></div>`;
+    }
+    return out;
+  }
+
+  // Each engine's own generation before and after the job ("–": none; "?": not known yet).
+  function generationsText(e, j) {
+    if (!e.generations) return e.generation ?? "–";
+    const [before, after] = e.generations;
+    const end = after ?? (isTerminal(job.state(j)) ? "–" : "?");
+    return `${before ?? "–"} → ${end}`;
   }
 
   function enginesHtml(j) {
     const engines = job.engines(j);
     if (!engines.length) return `<div class="empty">No engine results yet.</div>`;
-    return `<div class="table-wrap"><table id="engines-table"><thead><tr><th>Engine</th><th>Role</th><th>Ranks</th><th>Generation</th>
+    return `<div class="table-wrap"><table id="engines-table"><thead><tr><th>Engine</th><th>Role</th><th>Ranks</th><th>Generation before → after</th>
       <th>Paused at</th><th>Resumed at</th><th class="num">Pause</th></tr></thead><tbody>
       ${engines.map((e) => `<tr data-engine="${esc(e.engineId)}"><td class="mono">${esc(e.engineId)}</td><td>${esc(e.role || "–")}</td>
-        <td class="mono">${esc(Array.isArray(e.ranks) ? e.ranks.map((r) => r ?? "–").join(" → ") : e.ranks ?? "–")}</td><td>${esc(e.generation ?? "–")}</td>
+        <td class="mono">${esc(Array.isArray(e.ranks) ? e.ranks.map((r) => r ?? "–").join(" → ") : e.ranks ?? "–")}</td><td class="mono generations">${esc(generationsText(e, j))}</td>
         <td class="nowrap">${e.start === null ? "–" : esc(fmtTime(e.start, false))}</td>
         <td class="nowrap">${e.end === null ? (e.start === null ? "–" : "still paused") : esc(fmtTime(e.end, false))}</td>
         <td class="num">${e.ms === null || Number.isNaN(e.ms) ? "–" : esc(fmtMs(e.ms))}</td></tr>`).join("")}
@@ -483,7 +523,6 @@ function jobPage(jobId) {
     const canCancel = CANCELLABLE_STATES.includes(state) && !j.cancel_requested;
     const duration = jobDurationMs(j);
     const downtime = job.downtimeMs(j);
-    const clientDowntime = job.clientDowntimeMs(j);
     const gens = `${job.fromGeneration(j) ?? "?"} → ${job.toGeneration(j) ?? "?"}`;
     root.innerHTML = `
       <div class="page-head">
@@ -497,7 +536,7 @@ function jobPage(jobId) {
       <section class="panel" id="progress-panel">${progressHtml(j)}</section>
       <div class="cards">
         <div class="card"><div class="k">Downtime</div><div class="v" id="card-downtime">${downtime === null ? "–" : esc(fmtMs(downtime))}</div></div>
-        ${clientDowntime === null ? "" : `<div class="card"><div class="k">Client downtime (canaries)</div><div class="v" id="card-client-downtime">${esc(fmtMs(clientDowntime))}</div></div>`}
+        ${clientCards(j)}
         <div class="card"><div class="k">Duration</div><div class="v">${esc(fmtMs(duration))}</div></div>
         <div class="card"><div class="k">DP size</div><div class="v">${esc(sizeChange(j))}</div></div>
         <div class="card"><div class="k">Generation</div><div class="v">${esc(gens)}</div></div>

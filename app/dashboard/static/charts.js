@@ -181,52 +181,79 @@ export function commitLegend() {
   return `<div class="legend">${item("lg-pause", "paused")}${item("seg-boundary_wait", "reach step boundary")}${item("seg-blocking_prepare", "blocking prepare")}${item("seg-warmup", "deferred warm-up")}${item("seg-capture", "graph capture")}${item("seg-switch", "switch")}${item("seg-resume", "resume")}</div>`;
 }
 
-/** Downtime of each job (oldest left), coloured by outcome; a click opens the job. */
+/**
+ * A log scale over `values` (ms, the positive ones): whole decades from below the smallest to above
+ * the largest, so a 7 s blocking job and 6 ms background jobs both read on one chart.
+ */
+export function logScale(values, top, bottom) {
+  const positive = values.filter((v) => v !== null && v > 0);
+  const lo = 10 ** Math.floor(Math.log10(Math.min(1, ...positive)));
+  let hi = 10 ** Math.ceil(Math.log10(Math.max(10, ...positive)));
+  if (hi / lo < 100) hi = lo * 100;
+  const span = Math.log10(hi / lo);
+  const y = (v) => (v <= lo ? bottom : bottom - (Math.log10(v / lo) / span) * (bottom - top));
+  const ticks = [];
+  for (let t = lo; t <= hi * 1.0001; t *= 10) ticks.push(+t.toPrecision(1));
+  return { lo, hi, y, ticks };
+}
+
+/**
+ * Downtime of each job (oldest left) on a log scale, coloured by outcome, blocking jobs striped;
+ * beside each bar what the canary probe saw: the client outage (an outlined bar) and the slowest
+ * answer (a tick). A click opens the job.
+ */
 export function downtimeChartSvg(jobs, width) {
   const rows = jobs.slice().reverse();
   if (!rows.length) return `<div class="empty">No jobs to chart.</div>`;
-  const values = rows.flatMap((j) => [job.downtimeMs(j) ?? 0, job.clientDowntimeMs(j) ?? 0]);
-  const max = Math.max(1, ...values);
-  const step = niceStep(max, 4);
-  const top = Math.ceil(max / step) * step;
-  const height = 180;
+  const height = 190;
   const left = 56;
   const bottom = height - 28;
   const plotW = width - left - 8;
   const slot = plotW / rows.length;
-  const barW = Math.max(3, Math.min(36, slot * 0.7));
-  const y = (v) => bottom - (v / top) * (bottom - 10);
-  let out = "";
-  for (let v = 0; v <= top + 1e-9; v += step) {
+  const barW = Math.max(3, Math.min(36, slot * 0.6));
+  const values = rows.flatMap((j) => [job.downtimeMs(j), job.clientOutageMs(j), job.clientSlowestAnswerMs(j)]);
+  const { y, ticks } = logScale(values, 10, bottom);
+  let out = `<defs><pattern id="blocking-stripes" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
+    <rect width="3" height="6" class="stripe"></rect></pattern></defs>`;
+  for (const v of ticks) {
     out += `<g class="grid"><line x1="${left}" x2="${width - 8}" y1="${y(v)}" y2="${y(v)}"></line></g>`;
-    out += `<text x="${left - 6}" y="${y(v) + 4}" text-anchor="end">${esc(axisLabel(v))}</text>`;
+    out += `<text class="tick" data-ms="${v}" x="${left - 6}" y="${y(v) + 4}" text-anchor="end">${esc(axisLabel(v))}</text>`;
   }
   rows.forEach((j, i) => {
     const v = job.downtimeMs(j);
     const cx = left + slot * i + slot / 2;
     const h = v ? Math.max(1.5, bottom - y(v)) : 0;
     const id = job.id(j);
-    const title = `${shortId(id)} · ${job.deployment(j)} · ${job.state(j)} · downtime ${v === null ? "–" : fmtMs(v)}`;
+    const strategy = job.strategy(j) || "background";
+    const x0 = (cx - barW / 2).toFixed(1);
+    const title = `${shortId(id)} · ${job.deployment(j)} · ${strategy} · ${job.state(j)} · downtime ${v === null ? "–" : fmtMs(v)}`;
     out += `<a href="/ui/jobs/${encodeURIComponent(id)}" data-link>`;
-    out += `<rect class="bar ${stateClass(job.state(j))}" data-job="${esc(id)}" x="${(cx - barW / 2).toFixed(1)}" y="${(bottom - h).toFixed(1)}" width="${barW.toFixed(1)}" height="${h.toFixed(1)}" rx="2"><title>${esc(title)}</title></rect>`;
-    if (!v) out += `<rect x="${(cx - barW / 2).toFixed(1)}" y="${bottom - 2}" width="${barW.toFixed(1)}" height="2" class="bar ${stateClass(job.state(j))}" opacity=".5"></rect>`;
-    // Beside it, what the canary probe saw from outside (a thin outlined bar).
-    const c = job.clientDowntimeMs(j);
-    if (c !== null) {
-      const ch = c ? Math.max(1.5, bottom - y(c)) : 0;
-      const cw = Math.max(2, barW / 3);
-      out += `<rect class="bar client-bar" data-client-job="${esc(id)}" x="${(cx + barW / 2 + 1).toFixed(1)}" y="${(bottom - ch).toFixed(1)}" width="${cw.toFixed(1)}" height="${ch.toFixed(1)}" fill="none" stroke="var(--accent)"><title>${esc(`client downtime ${fmtMs(c)} (canary probe)`)}</title></rect>`;
+    out += `<rect class="bar ${stateClass(job.state(j))} strategy-${esc(strategy)}" data-job="${esc(id)}" data-strategy="${esc(strategy)}" x="${x0}" y="${(bottom - h).toFixed(1)}" width="${barW.toFixed(1)}" height="${h.toFixed(1)}" rx="2"><title>${esc(title)}</title></rect>`;
+    if (strategy === "blocking" && h > 0) out += `<rect class="stripes" x="${x0}" y="${(bottom - h).toFixed(1)}" width="${barW.toFixed(1)}" height="${h.toFixed(1)}" fill="url(#blocking-stripes)" pointer-events="none"></rect>`;
+    if (!v) out += `<rect x="${x0}" y="${bottom - 2}" width="${barW.toFixed(1)}" height="2" class="bar ${stateClass(job.state(j))}" opacity=".5"></rect>`;
+    const outage = job.clientOutageMs(j);
+    const slowest = job.clientSlowestAnswerMs(j);
+    const cw = Math.max(3, barW / 3);
+    const cx0 = cx + barW / 2 + 1;
+    if (outage !== null) {
+      const ch = outage ? Math.max(1.5, bottom - y(outage)) : 0;
+      const where = job.outagePhase(j) ? ` in ${job.outagePhase(j)}` : "";
+      out += `<rect class="bar client-bar" data-client-job="${esc(id)}" x="${cx0.toFixed(1)}" y="${(bottom - ch).toFixed(1)}" width="${cw.toFixed(1)}" height="${ch.toFixed(1)}" fill="none"><title>${esc(`client outage ${fmtMs(outage)}${outage ? where : ""} (canary probe)`)}</title></rect>`;
+    }
+    if (slowest !== null) {
+      const where = job.slowestAnswerPhase(j) ? ` in ${job.slowestAnswerPhase(j)}` : "";
+      out += `<rect class="slowest-tick" data-slowest-job="${esc(id)}" x="${(cx0 - 1).toFixed(1)}" y="${(y(slowest) - 1).toFixed(1)}" width="${(cw + 2).toFixed(1)}" height="2"><title>${esc(`slowest answer ${fmtMs(slowest)}${where} (canary probe)`)}</title></rect>`;
     }
     out += `</a>`;
     if (rows.length <= 24) out += `<text x="${cx}" y="${bottom + 16}" text-anchor="middle" class="mono">${esc(shortId(id).slice(1))}</text>`;
   });
   out += `<line x1="${left}" x2="${width - 8}" y1="${bottom}" y2="${bottom}" stroke="var(--border)"></line>`;
-  return `<svg class="chart downtime-chart" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" role="img" aria-label="downtime per job">${out}</svg>`;
+  return `<svg class="chart downtime-chart" data-scale="log" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" role="img" aria-label="downtime per job, log scale">${out}</svg>`;
 }
 
 export function chartLegend() {
-  const item = (cls, label) => `<span><i style="background: var(${cls})"></i>${label}</span>`;
-  return `<div class="legend">${item("--ok", "succeeded")}${item("--warn", "rolled back")}${item("--bad", "failed")}${item("--idle", "cancelled / pending")}${item("--run", "running")}<span><i style="background:none;border:1px solid var(--accent)"></i>client downtime (canary probe)</span></div>`;
+  const item = (cls, label) => `<span><i class="lg-${cls}"></i>${label}</span>`;
+  return `<div class="legend">${item("ok", "succeeded")}${item("warn", "rolled back")}${item("bad", "failed")}${item("idle", "cancelled / pending")}${item("run", "running")}${item("blocking", "blocking strategy (striped)")}${item("client", "client outage (canary probe)")}${item("slowest", "slowest answer (canary probe)")}<span class="faint">log scale</span></div>`;
 }
 
 function shortLabel(id) {

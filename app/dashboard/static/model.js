@@ -106,8 +106,21 @@ export const job = {
     const v = first(j, "downtime_ms");
     return v === null ? null : Number(v);
   },
-  // Measured from outside by the canary probe (vLLM jobs; null where no probe ran).
-  clientDowntimeMs: (j) => {
+  // Measured from outside by the canary probe (null where no probe ran): the outage (canaries that
+  // failed or went past their deadline) is the headline, the slowest answer a slow stretch, not a stop.
+  clientOutageMs: (j) => {
+    const v = first(j, "client_outage_ms");
+    return v === null ? null : Number(v);
+  },
+  clientSlowestAnswerMs: (j) => {
+    const v = first(j, "client_slowest_answer_ms");
+    return v === null ? null : Number(v);
+  },
+  outagePhase: (j) => first(j.probe || {}, "outage_phase"),
+  slowestAnswerPhase: (j) => first(j.probe || {}, "slowest_answer_phase"),
+  // Jobs recorded before the two were told apart: one figure that counted slow answers as an outage.
+  oldClientDowntimeMs: (j) => {
+    if (first(j, "client_outage_ms") !== null) return null;
     const v = first(j, "client_downtime_ms");
     return v === null ? null : Number(v);
   },
@@ -134,7 +147,7 @@ export const job = {
     return rows.sort((a, b) => rank(a.name) - rank(b.name) || (a.start ?? 0) - (b.start ?? 0));
   },
 
-  /** [{engineId, role, ranks, generation, start, end, ms}] for every engine in the job. */
+  /** [{engineId, role, ranks, generation, generations, start, end, ms}] for every engine in the job. */
   engines(j) {
     const results = first(j, "engine_results") || [];
     const detail = first(j, "downtime_detail", "downtime") || {};
@@ -163,6 +176,8 @@ export const job = {
           role: first(r, "role"),
           ranks: "old_rank" in r || "new_rank" in r ? [r.old_rank ?? null, r.new_rank ?? null] : first(r, "ranks", "rank"),
           generation: first(r, "generation"),
+          // Each engine's own generation before and after the job (older records: only `generation`).
+          generations: "generation_before" in r ? [r.generation_before ?? null, r.generation_after ?? null] : null,
           phase: first(r, "phase", "state", "result"),
           error: first(r, "error"),
           start, end, ms: ms === null ? null : Number(ms),
@@ -172,7 +187,7 @@ export const job = {
       if (rows.some((r) => r.engineId === id) || !pause || typeof pause !== "object") continue;
       const start = toMs(first(pause, "paused_at", "start"));
       const end = toMs(first(pause, "resumed_at", "end"));
-      rows.push({ engineId: id, role: null, ranks: null, generation: null, phase: null, error: null,
+      rows.push({ engineId: id, role: null, ranks: null, generation: null, generations: null, phase: null, error: null,
         start, end, ms: Number(first(pause, "pause_ms", "ms") ?? (end !== null && start !== null ? end - start : NaN)) });
     }
     return rows;

@@ -9,6 +9,7 @@ import app.deployments.models
 import app.engines.models
 import app.hooks.models
 import app.jobs.models
+import app.scale.intents
 import app.tokens.models
 import app.webhooks.models  # noqa: F401
 

@@ -27,6 +27,7 @@ class EventType(StrEnum):
     engine_unreachable = "engine.unreachable"  # heartbeats stopped (a member's deployment is degraded)
     deployment_degraded = "deployment.degraded"  # its engines no longer all serve its generation
     deployment_recovered = "deployment.recovered"  # every member serves its generation again
+    autoscaler_decision = "autoscaler.decision"  # an intent was taken, deferred, held, paused, withdrawn...
 
 
 class DeliveryState(StrEnum):

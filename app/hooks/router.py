@@ -71,11 +71,13 @@ def _raise_if_any_rejected(outcome: AlertmanagerOutcome) -> None:
     rejected = [r for r in outcome.results if r.decision is HookDecision.rejected]
     if not rejected:
         return
-    unknown = all(r.code == "unknown-deployment" for r in rejected)
+    codes = {r.code for r in rejected}
+    unknown = codes == {"unknown-deployment"}
     error_type = NotFoundError if unknown else InvalidRequestError
+    code = "too-many-deployments" if "too-many-deployments" in codes else "unusable-labels"
     raise error_type(
         "; ".join(f"{r.deployment or '(no deployment)'}: {r.reason}" for r in rejected)[:2000],
-        code="unknown-deployment" if unknown else "unusable-labels",
+        code="unknown-deployment" if unknown else code,
         results=[r.model_dump(mode="json") for r in outcome.results],
     )
 

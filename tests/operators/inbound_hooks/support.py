@@ -75,7 +75,11 @@ def make_deployment(
         "min_dp_size": 1,
         "max_dp_size": 4,
         "autoscale_cooldown_s": cooldown_s,
-        "autoscale_behavior": behavior or {"scale_down": {"stabilization_window_s": scale_down_window_s}},
+        "autoscale_behavior": (
+            behavior
+            if behavior is not None
+            else {"scale_down": {"stabilization_window_s": scale_down_window_s}}
+        ),
     }
     assert client.post("/v1/deployments", json=body).status_code == 201
     with Session(db_engine) as session:

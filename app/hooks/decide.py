@@ -218,7 +218,12 @@ def _new_intent(
     ask: ScaleAsk,
     details: dict[str, Any],
     now: datetime,
+    *,
+    refused: str | None = None,
 ) -> HookOutcome:
+    """The intent, its request's record and the end of the stream's previous intent, in one
+    transaction with what the rule does now (a job commits with them). `refused`: a first attempt's
+    job was refused; record the intent as deferred for that reason, without acting."""
     previous = intents.standing_in_stream(session, deployment.id, ask.stream)
     anchor: int | None = None
     if ask.step is not None:
@@ -237,20 +242,18 @@ def _new_intent(
         reason=ask.reason,
         now=now,
     )
-    sized: dict[str, Any] = {"requested": size.requested, "target": size.target}
-    # Recorded first, provisionally: the unique identity (or webhook-id) makes copies sent at once
-    # duplicates of one decision, and the intent stands even if deciding below fails.
     row = new_row(
         caller,
         HookDecision.deferred,
-        "deciding",
-        f"desired size {size.target} recorded ({size.note}); deciding",
+        "job-refused",
+        f"desired size {size.target} recorded ({size.note}; {ask.reason}); job not created yet: {refused}",
         deployment=deployment,
         identity=ask.identity,
         intent_id=intent.id,
         details=details,
         now=now,
-        **sized,
+        requested=size.requested,
+        target=size.target,
     )
     intent.request_id = row.id
     session.add(intent)
@@ -269,14 +272,23 @@ def _new_intent(
                 f"desired size {previous.target_dp_size} replaced by its group's newer intent {intent.id}",
             )
     try:
-        session.commit()
+        # The unique identity (or webhook-id) makes copies sent at once duplicates of one decision:
+        # a second copy's insert waits for the first to commit, then fails here.
+        session.flush()
     except IntegrityError:
         session.rollback()
         original = _original(session, caller, ask)
         if original is None:
             raise
         return _duplicate(session, caller, deployment, original, details, now)
-    return _act_on(session, deployment, intent, row, size, now)
+    if refused is not None:
+        announce(session, row)
+        session.commit()
+        return outcome_of(row)
+    outcome = _act_on(session, deployment, intent, row, size, now)
+    if isinstance(outcome, str):  # the job was refused, and the rollback took the intent with it
+        return _new_intent(session, caller, deployment, ask, details, now, refused=outcome)
+    return outcome
 
 
 def _act_on(
@@ -286,7 +298,8 @@ def _act_on(
     row: InboundHookRequest,
     size: SizeDecision,
     now: datetime,
-) -> HookOutcome:
+) -> HookOutcome | str:
+    """Decide the new intent's record and act (committing both); why, if its job was refused."""
     assessment = desired.assess(session, deployment, now)
     outlook = assessment.outlook(intent)
     from_size = deployment.current_dp_size
@@ -302,27 +315,24 @@ def _act_on(
         announce(session, row)
 
     if outlook.decision is not HookDecision.accepted:
-        finalize(outlook.decision, outlook.code, f"{outlook.reason} ({size.note})", outlook.until)
+        reason = f"{outlook.reason} ({size.note}; {intent.reason})"
+        finalize(outlook.decision, outlook.code, reason, outlook.until)
+        if intent.id in assessment.verdict.at_size:
+            intents.mark_acted(intent, job_id=None, now=now)
+            session.add(intent)
+        session.commit()  # ours first: a job the rule starts for other intents may be refused
+        outcome = outcome_of(row)
         desired.act(session, assessment, own=intent.id)
-        return outcome_of(row)
+        return outcome
 
     def accepted(session: Session, job: ReconfigurationJob) -> None:
         row.job_id = job.id
-        finalize(
-            HookDecision.accepted,
-            "scaling",
-            f"scaling {from_size} -> {job.to_dp_size}: {size.note} ({intent.reason})",
-        )
+        reason = f"scaling {from_size} -> {job.to_dp_size}: {size.note} ({intent.reason})"
+        finalize(HookDecision.accepted, "scaling", reason)
 
     acted = desired.act(session, assessment, own=intent.id, on_created=accepted)
     if acted.job is None:
-        session.refresh(row)
-        finalize(
-            HookDecision.deferred,
-            "job-refused",
-            f"desired size {size.target} recorded; job not created yet: {acted.refused or 'refused'}",
-        )
-        session.commit()
+        return acted.refused or "refused"
     return outcome_of(row)
 
 

@@ -284,9 +284,10 @@ def act(
     own: str | None = None,
     on_created: Callable[[Session, ReconfigurationJob], None] | None = None,
 ) -> Acted:
-    """Do what the assessment says, and commit. `own`: the intent of the request being decided (its
-    record is the caller's to write; `on_created` runs in the job's transaction). Intents acted on
-    by it get a record each; a refused job leaves them pending."""
+    """Do what the assessment says, and commit (with what the caller added to the session). `own`:
+    the intent of the request being decided (its record is the caller's to write; `on_created` runs
+    in the job's transaction). Intents acted on get a record each. A refused job rolls the whole
+    transaction back (the intents stay as they were; the caller's additions are gone)."""
     deployment, now = assessment.deployment, assessment.now
     for intent_id in assessment.verdict.at_size:
         intent = assessment.by_id[intent_id]
@@ -301,18 +302,19 @@ def act(
                 "already-at-size",
                 f"already at DP size {intent.target_dp_size}",
             )
-    session.commit()
-    if assessment.blocked is not None:
+    move = assessment.verdict.move
+    if assessment.blocked is not None or (
+        assessment.spec is None and (deployment.autoscale_paused or move is None)
+    ):
+        session.commit()
         return Acted()
     if assessment.spec is not None:
         spec = assessment.spec
         target, source, requester = spec.target_dp_size, SPEC_SOURCE, spec.requester
         serve: tuple[ScaleIntentRow, ...] = (spec,)
         reason = f"scale subresource: spec.replicas {target} (deferred write, intent {spec.id})"
-    elif deployment.autoscale_paused or assessment.verdict.move is None:
-        return Acted()
     else:
-        move = assessment.verdict.move
+        assert move is not None
         serve = tuple(assessment.by_id[i] for i in move.serves)
         first = serve[0]
         target, source, requester = move.to, first.source, first.requester

@@ -69,6 +69,8 @@ def make_deployment(
 ) -> str:
     """A static deployment at DP size 2 of four known engines. Its scale-down window is 0 s unless
     given (these tests are about other rules; the default window has tests of its own)."""
+    if behavior is None:
+        behavior = {"scale_down": {"stabilization_window_s": scale_down_window_s}}
     body = {
         "name": name,
         "launcher": "static",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_WINDOW_S = 3600.0  # HPA's own limit on a stabilization window: one hour
 MAX_PERIOD_S = 1800.0  # HPA's own limit on a policy's period: 30 minutes
@@ -57,6 +57,20 @@ class ScalingBehavior(BaseModel):
 
     scale_down: ScalingRules = Field(default_factory=_scale_down_default)
     scale_up: ScalingRules = Field(default_factory=_scale_up_default)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _direction_defaults(cls, value: Any) -> Any:
+        """A direction given in part keeps that direction's default window (as HPA's do)."""
+        if isinstance(value, dict):
+            value = dict(value)
+            for direction, window in (
+                ("scale_down", DEFAULT_SCALE_DOWN_WINDOW_S),
+                ("scale_up", DEFAULT_SCALE_UP_WINDOW_S),
+            ):
+                if isinstance(value.get(direction), dict):
+                    value[direction] = {"stabilization_window_s": window, **value[direction]}
+        return value
 
     @classmethod
     def stored(cls, value: dict[str, Any] | None) -> ScalingBehavior:

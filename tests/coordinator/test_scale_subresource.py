@@ -298,7 +298,7 @@ def test_a_merge_patch_of_spec_replicas_scales(demo: TestClient, content_type: s
 
 def test_a_json_patch_replaces_spec_replicas_and_tests_the_version(demo: TestClient) -> None:
     read = _version(demo)
-    ops = [
+    ops: list[dict[str, Any]] = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": read},
         {"op": "replace", "path": "/spec/replicas", "value": 2},
     ]

@@ -92,15 +92,15 @@ def static_deployment(
         body["autoscale_behavior"] = behavior
     admin.post("/v1/deployments", json=body).raise_for_status()
     if database_url is not None:
-        engine = make_engine(database_url)
+        database = make_engine(database_url)
         try:
-            with Session(engine) as session:
+            with Session(database) as session:
                 row = session.exec(select(Deployment).where(Deployment.name == name)).one()
                 row.current_dp_size = 2
                 session.add(row)
                 session.commit()
         finally:
-            engine.dispose()
+            database.dispose()
     for index in range(4):
         engine = {
             "engine_id": f"{name}-e{index}",

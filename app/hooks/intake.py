@@ -16,7 +16,7 @@ from sqlmodel import Session
 from app.core.auth import Permission, Principal, authorize
 from app.core.config import Settings
 from app.core.errors import AuthenticationError, DomainError
-from app.hooks import decide, service
+from app.hooks import decide, notifications, service
 from app.hooks.models import AlertmanagerOutcome, HookSource
 from app.tokens.models import TokenRole
 from app.tokens.service import authenticate
@@ -150,4 +150,4 @@ def alertmanager_request(
         payload = service.parse_alertmanager(service.parse_json(body))
     except DomainError as exc:
         raise service.reject(session, caller, exc) from None
-    return decide.handle_alertmanager(session, caller, payload)
+    return notifications.handle_alertmanager(session, caller, payload)

@@ -38,6 +38,7 @@ from app.jobs.models import IdempotencyRecord, ReconfigurationCreate, Reconfigur
 from app.jobs.service import active_job, create_reconfiguration
 from app.scale import desired as desires
 from app.scale import intents
+from app.scale.blockers import blocker
 from app.scale.intents import SPEC_SOURCE, EndCode, IntentState, ScaleIntentRow
 from app.scale.models import (
     ACTIVE_JOB_ANNOTATION,
@@ -187,7 +188,7 @@ def put_scale(
         )
     now = utc_now()
     replay = idempotency is not None and _key_used(session, idempotency.scope, idempotency.key)
-    blocked = None if replay else desires.blocker(session, deployment, now)
+    blocked = None if replay else blocker(session, deployment, now)
 
     def claim() -> None:
         if not _claim_write(session, deployment, conditional=bool(sent)):

@@ -15,6 +15,7 @@ from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, SQLModel, create_engine, select
 
 import app.hooks.decide
+import app.hooks.notifications
 import app.hooks.service
 import app.jobs.service
 import app.jobs.transitions
@@ -29,7 +30,14 @@ from app.jobs.transitions import transition
 from tests.operators.alertmanager_payloads import alert, payload
 from tests.support.factories import make_deployment, register_engines
 
-CLOCKED = (app.hooks.decide, app.hooks.service, app.jobs.service, app.jobs.transitions, app.scale.desired)
+CLOCKED = (
+    app.hooks.decide,
+    app.hooks.notifications,
+    app.hooks.service,
+    app.jobs.service,
+    app.jobs.transitions,
+    app.scale.desired,
+)
 ALERTMANAGER = Caller(HookSource.alertmanager, requester="alertmanager")
 
 

@@ -20,8 +20,9 @@ from sqlmodel import Session, col, select
 from app.core.ids import new_ulid
 from app.deployments.models import Deployment
 from app.hooks.alertmanager import AlertmanagerPayload
-from app.hooks.decide import decide, handle_alertmanager
+from app.hooks.decide import decide
 from app.hooks.models import HookSource, InboundHookRequest
+from app.hooks.notifications import handle_alertmanager
 from app.hooks.service import Caller, ScaleRequest
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import create_reconfiguration

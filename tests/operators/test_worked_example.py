@@ -12,8 +12,8 @@ from sqlmodel import Session, col, select
 
 from app.deployments.models import Deployment
 from app.hooks.alertmanager import AlertmanagerPayload
-from app.hooks.decide import handle_alertmanager
 from app.hooks.models import HookOutcome
+from app.hooks.notifications import handle_alertmanager
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import create_reconfiguration
 from app.jobs.states import JobState

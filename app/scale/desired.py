@@ -360,6 +360,8 @@ def reconcile(
 
 
 def desired_public(session: Session, deployment: Deployment, now: datetime | None = None) -> DesiredSize:
+    if not intents.recent(session, deployment.id, now or utc_now()):
+        return DesiredSize()  # nothing stands (one query: most deployments, most of the time)
     assessment = assess(session, deployment, now)
     pending = assessment.pending
     standing = intents.summaries(assessment.rows)

@@ -13,6 +13,8 @@ Who calls what:
   across coordinators, because each outbox event is claimed by one);
 - `record_webhook_delivery(outcome)`: the webhook delivery worker, once per attempt;
 - `record_inbound_hook(source, decision)`: the inbound hook service, once per request;
+- `record_autoscaler_decision(source, decision, code)`: the hook records, once per decision about an
+  intent (taken, deferred, held, paused, withdrawn, superseded), at its request or later;
 - `record_canaries(ok, late, failed)`: a job's canary probe (either backend), once when it stops;
 - `HttpMetrics`: an ASGI middleware, once per HTTP request (route template and status).
 """
@@ -36,9 +38,12 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine_agent import build_info
+
 # `*_created` timestamp series double the output and no dashboard here reads them.
 disable_created_metrics()
 REGISTRY = CollectorRegistry(auto_describe=True)
+build_info.register(REGISTRY, "coordinator")  # process_*, python_info, epctl_build_info
 
 # Seconds: commit windows are milliseconds on CPU, phases (prepare with weight transfer) can take minutes.
 _DOWNTIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -68,13 +73,13 @@ DEPLOYMENT_DP_SIZE = Gauge(
 )
 DEPLOYMENT_DESIRED_DP_SIZE = Gauge(
     "epctl_deployment_desired_dp_size",
-    "The DP size autoscalers asked for last (the current size when none asked).",
+    "The DP size the next autoscaler move goes to (the current size when no intent is pending).",
     ["deployment"],
     registry=REGISTRY,
 )
 DEPLOYMENT_DESIRED_PENDING = Gauge(
     "epctl_deployment_desired_pending",
-    "1 while a deployment's desired size waits for an active job or the cooldown to end.",
+    "1 while an autoscaler intent of the deployment waits (active job, cooldown, pause, stabilization).",
     ["deployment"],
     registry=REGISTRY,
 )
@@ -122,8 +127,8 @@ JOBS_IN_PROGRESS = Gauge(
 )
 PHASE_DURATION = Histogram(
     "epctl_reconfiguration_phase_duration_seconds",
-    "Wall time of each phase of a finished reconfiguration job.",
-    ["phase"],
+    "Wall time of each phase of a finished reconfiguration job, by the job's outcome.",
+    ["phase", "outcome"],
     buckets=_PHASE_BUCKETS,
     registry=REGISTRY,
 )
@@ -169,6 +174,13 @@ WEBHOOK_DELIVERIES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+AUTOSCALER_DECISIONS = Counter(
+    "epctl_autoscaler_decisions",
+    "Decisions about autoscaler intents, at their request or later by the coordinator: by source, "
+    "decision (accepted, deferred, held, paused, withdrawn, superseded, ignored) and code.",
+    ["source", "decision", "code"],
+    registry=REGISTRY,
+)
 INBOUND_HOOKS = Counter(
     "epctl_inbound_hook_requests",
     "Inbound autoscaler requests by source (generic, alertmanager) and decision "
@@ -202,6 +214,11 @@ def record_inbound_hook(source: str, decision: str) -> None:
     INBOUND_HOOKS.labels(source=source, decision=decision).inc()
 
 
+def record_autoscaler_decision(source: str, decision: str, code: str) -> None:
+    """One decision about an intent (`code` is one of the bounded set in `app.hooks.models`)."""
+    AUTOSCALER_DECISIONS.labels(source=source, decision=decision, code=code).inc()
+
+
 def observe_job_finished(
     *,
     outcome: str,
@@ -223,7 +240,7 @@ def observe_job_finished(
     if client_slowest_answer_ms is not None:
         CLIENT_SLOWEST_ANSWER.labels(outcome=outcome).observe(max(client_slowest_answer_ms, 0.0) / 1000.0)
     for phase, seconds in phase_durations_s.items():
-        PHASE_DURATION.labels(phase=phase).observe(max(seconds, 0.0))
+        PHASE_DURATION.labels(phase=phase, outcome=outcome).observe(max(seconds, 0.0))
 
 
 def record_canaries(*, ok: int, late: int, failed: int) -> None:

@@ -18,7 +18,7 @@ from app.engines.models import Engine as EngineRow
 from app.engines.models import EngineState
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import ACTIVE_STATES
-from app.scale.desired import is_pending
+from app.scale.desired import desired_public
 from app.webhooks.models import DeliveryState, WebhookDelivery, WebhookSubscription
 
 COUNTED_ENGINE_STATES = sorted(state.value for state in EngineState if state is not EngineState.left)
@@ -51,13 +51,9 @@ def _deployments(session: Session) -> None:
     deployments = session.exec(select(Deployment).order_by(col(Deployment.name))).all()
     rows = []
     for deployment in deployments:
-        pending = is_pending(session, deployment)
-        desired = (
-            deployment.desired_dp_size
-            if deployment.desired_dp_size is not None
-            else deployment.current_dp_size
-        )
-        rows.append((deployment.name, deployment.current_dp_size, desired, pending, deployment.status))
+        wanted = desired_public(session, deployment)
+        size = wanted.dp_size if wanted.dp_size is not None else deployment.current_dp_size
+        rows.append((deployment.name, deployment.current_dp_size, size, wanted.pending, deployment.status))
     names = {d.id: d.name for d in deployments}
     counts = session.execute(
         sa.select(col(EngineRow.deployment_id), col(EngineRow.state), sa.func.count())

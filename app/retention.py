@@ -1,7 +1,8 @@
 """Retention: records that only grow are pruned by age, on a schedule.
 
 What is pruned, each by its owning service (settings `EPCTL_RETENTION_*`):
-- inbound hook records (`hooks.service.prune_hook_requests`) older than `retention_hook_requests_s`;
+- inbound hook records (`hooks.service.prune_hook_requests`) older than `retention_hook_requests_s`, and
+  scale intents that ended longer ago than that (`scale.intents.prune_ended`; standing ones are kept);
 - finished webhook deliveries with their attempts, and the outbox events no delivery needs any more
   (`webhooks.service.prune_deliveries`) older than `retention_webhook_deliveries_s`;
 - Idempotency-Key records (`jobs.service.prune_idempotency_records`) older than `retention_idempotency_s`;
@@ -26,6 +27,7 @@ from app.engines.service import prune_left_engines
 from app.hooks.service import prune_hook_requests
 from app.jobs.idempotency import prune_idempotency_records
 from app.metrics import REGISTRY
+from app.scale.intents import prune_ended
 from app.webhooks.service import prune_deliveries
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,9 @@ def prune_all(session: Session, settings: Settings) -> dict[str, int]:
     hooks = prune_hook_requests(
         session, older_than=now - timedelta(seconds=settings.retention_hook_requests_s)
     )
+    ended_intents = prune_ended(
+        session, older_than=now - timedelta(seconds=settings.retention_hook_requests_s)
+    )
     deliveries, events = prune_deliveries(
         session, older_than=now - timedelta(seconds=settings.retention_webhook_deliveries_s)
     )
@@ -53,6 +58,7 @@ def prune_all(session: Session, settings: Settings) -> dict[str, int]:
     )
     pruned = {
         "hook_requests": hooks,
+        "scale_intents": ended_intents,
         "webhook_deliveries": deliveries,
         "outbox_events": events,
         "idempotency_keys": keys,

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from engine_agent import moe, step_graphs
+from engine_agent import build_info, moe, step_graphs
 from engine_agent.coordinators import CoordinatorSet
 from engine_agent.engine import ReferenceEngine
 from engine_agent.groups import GroupAbandoned, start_store_server
@@ -70,6 +70,7 @@ class AgentMetrics:
     def __init__(self, engine: ReferenceEngine) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine))
+        build_info.register(self.registry, "agent")  # process_*, python_info, epctl_build_info
         # Base units (Prometheus' convention, `promtool check metrics`): seconds, not milliseconds.
         self.pause_seconds = Histogram(
             "epctl_agent_pause_seconds",

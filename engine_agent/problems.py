@@ -66,6 +66,36 @@ class ProblemError(Exception):
         self.title, self.headers, self.extra = title, headers, extra
 
 
+VALIDATION_TITLE = "Request validation failed"  # every 422 about the request's own content
+
+
+def default_title(status: int) -> str:
+    """The status phrase in sentence case ("Not found"), as the domain errors' titles are written."""
+    phrase = HTTPStatus(status).phrase
+    return phrase[:1] + phrase[1:].lower()
+
+
+def problem_document(
+    *, status: int, code: str, detail: str | None, instance: str, title: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """The one shape of every problem body, whoever answers (a handler, or a middleware ahead of the
+    app such as the coordinator's input limits)."""
+    return {
+        "type": TYPE_PREFIX + code,
+        "title": title or default_title(status),
+        "status": status,
+        "detail": detail,
+        "instance": instance,
+        "code": code,
+        **jsonable_encoder(extra),
+    }
+
+
+def render_problem(document: dict[str, Any]) -> bytes:
+    """A problem body as bytes, in the JSON style of every other answer (Starlette's JSONResponse)."""
+    return bytes(JSONResponse(document).body)
+
+
 def problem_response(
     request: Request,
     *,
@@ -76,15 +106,9 @@ def problem_response(
     headers: dict[str, str] | None = None,
     **extra: Any,
 ) -> JSONResponse:
-    body = {
-        "type": TYPE_PREFIX + code,
-        "title": title or HTTPStatus(status).phrase,
-        "status": status,
-        "detail": detail,
-        "instance": request.url.path,
-        "code": code,
-        **jsonable_encoder(extra),
-    }
+    body = problem_document(
+        status=status, code=code, detail=detail, instance=request.url.path, title=title, **extra
+    )
     return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=headers)
 
 
@@ -176,7 +200,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         request,
         status=422,
         code="validation-error",
-        title="Request validation failed",
+        title=VALIDATION_TITLE,
         detail=summary or "the request is malformed",
         errors=errors,
         **extra,

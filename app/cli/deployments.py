@@ -31,6 +31,38 @@ MaxDowntimeOption = Annotated[
         "--max-downtime-ms", help="Downtime budget: a commit window that would run longer rolls back."
     ),
 ]
+PauseOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--pause-autoscaling/--resume-autoscaling",
+        help="Stop (or resume) autoscaler-initiated jobs; operator jobs and self-healing still run.",
+    ),
+]
+WindowUpOption = Annotated[
+    float | None,
+    typer.Option("--scale-up-window", help="Seconds every ask must agree before a scale-up (default 0)."),
+]
+WindowDownOption = Annotated[
+    float | None,
+    typer.Option(
+        "--scale-down-window", help="Seconds every ask must agree before a scale-down (default 300)."
+    ),
+]
+StepUpOption = Annotated[
+    int | None,
+    typer.Option("--scale-up-max-step", help="Most engines autoscalers add per period (0: no limit)."),
+]
+StepDownOption = Annotated[
+    int | None,
+    typer.Option("--scale-down-max-step", help="Most engines autoscalers remove per period (0: no limit)."),
+]
+PeriodUpOption = Annotated[
+    float | None, typer.Option("--scale-up-period", help="Seconds the scale-up max step counts over (60).")
+]
+PeriodDownOption = Annotated[
+    float | None,
+    typer.Option("--scale-down-period", help="Seconds the scale-down max step counts over (60)."),
+]
 RayOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -40,6 +72,39 @@ RayOption = Annotated[
         "runtime_env.env_vars.NAME=V, runtime_env.working_dir=DIR); repeatable.",
     ),
 ]
+
+
+def behavior_update(
+    *,
+    up_window: float | None,
+    down_window: float | None,
+    up_step: int | None,
+    down_step: int | None,
+    up_period: float | None,
+    down_period: float | None,
+) -> dict[str, Any] | None:
+    """The `autoscale_behavior` fields the options give (a max step of 0 removes the limit)."""
+    behavior: dict[str, dict[str, Any]] = {}
+    for direction, window, step, period in (
+        ("scale_up", up_window, up_step, up_period),
+        ("scale_down", down_window, down_step, down_period),
+    ):
+        rules: dict[str, Any] = {}
+        if window is not None:
+            rules["stabilization_window_s"] = window
+        if step is not None:
+            rules["max_step"] = step or None
+        if period is not None:
+            rules["period_s"] = period
+        if rules:
+            behavior[direction] = rules
+    return behavior or None
+
+
+def _rules_text(rules: dict[str, Any]) -> str:
+    step = rules.get("max_step")
+    limit = f"at most {step} per {rules.get('period_s'):g} s" if step else "no step limit"
+    return f"window {rules.get('stabilization_window_s'):g} s, {limit}"
 
 
 def _deployment_rows(deployments: list[dict[str, Any]]) -> list[list[Any]]:
@@ -110,7 +175,19 @@ def show_deployment(deployment: dict[str, Any]) -> None:
             )
         )
     if desired.get("next_scale_at"):
-        stdout.print(f"next scale allowed at: {desired['next_scale_at']} (cooldown)")
+        stdout.print(f"next autoscaler move possible at: {desired['next_scale_at']}")
+    behavior = deployment.get("autoscale_behavior") or {}
+    if behavior:
+        state = "[yellow]paused[/]" if deployment.get("autoscale_paused") else "active"
+        up, down = _rules_text(behavior.get("scale_up") or {}), _rules_text(behavior.get("scale_down") or {})
+        cooldown = deployment.get("autoscale_cooldown_s") or 0
+        stdout.print(f"autoscaling: {state}; cooldown {cooldown:g} s; scale up: {up}; scale down: {down}")
+    for intent in desired.get("standing") or []:
+        job = f", job {intent['job_id']}" if intent.get("job_id") else ""
+        stdout.print(
+            f"  intent {intent['id']}: {intent['target_dp_size']} from {intent['source']} "
+            f"({intent['state']}{job}) since {short_time(intent.get('since'))}: {intent.get('reason')}"
+        )
     detail = deployment.get("status_detail")
     if detail:
         stdout.print(
@@ -169,6 +246,15 @@ def create(
     warmup_policy: WarmupOption = None,
     strategy: StrategyOption = None,
     max_downtime_ms: MaxDowntimeOption = None,
+    pause: Annotated[
+        bool, typer.Option("--pause-autoscaling", help="Start with autoscaler-initiated jobs stopped.")
+    ] = False,
+    up_window: WindowUpOption = None,
+    down_window: WindowDownOption = None,
+    up_step: StepUpOption = None,
+    down_step: StepDownOption = None,
+    up_period: PeriodUpOption = None,
+    down_period: PeriodDownOption = None,
     ray_option: RayOption = None,
     engine_option: Annotated[
         list[str] | None,
@@ -216,6 +302,18 @@ def create(
         body["strategy"] = strategy
     if max_downtime_ms is not None:
         body["max_downtime_ms"] = max_downtime_ms
+    if pause:
+        body["autoscale_paused"] = True
+    behavior = behavior_update(
+        up_window=up_window,
+        down_window=down_window,
+        up_step=up_step,
+        down_step=down_step,
+        up_period=up_period,
+        down_period=down_period,
+    )
+    if behavior:
+        body["autoscale_behavior"] = behavior
     if engine_option:
         body["engine"] = _parse_key_values(engine_option)
     if ray_option:
@@ -243,6 +341,13 @@ def update(
     no_max_downtime: Annotated[
         bool, typer.Option("--no-max-downtime", help="Turn the downtime budget off.")
     ] = False,
+    pause: PauseOption = None,
+    up_window: WindowUpOption = None,
+    down_window: WindowDownOption = None,
+    up_step: StepUpOption = None,
+    down_step: StepDownOption = None,
+    up_period: PeriodUpOption = None,
+    down_period: PeriodDownOption = None,
     ray_option: RayOption = None,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
@@ -258,6 +363,15 @@ def update(
             "strategy": strategy,
             "autoscale_cooldown_s": cooldown_s,
             "max_downtime_ms": max_downtime_ms,
+            "autoscale_paused": pause,
+            "autoscale_behavior": behavior_update(
+                up_window=up_window,
+                down_window=down_window,
+                up_step=up_step,
+                down_step=down_step,
+                up_period=up_period,
+                down_period=down_period,
+            ),
         }.items()
         if value is not None
     }
@@ -268,7 +382,8 @@ def update(
     if not body and not ray_option:
         raise typer.BadParameter(
             "give at least one of --min, --max, --warmup-policy, --strategy, --autoscale-cooldown, "
-            "--max-downtime-ms, --no-max-downtime, --ray"
+            "--max-downtime-ms, --no-max-downtime, --pause-autoscaling, --resume-autoscaling, "
+            "--scale-{up,down}-{window,max-step,period}, --ray"
         )
     with api_errors(), connect(url, token) as api:
         if ray_option:

@@ -89,9 +89,6 @@ class Settings(BaseSettings):
     hooks_signature_tolerance_s: int = Field(
         300, gt=0, description="signed requests older than this are stale"
     )
-    hooks_dedupe_window_s: float = Field(
-        86400.0, gt=0, description="how long an accepted Alertmanager notification dedupes its repeats"
-    )
     # Concurrency (helper hostile): every request's database work runs in a worker thread holding one
     # pooled connection for that call only; at most `db_request_concurrency` such calls run at once, so
     # they never wait for a connection while background workers keep the rest of the pool.
@@ -189,12 +186,12 @@ class Settings(BaseSettings):
                 f"db_max_overflow ({self.db_pool_size + self.db_max_overflow}): background workers need "
                 "connections too"
             )
-        # Replay and dedupe checks read the hook records of these windows: keep them at least that long.
-        needed = max(self.hooks_dedupe_window_s, 2.0 * self.hooks_signature_tolerance_s)
+        # Replay checks read the hook records of this window: keep them at least that long.
+        needed = 2.0 * self.hooks_signature_tolerance_s
         if self.retention_hook_requests_s < needed:
             raise ValueError(
                 f"retention_hook_requests_s ({self.retention_hook_requests_s:g}) must be at least {needed:g} "
-                "(the Alertmanager dedupe window and twice the signature tolerance)"
+                "(twice the signature tolerance)"
             )
         if self.retention_idempotency_s < self.idempotency_in_flight_timeout_s:
             raise ValueError("retention_idempotency_s must be at least idempotency_in_flight_timeout_s")

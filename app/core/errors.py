@@ -60,3 +60,10 @@ class TooManyRequestsError(DomainError):
     code = "too-many-requests"
     title = "Too many requests"
     retry_after_s = 1
+
+
+class UnsupportedMediaTypeError(DomainError):
+    """The body's Content-Type is not one the operation takes (415)."""
+
+    code = "unsupported-media-type"
+    title = "Unsupported media type"

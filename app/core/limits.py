@@ -35,6 +35,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from app.metrics import REGISTRY
+from engine_agent.problems import VALIDATION_TITLE, problem_document, render_problem
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -295,18 +296,16 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 async def _refuse(scope: Scope, send: Send, refused: LimitExceeded) -> None:
     REFUSED.labels(reason=refused.code).inc()
-    from http import HTTPStatus
-
-    body = json.dumps(
-        {
-            "type": f"urn:epctl:problem:{refused.code}",
-            "title": HTTPStatus(refused.status).phrase,
-            "status": refused.status,
-            "detail": refused.detail,
-            "instance": scope["path"],
-            "code": refused.code,
-        }
-    ).encode()
+    # The same body, title and JSON style as the app's own problem answers (`engine_agent.problems`).
+    body = render_problem(
+        problem_document(
+            status=refused.status,
+            code=refused.code,
+            detail=refused.detail,
+            instance=scope["path"],
+            title=VALIDATION_TITLE if refused.status == 422 else None,
+        )
+    )
     # The body may not have been read: close the connection rather than read what we refused.
     retry = [(b"retry-after", b"1")] if refused.status == 503 else []
     await _respond(send, refused.status, PROBLEM_MEDIA_TYPE, body, close=True, extra=retry)

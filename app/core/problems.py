@@ -21,6 +21,7 @@ from app.core.errors import (
     PermissionDeniedError,
     TooManyRequestsError,
     UnavailableError,
+    UnsupportedMediaTypeError,
 )
 from engine_agent import problems as shared
 from engine_agent.problems import (
@@ -51,6 +52,7 @@ _STATUS_OF: list[tuple[type[DomainError], int]] = [
     (PermissionDeniedError, 403),
     (UnavailableError, 503),
     (TooManyRequestsError, 429),
+    (UnsupportedMediaTypeError, 415),
 ]
 
 

@@ -11,6 +11,7 @@ import app.engines.models
 import app.hooks.models
 import app.incidents.models
 import app.jobs.models
+import app.scale.intents
 import app.tokens.models
 import app.webhooks.models  # noqa: F401
 

@@ -15,6 +15,7 @@ from app.backends.vllm.models import VllmConfig, VllmPublic, VllmUpdate
 from app.core.clock import utc_now
 from app.core.db import NullableJSON, UTCDateTime
 from app.core.shapes import RowShape
+from app.deployments.autoscaling import IntentSummary, ScalingBehavior, ScalingBehaviorUpdate
 from app.launchers.ray_settings import RaySettings
 from engine_agent.protocol import EngineConfig, Strategy
 
@@ -91,6 +92,14 @@ class StatusDetail(BaseModel):
 
 # The downtime budget's bounds (`max_downtime_ms`, deployment and request): 1 ms to one hour.
 MAX_DOWNTIME_BUDGET_MS = 3_600_000
+AUTOSCALE_BEHAVIOR_DESCRIPTION = (
+    "how autoscaler intents move the deployment (Kubernetes HPA's `behavior`): per direction a "
+    "stabilization window (scale_down 300 s, scale_up 0 s by default) and an optional max_step per period_s"
+)
+AUTOSCALE_PAUSED_DESCRIPTION = (
+    "stop autoscaler-initiated jobs (KEDA's autoscaling.keda.sh/paused); operator jobs, /scale writes and "
+    "self-healing still run, and intents are still recorded"
+)
 DOWNTIME_BUDGET_DESCRIPTION = (
     "the downtime budget: a commit window that would run longer ends on the old generation "
     "(rolled_back, downtime-budget-exceeded); null: none"
@@ -132,13 +141,11 @@ class Deployment(SQLModel, table=True):
     # when its group was found broken): the recovery jobs' figures count from it.
     heal_loss_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     max_downtime_ms: int | None = Field(default=None, description="the downtime budget; NULL: none")
-    # The size autoscalers last asked for (hooks, Alertmanager, the /scale PUT): reconciled toward by
-    # the runner when no job is active and the cooldown allows (`app.scale.desired`).
-    desired_dp_size: int | None = None
-    desired_source: str | None = Field(default=None, max_length=32)
-    desired_requester: str | None = Field(default=None, max_length=128)
-    desired_reason: str | None = Field(default=None, max_length=1000)
-    desired_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # Autoscaling (`app.scale`): HPA-style behaviour (NULL: the defaults), KEDA-style pause, and the
+    # counter in the `/scale` resourceVersion, bumped by every accepted write of the Scale.
+    autoscale_behavior: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
+    autoscale_paused: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
+    scale_version: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
 
@@ -186,6 +193,10 @@ class DeploymentCreate(DeploymentLimits):
     max_downtime_ms: int | None = ApiField(
         None, ge=1, le=MAX_DOWNTIME_BUDGET_MS, strict=True, description=DOWNTIME_BUDGET_DESCRIPTION
     )
+    autoscale_behavior: ScalingBehavior = ApiField(
+        default_factory=ScalingBehavior, description=AUTOSCALE_BEHAVIOR_DESCRIPTION
+    )
+    autoscale_paused: bool = ApiField(False, strict=True, description=AUTOSCALE_PAUSED_DESCRIPTION)
 
     @model_validator(mode="after")
     def _backend_settings_match(self) -> DeploymentCreate:
@@ -231,6 +242,10 @@ class DeploymentUpdate(BaseModel):
         strict=True,
         description="the downtime budget (an explicit null turns it off)",
     )
+    autoscale_behavior: ScalingBehaviorUpdate | None = ApiField(
+        None, description="only the fields given change; " + AUTOSCALE_BEHAVIOR_DESCRIPTION
+    )
+    autoscale_paused: bool | None = ApiField(None, strict=True, description=AUTOSCALE_PAUSED_DESCRIPTION)
     vllm: VllmUpdate | None = ApiField(None, description="backend vllm only")
     ray: RaySettings | None = ApiField(
         None,
@@ -240,21 +255,29 @@ class DeploymentUpdate(BaseModel):
 
 
 class DesiredSize(BaseModel):
-    """What the autoscalers asked for last, and when the coordinator may act on it."""
+    """Where the autoscalers' standing intents take the deployment next, and what holds it back
+    (`app.scale.desired`; the rule is in docs/operations/webhooks-and-autoscalers.md)."""
 
-    dp_size: int | None = ApiField(None, description="the size last asked for (clamped to the limits)")
+    dp_size: int | None = ApiField(
+        None,
+        description="the size the next autoscaler move goes to (a pending intent's, clamped); null: none",
+    )
+    intent_id: str | None = ApiField(None, description="the pending intent that move acts on")
     source: str | None = ApiField(None, description="alertmanager, generic or scale-subresource")
     requester: str | None = None
     reason: str | None = None
     requested_at: datetime | None = None
-    pending: bool = ApiField(
-        False, description="not yet acted on: the reconciler starts a job once nothing blocks it"
-    )
-    blocked_by: str | None = ApiField(None, description="active-job, cooldown or job-refused, while pending")
-    next_scale_at: datetime | None = ApiField(
+    pending: bool = ApiField(False, description="an intent waits to be acted on")
+    blocked_by: str | None = ApiField(
         None,
-        description="when the cooldown lets the next job start (null: now, or once the active job ends "
-        "and its cooldown has passed)",
+        description="why it waits: active-job, cooldown, paused, stabilization-window, higher-intent, "
+        "max-step or job-refused",
+    )
+    next_scale_at: datetime | None = ApiField(
+        None, description="when that ends, if known (null: now, or when something else changes)"
+    )
+    standing: list[IntentSummary] = ApiField(
+        default_factory=list, description="the intents that stand now (pending or acted on), newest first"
     )
 
 
@@ -272,6 +295,8 @@ class DeploymentPublic(RowShape):
     strategy: Strategy
     autoscale_cooldown_s: float
     max_downtime_ms: int | None = None
+    autoscale_behavior: ScalingBehavior
+    autoscale_paused: bool
     current_dp_size: int
     generation: int
     status: DeploymentStatus
@@ -295,6 +320,7 @@ class DeploymentPublic(RowShape):
             "ray": ray_settings_of(row),
             "status_detail": row.status_detail or None,
             "on_engine_loss": effective_on_engine_loss(row.on_engine_loss, row.launcher),
+            "autoscale_behavior": ScalingBehavior.stored(row.autoscale_behavior),
         }
 
 

@@ -12,6 +12,7 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, InvalidRequestError, NotFoundError
 from app.core.ids import new_id
+from app.deployments.autoscaling import ScalingBehavior
 from app.deployments.models import (
     Deployment,
     DeploymentCreate,
@@ -58,6 +59,8 @@ def create_deployment(session: Session, *, data: DeploymentCreate) -> Deployment
         autoscale_cooldown_s=data.autoscale_cooldown_s,
         on_engine_loss=data.on_engine_loss.value if data.on_engine_loss else None,
         max_downtime_ms=data.max_downtime_ms,
+        autoscale_behavior=data.autoscale_behavior.model_dump(mode="json"),
+        autoscale_paused=data.autoscale_paused,
         backend=data.backend.value,
         backend_config=vllm.stored() if vllm else None,
         backend_secret=vllm.api_key.get_secret_value() if vllm and vllm.api_key else None,
@@ -95,7 +98,12 @@ def update_deployment(
     """Only the fields given change. `active_job_id`: the deployment's active job, if any (the caller
     knows jobs; a Ray cluster or namespace does not move under one)."""
     deployment = get_deployment(session, ref=ref)
-    changes = data.model_dump(exclude_unset=True, exclude_none=True, mode="json", exclude={"vllm", "ray"})
+    changes = data.model_dump(
+        exclude_unset=True, exclude_none=True, mode="json", exclude={"vllm", "ray", "autoscale_behavior"}
+    )
+    if data.autoscale_behavior is not None:
+        behavior = ScalingBehavior.stored(deployment.autoscale_behavior).merged(data.autoscale_behavior)
+        deployment.autoscale_behavior = behavior.model_dump(mode="json")
     if data.vllm is not None:
         _update_vllm(deployment, data)
     if data.ray is not None:

@@ -1,19 +1,22 @@
-"""Prometheus Alertmanager webhook (payload version 4) -> scale intents.
+"""Prometheus Alertmanager webhook (payload version 4) -> scale asks.
 
-Alertmanager sends one notification per alert group; it repeats it every `repeat_interval` while the
-group fires, re-sends it when an alert joins or leaves the group, and retries any 5xx. So this module
-turns a payload into at most one intent per deployment, each with a dedupe key built from the group
-key and the group's firing episode (the earliest `startsAt` among the group's alerts for that
-deployment): a repeat, or a second per-instance alert joining a firing group, dedupes; a new episode
-after the group resolved does not. Alerts that cannot be acted on are returned with the reason (and
-whether they were merely resolved), never raised.
+Alertmanager sends one notification per alert group: again every `repeat_interval` while nothing
+changes, at once (after `group_interval`) when an alert joins or leaves the group or resolves, and
+again after a 5xx. So a notification is identified by what it asks, per deployment it names: (group
+key, deployment, the set of its firing alerts' fingerprints with their `startsAt`, status). A repeat of
+an identity is a duplicate; a new identity (an alert joined or left, a new firing episode) is a new
+intent of the group's stream, which replaces the group's standing one. A deployment named only by
+resolved alerts, or no longer named at all, has its group's intent withdrawn (`app.hooks.decide`).
+Alerts that cannot be acted on are returned with the reason, never raised.
 
-Labels and annotations an alert uses (alert-level values override the common ones); the README's
+Labels and annotations an alert uses (alert-level values override the common ones); the docs'
 "Alertmanager" section lists them too:
 - `deployment` (label, required): the deployment to scale;
 - `target_dp_size` (label or annotation): an absolute target, 1..1024;
-- or `step` (`+1`, `-2`, `2`) and/or `scale` (`up` | `down`): relative to the size the deployment is
-  heading to (an active job's target, else the current size); `scale` alone is a step of 1.
+- or `step` (`+1`, `-2`, `2`) and/or `scale` (`up` | `down`): relative; within one firing episode of
+  the group it counts from where the deployment was when the episode began (an alert joining the group
+  asks for the same size), else from where it is heading (an active job's target, else its size);
+  `scale` alone is a step of 1.
 - `alertname` (label): named in the recorded reason. Every other label is ignored.
 """
 
@@ -38,6 +41,12 @@ _STEP_RE = re.compile(r"^\s*([+-]?)\s*([0-9]{1,4})\s*$", re.ASCII)
 _TARGET_RE = re.compile(r"^[0-9]{1,4}$", re.ASCII)
 _GROUP_KEY_LIMIT = 8192
 _TEXT_LIMIT = 8192
+# One notification decides for at most this many deployments; the alerts of the others are recorded as a
+# count (a group should name one deployment: `group_by: [alertname, deployment]`).
+MAX_DEPLOYMENTS_PER_NOTIFICATION = 32
+# Skipped alerts are recorded per (deployment, reason), at most this many records per notification.
+MAX_SKIP_RECORDS = 16
+MAX_FINGERPRINTS_SHOWN = 20
 
 
 class AlertmanagerAlert(BaseModel):
@@ -69,17 +78,29 @@ class AlertmanagerPayload(BaseModel):
     alerts: list[AlertmanagerAlert] = Field(min_length=1)
 
 
+def intent_stream_key(source: str, key: str) -> str:
+    """The stream an ask belongs to: its intents replace each other (per deployment)."""
+    return hashlib.sha256(f"{source}\n{key}".encode()).hexdigest()
+
+
 @dataclass(frozen=True)
-class ScaleIntent:
-    """What a request asks for: an absolute target or a signed step, for one deployment."""
+class ScaleAsk:
+    """What one request asks of one deployment: an absolute target or a signed step, or (resolved) the
+    withdrawal of its stream's standing intent."""
 
     deployment: str
     target_dp_size: int | None
     step: int | None
     reason: str
-    dedupe_key: str | None = None
+    stream: str
+    identity: str | None = None  # what makes a repeat a duplicate (None: every request is new)
+    resolved: bool = False
+    anchored: bool = False  # a step counts from the anchor of its stream's standing intent
+    fingerprints: tuple[str, ...] = ()
 
     def describe(self) -> str:
+        if self.resolved:
+            return "resolved"
         if self.target_dp_size is not None:
             return f"target_dp_size={self.target_dp_size}"
         return f"step={self.step:+d}" if self.step is not None else "nothing"
@@ -97,8 +118,11 @@ class SkippedAlert:
 
 @dataclass
 class AlertmanagerPlan:
-    intents: list[ScaleIntent] = field(default_factory=list)
+    asks: list[ScaleAsk] = field(default_factory=list)
     skipped: list[SkippedAlert] = field(default_factory=list)
+    stream: str = ""
+    named: set[str] = field(default_factory=set)  # every deployment the notification names
+    beyond_cap: dict[str, int] = field(default_factory=dict)  # deployment -> alerts not decided
 
 
 def alert_identity(alert: AlertmanagerAlert) -> str:
@@ -110,12 +134,12 @@ def alert_identity(alert: AlertmanagerAlert) -> str:
     return f"{fingerprint}@{started}"
 
 
-def dedupe_key(group_key: str, deployment: str, alerts: list[AlertmanagerAlert]) -> str:
-    """One key per group and firing episode: the episode starts at the group's earliest `startsAt`."""
-    starts = sorted(a.startsAt.isoformat() for a in alerts if a.startsAt is not None)
-    episode = starts[0] if starts else "\n".join(sorted(alert_identity(a) for a in alerts))
-    material = "\n".join([group_key, deployment, episode])
-    return "am:" + hashlib.sha256(material.encode()).hexdigest()
+def notification_identity(
+    group_key: str, deployment: str, status: str, alerts: list[AlertmanagerAlert]
+) -> str:
+    """(group key, deployment, status, the alerts' fingerprints with their start times), hashed."""
+    material = "\n".join([group_key, deployment, status, *sorted(alert_identity(a) for a in alerts)])
+    return hashlib.sha256(material.encode()).hexdigest()
 
 
 def parse_step(text: str) -> int:
@@ -168,20 +192,28 @@ def _intent_of(labels: dict[str, str], annotations: dict[str, str]) -> tuple[int
 
 
 def plan(payload: AlertmanagerPayload) -> AlertmanagerPlan:
-    """Group firing alerts by deployment and turn each group into one intent (or a skip with reason)."""
-    result = AlertmanagerPlan()
-    by_deployment: dict[str, list[tuple[AlertmanagerAlert, tuple[int | None, int | None]]]] = {}
+    """One ask per deployment the notification names (a firing intent, or a withdrawal when only
+    resolved alerts name it), plus the alerts skipped and why."""
+    result = AlertmanagerPlan(stream=intent_stream_key("alertmanager", payload.groupKey))
+    firing: dict[str, list[tuple[AlertmanagerAlert, tuple[int | None, int | None]]]] = {}
+    resolved: dict[str, list[AlertmanagerAlert]] = {}
     for alert in payload.alerts:
         labels = {**payload.commonLabels, **alert.labels}
         annotations = {**payload.commonAnnotations, **alert.annotations}
         deployment = labels.get(DEPLOYMENT_LABEL, "").strip() or None
         identity = (alert_identity(alert),)
+        if deployment is not None and deployment not in result.named:
+            if len(result.named) >= MAX_DEPLOYMENTS_PER_NOTIFICATION:
+                result.beyond_cap[deployment] = result.beyond_cap.get(deployment, 0) + 1
+                continue
+            result.named.add(deployment)
         if alert.status != "firing":
-            result.skipped.append(
-                SkippedAlert(
-                    deployment, "alert resolved: resolved alerts never scale", identity, resolved=True
+            if deployment is None:
+                result.skipped.append(
+                    SkippedAlert(None, "alert resolved: it names no deployment", identity, True)
                 )
-            )
+            else:
+                resolved.setdefault(deployment, []).append(alert)
             continue
         if deployment is None:
             result.skipped.append(SkippedAlert(None, f"alert has no {DEPLOYMENT_LABEL!r} label", identity))
@@ -190,37 +222,58 @@ def plan(payload: AlertmanagerPayload) -> AlertmanagerPlan:
         if isinstance(parsed, str):
             result.skipped.append(SkippedAlert(deployment, parsed, identity))
             continue
-        by_deployment.setdefault(deployment, []).append((alert, parsed))
+        firing.setdefault(deployment, []).append((alert, parsed))
 
-    for deployment, entries in by_deployment.items():
+    for deployment in sorted(result.named):
+        entries = firing.get(deployment, [])
+        if not entries:
+            alerts = resolved.get(deployment, [])
+            if alerts:
+                result.asks.append(
+                    ScaleAsk(
+                        deployment=deployment,
+                        target_dp_size=None,
+                        step=None,
+                        reason=_reason(payload, alerts, "resolved"),
+                        stream=result.stream,
+                        identity=notification_identity(payload.groupKey, deployment, "resolved", alerts),
+                        resolved=True,
+                        fingerprints=_shown(alerts),
+                    )
+                )
+            continue
         alerts = [alert for alert, _ in entries]
-        # The episode counts every alert of the group naming the deployment, resolved ones included.
-        episode = [
-            a
-            for a in payload.alerts
-            if {**payload.commonLabels, **a.labels}.get(DEPLOYMENT_LABEL, "").strip() == deployment
-        ]
         wanted = {parsed for _, parsed in entries}
-        identities = tuple(sorted(alert_identity(a) for a in alerts))
         if len(wanted) > 1:
             described = ", ".join(sorted(_describe(t, s) for t, s in wanted))
             result.skipped.append(
-                SkippedAlert(deployment, f"firing alerts disagree on the scale ({described})", identities)
+                SkippedAlert(deployment, f"firing alerts disagree on the scale ({described})", _shown(alerts))
             )
             continue
         target, step = wanted.pop()
-        names = sorted({a.labels.get("alertname", "") for a in alerts} - {""})
-        reason = f"alertmanager {payload.receiver or 'webhook'}: " + (", ".join(names) or "firing alert")
-        result.intents.append(
-            ScaleIntent(
+        result.asks.append(
+            ScaleAsk(
                 deployment=deployment,
                 target_dp_size=target,
                 step=step,
-                reason=reason,
-                dedupe_key=dedupe_key(payload.groupKey, deployment, episode),
+                reason=_reason(payload, alerts, "firing"),
+                stream=result.stream,
+                identity=notification_identity(payload.groupKey, deployment, "firing", alerts),
+                anchored=True,
+                fingerprints=_shown(alerts),
             )
         )
     return result
+
+
+def _reason(payload: AlertmanagerPayload, alerts: list[AlertmanagerAlert], status: str) -> str:
+    names = sorted({a.labels.get("alertname", "") for a in alerts} - {""})
+    what = ", ".join(names) or "alert"
+    return f"alertmanager {payload.receiver or 'webhook'}: {what} {status}"
+
+
+def _shown(alerts: list[AlertmanagerAlert]) -> tuple[str, ...]:
+    return tuple(sorted(alert_identity(a) for a in alerts)[:MAX_FINGERPRINTS_SHOWN])
 
 
 def _describe(target: int | None, step: int | None) -> str:

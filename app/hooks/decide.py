@@ -1,33 +1,47 @@
-"""Inbound scale intents -> the deployment's desired size -> a job now, or later. HTTP-free.
+"""Inbound scale asks -> intents -> a job now, or later. HTTP-free.
 
-Decision order for an intent: unknown deployment (rejected) -> duplicate Alertmanager notification
-(ignored) -> clamp to [min, max] (a step counts from an active job's target, else the current size)
--> the desired size is recorded (`app.scale.desired`) -> already at that size (ignored) -> active job
-or cooldown (deferred: the runner's reconciler acts once nothing blocks, without a repeat) -> create
-the job (accepted; a refusal by the job service is deferred with its reason).
-
-The cooldown counts from the deployment's newest job of any source, operator scaling included.
+Decision order for an ask: unknown deployment (rejected) -> a repeat of an identity already decided
+(ignored `duplicate`, linked to the record it repeats; a signed request's identity is its webhook-id
+and body) -> a withdrawal (`resolved`: the stream's standing intent is withdrawn if not acted on yet,
+else it just stops standing) -> a new intent of its stream (clamped to [min, max]; it replaces the
+stream's standing one), committed with its record -> what `app.scale.desired` says of it now: a job
+(accepted), at its size (ignored), an active job or the cooldown (deferred), paused, or held by the
+rule (window, a higher ask, the max step). Deferred, paused and held intents are acted on later by the
+runner's reconciler, without a repeat.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
-from app.core.config import Settings
-from app.core.errors import DomainError
 from app.deployments.models import Deployment
-from app.hooks.alertmanager import AlertmanagerPayload, ScaleIntent, plan
-from app.hooks.models import AlertmanagerOutcome, HookDecision, HookOutcome, InboundHookRequest
-from app.hooks.service import Caller, new_row, outcome_of, record, recorded_with, replayed_error
+from app.hooks.alertmanager import (
+    ScaleAsk,
+)
+from app.hooks.models import HookDecision, HookOutcome, InboundHookRequest
+from app.hooks.service import (
+    Caller,
+    ReplayedRequestError,
+    announce,
+    find_identity,
+    find_webhook_id,
+    new_row,
+    outcome_of,
+    record,
+)
 from app.jobs.models import ReconfigurationJob
-from app.scale import desired
+from app.scale import desired, intents
+from app.scale.blockers import base_size
+from app.scale.intents import EndCode, IntentState, ScaleIntentRow
 
 
 @dataclass(frozen=True)
@@ -37,15 +51,15 @@ class SizeDecision:
     note: str  # how the target was reached, for the recorded reason
 
 
-def resolve_size(intent: ScaleIntent, deployment: Deployment, base: int) -> SizeDecision:
+def resolve_size(ask: ScaleAsk, deployment: Deployment, base: int) -> SizeDecision:
     """Absolute or stepped (from `base`) size, clamped to the deployment's [min, max]."""
-    if intent.target_dp_size is not None:
-        requested = intent.target_dp_size
+    if ask.target_dp_size is not None:
+        requested = ask.target_dp_size
         how = f"target {requested}"
     else:
-        assert intent.step is not None
-        requested = base + intent.step
-        how = f"step {intent.step:+d} from {base} = {requested}"
+        assert ask.step is not None
+        requested = base + ask.step
+        how = f"step {ask.step:+d} from {base} = {requested}"
     target = min(max(requested, deployment.min_dp_size), deployment.max_dp_size)
     if target != requested:
         bound = "max" if requested > deployment.max_dp_size else "min"
@@ -53,148 +67,268 @@ def resolve_size(intent: ScaleIntent, deployment: Deployment, base: int) -> Size
     return SizeDecision(requested=requested, target=target, note=how)
 
 
+def body_digest(document: Any) -> str:
+    return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _original(session: Session, caller: Caller, ask: ScaleAsk) -> InboundHookRequest | None:
+    """The record that decided this identity before, if any."""
+    if ask.identity is not None:
+        return find_identity(session, ask.identity)
+    if caller.webhook_id is not None:
+        return find_webhook_id(session, caller.webhook_id)
+    return None
+
+
+def _duplicate(
+    session: Session,
+    caller: Caller,
+    deployment: Deployment,
+    original: InboundHookRequest,
+    details: dict[str, Any],
+    now: datetime,
+) -> HookOutcome:
+    digest = details.get("body_sha256")
+    if digest is not None and (original.payload or {}).get("body_sha256") != digest:
+        outcome = record(
+            session,
+            caller,
+            HookDecision.rejected,
+            ReplayedRequestError.code,
+            f"webhook-id {caller.webhook_id!r} was already received with another body (request "
+            f"{original.id}): nothing changes",
+            deployment=deployment,
+            duplicate_of=original.id,
+            details=details,
+            now=now,
+        )
+        raise ReplayedRequestError(
+            outcome.reason, original_request_id=original.id, request_id=outcome.request_id
+        )
+    if original.intent_id is not None:
+        intent = session.get(ScaleIntentRow, original.intent_id)
+        if intent is not None and intent.state in intents.STANDING:
+            intent.last_seen_at = now  # a repeat keeps its intent from expiring
+            session.add(intent)
+    code = str((original.payload or {}).get("code", ""))
+    return record(
+        session,
+        caller,
+        HookDecision.ignored,
+        "duplicate",
+        f"repeat of request {original.id} ({original.decision}, {code}): decided once",
+        deployment=deployment,
+        duplicate_of=original.id,
+        intent_id=original.intent_id,
+        details=details,
+        now=now,
+    )
+
+
+def withdraw(
+    session: Session,
+    caller: Caller,
+    deployment: Deployment,
+    ask: ScaleAsk,
+    details: dict[str, Any],
+    now: datetime,
+    code: EndCode = EndCode.resolved,
+) -> HookOutcome:
+    standing = intents.standing_in_stream(session, deployment.id, ask.stream)
+    row = new_row(
+        caller,
+        HookDecision.ignored,
+        code.value,
+        f"{ask.reason}: no intent of this group stands for {deployment.name}, nothing to withdraw",
+        deployment=deployment,
+        identity=ask.identity,
+        intent_id=standing.id if standing is not None else None,
+        details=details,
+        now=now,
+    )
+    if standing is not None and standing.state == IntentState.pending.value:
+        row.decision = HookDecision.withdrawn.value
+        row.target_dp_size = standing.target_dp_size
+        row.reason = (
+            f"{ask.reason}: desired size {standing.target_dp_size} of intent {standing.id} (request "
+            f"{standing.request_id}) withdrawn before it was acted on"
+        )
+    elif standing is not None:
+        row.reason = (
+            f"{ask.reason}: intent {standing.id} was already acted on"
+            + (f" (job {standing.job_id})" if standing.job_id else " (the deployment was at its size)")
+            + "; it stops standing: nothing is undone"
+        )
+    if standing is not None:
+        intents.end(standing, code, by=row.id, now=now)
+        session.add(standing)
+    session.add(row)
+    announce(session, row)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        original = _original(session, caller, ask)
+        if original is None:
+            raise
+        return _duplicate(session, caller, deployment, original, details, now)
+    return outcome_of(row)
+
+
 def decide(
     session: Session,
     caller: Caller,
-    intent: ScaleIntent,
+    ask: ScaleAsk,
     *,
-    settings: Settings,
     details: Mapping[str, Any] | None = None,
+    deployment: Deployment | None = None,
     now: datetime | None = None,
 ) -> HookOutcome:
-    """Act on one intent: record the desired size, create the job or record why not yet. Never raises
-    for a decision."""
+    """Decide one ask: a record (and an intent) always, a job when the rule says so. Never raises for a
+    decision (a signed webhook-id reused with another body raises `ReplayedRequestError`)."""
     now = now or utc_now()
-    details = {**(details or {}), **({"dedupe_key": intent.dedupe_key} if intent.dedupe_key else {})}
-    deployment = session.exec(select(Deployment).where(col(Deployment.name) == intent.deployment)).first()
+    details = dict(details or {})
+    if deployment is None:
+        deployment = session.exec(select(Deployment).where(col(Deployment.name) == ask.deployment)).first()
     if deployment is None:
         return record(
             session,
             caller,
             HookDecision.rejected,
             "unknown-deployment",
-            f"no deployment named {intent.deployment!r}",
-            deployment_name=intent.deployment,
+            f"no deployment named {ask.deployment!r}",
+            deployment_name=ask.deployment,
             details=details,
             now=now,
         )
-
-    def note(decision: HookDecision, code: str, reason: str, **fields: Any) -> HookOutcome:
-        return record(
-            session, caller, decision, code, reason, deployment=deployment, details=details, now=now, **fields
-        )
-
-    if intent.dedupe_key is not None:
-        earlier = recorded_with(
-            session,
-            "dedupe_key",
-            intent.dedupe_key,
-            since=now - timedelta(seconds=settings.hooks_dedupe_window_s),
-            source=caller.source,
-            deployment_id=deployment.id,
-        )
-        if earlier is not None and earlier.decision in (HookDecision.accepted, HookDecision.deferred):
-            return note(
-                HookDecision.ignored,
-                "duplicate",
-                f"duplicate notification: this alert group and firing episode was already taken "
-                f"(request {earlier.id}, {earlier.decision})",
-            )
-    size = resolve_size(intent, deployment, desired.base_size(session, deployment))
-    sized: dict[str, Any] = {"requested": size.requested, "target": size.target}
-
-    def want() -> None:
-        desired.set_desired(
-            deployment,
-            size=size.target,
-            source=caller.source.value,
-            requester=caller.requester,
-            reason=intent.reason,
-            now=now,
-        )
-
-    want()
-    blocked = desired.blocker(session, deployment, now)
-    if size.target == deployment.current_dp_size and (blocked is None or blocked.code != "active-job"):
-        return note(
-            HookDecision.ignored,
-            "already-at-size",
-            f"already at DP size {size.target} ({size.note})",
-            **sized,
-        )
-    if blocked is not None:
-        if blocked.until is not None:
-            details = {**details, "next_scale_at": blocked.until.isoformat()}
-        return note(
-            HookDecision.deferred,
-            blocked.code,
-            f"desired size {size.target} recorded ({size.note}); {blocked.reason}: the coordinator acts "
-            "when that ends, no repeat needed",
-            **sized,
-        )
-    accepted: list[InboundHookRequest] = []
-
-    def record_acceptance(session: Session, job: ReconfigurationJob) -> None:
-        # Inside the job's own transaction: the job and the record of its acceptance commit together.
-        row = new_row(
-            caller,
-            HookDecision.accepted,
-            "scaling",
-            f"scaling {deployment.current_dp_size} -> {size.target}: {size.note} ({intent.reason})",
-            deployment=deployment,
-            details=details,
-            now=now,
-            job_id=job.id,
-            **sized,
-        )
-        session.add(row)
-        accepted.append(row)
-
-    try:
-        desired.start_job(
-            session,
-            deployment,
-            target=size.target,
-            source=caller.source.value,
-            requester=caller.requester,
-            reason=f"{intent.reason} ({size.note})",
-            on_created=record_acceptance,
-        )
-    except DomainError as exc:
-        session.rollback()
-        want()  # the rollback dropped it; the reconciler tries again later
-        return note(HookDecision.deferred, "job-refused", f"job not created yet: {exc.detail}", **sized)
-    except IntegrityError:  # our webhook-id was recorded by a concurrent copy: nothing was created
-        session.rollback()
-        raise replayed_error(session, caller) from None
-    return outcome_of(accepted[0])
+    original = _original(session, caller, ask)
+    if original is not None:
+        return _duplicate(session, caller, deployment, original, details, now)
+    if ask.resolved:
+        return withdraw(session, caller, deployment, ask, details, now)
+    return _new_intent(session, caller, deployment, ask, details, now)
 
 
-def handle_alertmanager(
-    session: Session, caller: Caller, payload: AlertmanagerPayload, *, settings: Settings
-) -> AlertmanagerOutcome:
-    """One result per deployment the firing alerts name, plus one per (deployment, reason) skipped:
-    resolved alerts are ignored, alerts whose labels cannot be used are rejected (the router answers
-    4xx, so Alertmanager logs the mistake)."""
-    result = plan(payload)
-    context = {"group_key": payload.groupKey, "receiver": payload.receiver, "status": payload.status}
-    outcomes = [
-        decide(session, caller, intent, settings=settings, details=context) for intent in result.intents
-    ]
-    grouped: dict[tuple[str | None, str, bool], list[str]] = {}
-    for skipped in result.skipped:
-        key = (skipped.deployment, skipped.reason, skipped.resolved)
-        grouped.setdefault(key, []).extend(skipped.fingerprints)
-    for (deployment_name, reason, resolved), alerts in grouped.items():
-        outcomes.append(
-            record(
+def _new_intent(
+    session: Session,
+    caller: Caller,
+    deployment: Deployment,
+    ask: ScaleAsk,
+    details: dict[str, Any],
+    now: datetime,
+    *,
+    refused: str | None = None,
+) -> HookOutcome:
+    """The intent, its request's record and the end of the stream's previous intent, in one
+    transaction with what the rule does now (a job commits with them). `refused`: a first attempt's
+    job was refused; record the intent as deferred for that reason, without acting."""
+    previous = intents.standing_in_stream(session, deployment.id, ask.stream)
+    anchor: int | None = None
+    if ask.step is not None:
+        continues = ask.anchored and previous is not None and previous.anchor_dp_size is not None
+        anchor = previous.anchor_dp_size if continues and previous else base_size(session, deployment)
+    size = resolve_size(ask, deployment, anchor if anchor is not None else deployment.current_dp_size)
+    intent = intents.new_intent(
+        deployment_id=deployment.id,
+        source=caller.source.value,
+        stream=ask.stream,
+        target=size.target,
+        requested=size.requested,
+        step=ask.step,
+        anchor=anchor,
+        requester=caller.requester,
+        reason=ask.reason,
+        now=now,
+    )
+    row = new_row(
+        caller,
+        HookDecision.deferred,
+        "job-refused",
+        f"desired size {size.target} recorded ({size.note}; {ask.reason}); job not created yet: {refused}",
+        deployment=deployment,
+        identity=ask.identity,
+        intent_id=intent.id,
+        details=details,
+        now=now,
+        requested=size.requested,
+        target=size.target,
+    )
+    intent.request_id = row.id
+    session.add(intent)
+    session.add(row)
+    if previous is not None:
+        was_pending = previous.state == IntentState.pending.value
+        intents.end(previous, EndCode.replaced, by=row.id, now=now)
+        session.add(previous)
+        if was_pending:
+            desired.note(
                 session,
-                caller,
-                HookDecision.ignored if resolved else HookDecision.rejected,
-                "alert-skipped" if resolved else "unusable-labels",
-                reason,
-                deployment_name=deployment_name,
-                details={**context, "alerts": alerts},
+                deployment,
+                previous,
+                HookDecision.superseded,
+                EndCode.replaced.value,
+                f"desired size {previous.target_dp_size} replaced by its group's newer intent {intent.id}",
             )
-        )
-    return AlertmanagerOutcome(results=outcomes)
+    try:
+        # The unique identity (or webhook-id) makes copies sent at once duplicates of one decision:
+        # a second copy's insert waits for the first to commit, then fails here.
+        session.flush()
+    except IntegrityError:
+        session.rollback()
+        original = _original(session, caller, ask)
+        if original is None:
+            raise
+        return _duplicate(session, caller, deployment, original, details, now)
+    if refused is not None:
+        announce(session, row)
+        session.commit()
+        return outcome_of(row)
+    outcome = _act_on(session, deployment, intent, row, size, now)
+    if isinstance(outcome, str):  # the job was refused, and the rollback took the intent with it
+        return _new_intent(session, caller, deployment, ask, details, now, refused=outcome)
+    return outcome
+
+
+def _act_on(
+    session: Session,
+    deployment: Deployment,
+    intent: ScaleIntentRow,
+    row: InboundHookRequest,
+    size: SizeDecision,
+    now: datetime,
+) -> HookOutcome | str:
+    """Decide the new intent's record and act (committing both); why, if its job was refused."""
+    assessment = desired.assess(session, deployment, now)
+    outlook = assessment.outlook(intent)
+    from_size = deployment.current_dp_size
+
+    def finalize(decision: HookDecision, code: str, reason: str, until: datetime | None = None) -> None:
+        row.decision = decision.value
+        row.reason = reason[:1000]
+        payload = {**(row.payload or {}), "code": code}
+        if until is not None:
+            payload["next_scale_at"] = until.isoformat()
+        row.payload = payload
+        session.add(row)
+        announce(session, row)
+
+    if outlook.decision is not HookDecision.accepted:
+        reason = f"{outlook.reason} ({size.note}; {intent.reason})"
+        finalize(outlook.decision, outlook.code, reason, outlook.until)
+        if intent.id in assessment.verdict.at_size:
+            intents.mark_acted(intent, job_id=None, now=now)
+            session.add(intent)
+        session.commit()  # ours first: a job the rule starts for other intents may be refused
+        outcome = outcome_of(row)
+        desired.act(session, assessment, own=intent.id)
+        return outcome
+
+    def accepted(session: Session, job: ReconfigurationJob) -> None:
+        row.job_id = job.id
+        reason = f"scaling {from_size} -> {job.to_dp_size}: {size.note} ({intent.reason})"
+        finalize(HookDecision.accepted, "scaling", reason)
+
+    acted = desired.act(session, assessment, own=intent.id, on_created=accepted)
+    if acted.job is None:
+        return acted.refused or "refused"
+    return outcome_of(row)

@@ -16,7 +16,7 @@ from sqlmodel import Session
 from app.core.auth import Permission, Principal, authorize
 from app.core.config import Settings
 from app.core.errors import AuthenticationError, DomainError
-from app.hooks import decide, service
+from app.hooks import decide, notifications, service
 from app.hooks.models import AlertmanagerOutcome, HookSource
 from app.tokens.models import TokenRole
 from app.tokens.service import authenticate
@@ -66,8 +66,7 @@ def signed_caller(
     now: float | None = None,
 ) -> service.Caller:
     """Check a Standard Webhooks signature and that its webhook-id is new; the caller it establishes.
-    Raises HookSignatureError (401, unrecorded) or ReplayedRequestError (409). The check for a new
-    webhook-id here answers early; the unique `webhook_id` column makes it atomic."""
+    Raises HookSignatureError (401, unrecorded)."""
     candidates = inbound_secrets(settings, deployment_name)
     if not candidates:
         raise service.refuse_anonymous(
@@ -98,15 +97,8 @@ def signed_caller(
         raise service.refuse_anonymous(
             HookSource.generic, service.HookSignatureError(str(exc), code=exc.reason)
         ) from None
-    caller = service.Caller(HookSource.generic, requester=f"signature:{matched_scope}", webhook_id=message_id)
-    seen = service.find_webhook_id(session, message_id)
-    if seen is not None:
-        service.metrics.record_inbound_hook(HookSource.generic.value, "rejected")
-        raise service.ReplayedRequestError(
-            f"webhook-id {message_id!r} was already received (request {seen.id}): replays change nothing",
-            original_request_id=seen.id,
-        )
-    return caller
+    # A webhook-id seen before is a duplicate (its body the same) or refused (another body): `decide`.
+    return service.Caller(HookSource.generic, requester=f"signature:{matched_scope}", webhook_id=message_id)
 
 
 def scale_request(
@@ -132,12 +124,12 @@ def scale_request(
             )
         caller = signed_caller(session, settings, headers=headers, body=body, deployment_name=named)
     try:
-        request = service.parse_scale_request(service.parse_json(body))
+        document = service.parse_json(body)
+        request = service.parse_scale_request(document)
     except DomainError as exc:
         raise service.reject(session, caller, exc) from None
-    return decide.decide(
-        session, caller, request.intent(), settings=settings, details={"body": request.model_dump()}
-    )
+    details = {"body": request.model_dump(exclude_none=True), "body_sha256": decide.body_digest(document)}
+    return decide.decide(session, caller, request.ask(caller), details=details)
 
 
 def alertmanager_request(
@@ -158,4 +150,4 @@ def alertmanager_request(
         payload = service.parse_alertmanager(service.parse_json(body))
     except DomainError as exc:
         raise service.reject(session, caller, exc) from None
-    return decide.handle_alertmanager(session, caller, payload, settings=settings)
+    return notifications.handle_alertmanager(session, caller, payload)

@@ -22,10 +22,28 @@ class HookSource(StrEnum):
 
 
 class HookDecision(StrEnum):
-    accepted = "accepted"  # a job was created
-    ignored = "ignored"  # e.g. a duplicate, or already at the (clamped) size
-    deferred = "deferred"  # the desired size is recorded; the reconciler acts once nothing blocks it
-    rejected = "rejected"  # bad signature, unknown deployment, malformed body
+    accepted = "accepted"  # a job was created for the intent
+    deferred = "deferred"  # recorded; acted on when an active job or the cooldown ends (no repeat needed)
+    held = "held"  # recorded; the stabilization rule holds it (window, a higher ask, the max step)
+    paused = "paused"  # recorded; the deployment's autoscaling is paused
+    withdrawn = "withdrawn"  # its desired size was dropped before it was acted on (resolved, expired)
+    superseded = "superseded"  # an operator's job, a /scale write or its group's newer intent replaced it
+    ignored = "ignored"  # a duplicate, already at the size, or nothing to withdraw
+    rejected = "rejected"  # unknown deployment, malformed body, unusable labels
+
+
+# Decisions about an intent: each is announced (webhook event `autoscaler.decision`) and counted.
+INTENT_DECISIONS = frozenset(
+    {
+        HookDecision.accepted,
+        HookDecision.deferred,
+        HookDecision.held,
+        HookDecision.paused,
+        HookDecision.withdrawn,
+        HookDecision.superseded,
+        HookDecision.ignored,
+    }
+)
 
 
 class InboundHookRequest(SQLModel, table=True):
@@ -33,8 +51,10 @@ class InboundHookRequest(SQLModel, table=True):
     __table_args__ = (
         sa.Index("ix_inbound_hook_requests_deployment_created", "deployment_id", "created_at"),
         sa.Index("ix_inbound_hook_requests_created_at", "created_at"),
-        # One record per signed request: a second copy of the same webhook-id cannot be inserted.
+        # One deciding record per signed request and per notification identity: a second copy cannot
+        # be inserted (copies are recorded as duplicates, with both columns NULL and `duplicate_of` set).
         sa.UniqueConstraint("webhook_id", name="uq_inbound_hook_requests_webhook_id"),
+        sa.UniqueConstraint("identity", name="uq_inbound_hook_requests_identity"),
     )
 
     id: str = Field(primary_key=True, max_length=40)
@@ -53,27 +73,41 @@ class InboundHookRequest(SQLModel, table=True):
     webhook_id: str | None = Field(
         default=None, max_length=128, description="a signed request's verified webhook-id (unique)"
     )
+    identity: str | None = Field(
+        default=None, max_length=64, description="what an Alertmanager notification asks, hashed (unique)"
+    )
+    duplicate_of: str | None = Field(default=None, max_length=40, description="the record this repeats")
+    intent_id: str | None = Field(default=None, max_length=40, description="the intent it decided about")
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
 
 
 # --- API shapes ---------------------------------------------------------------------------------------
 
 
+DECISION_CODES = (
+    "why, as a slug: scaling; active-job, cooldown, job-refused, scale-subresource (deferred); "
+    "stabilization-window, higher-intent, max-step (held); paused; resolved, left-group, expired "
+    "(withdrawn); operator-job, replaced (superseded); duplicate, already-at-size, alert-skipped "
+    "(ignored); unknown-deployment, unusable-labels, too-many-deployments, or the problem code of a "
+    "refused request (rejected)"
+)
+
+
 class HookOutcome(BaseModel):
     request_id: str = ApiField(description="the recorded request (see GET /v1/hooks/requests)")
     decision: HookDecision
-    code: str = ApiField(
-        description="why, as a slug: scaling, duplicate, active-job, cooldown, already-at-size, job-refused, "
-        "unknown-deployment, alert-skipped (resolved), unusable-labels, or the problem code of a refused "
-        "request"
-    )
+    code: str = ApiField(description=DECISION_CODES)
     reason: str
     deployment: str | None
     requested_dp_size: int | None
     target_dp_size: int | None
     job_id: str | None
+    intent_id: str | None = ApiField(None, description="the intent this decided about")
+    duplicate_of: str | None = ApiField(
+        None, description="a duplicate: the record of the decision it repeats"
+    )
     next_scale_at: datetime | None = ApiField(
-        None, description="deferred for the cooldown: when the reconciler may act (no repeat needed)"
+        None, description="deferred or held: when the coordinator may act, if known (no repeat needed)"
     )
 
 
@@ -87,19 +121,31 @@ class HookRequestPublic(RowShape):
     id: str
     source: HookSource
     decision: HookDecision
+    code: str = ApiField(description=DECISION_CODES)
     reason: str
     deployment: str | None
     deployment_id: str | None
     requested_dp_size: int | None
     target_dp_size: int | None
-    job_id: str | None
+    job_id: str | None = ApiField(
+        description="the job created for its intent: by this request, or later by the coordinator"
+    )
+    intent_id: str | None
+    intent_state: str | None = ApiField(
+        None, description="its intent now: pending, acted, withdrawn, superseded or ended"
+    )
+    duplicate_of: str | None
     requester: str | None
     details: dict[str, Any] | None
     created_at: datetime
 
     @classmethod
     def derived(cls, row: InboundHookRequest) -> dict[str, Any]:
-        return {"deployment": row.deployment_name, "details": row.payload}
+        return {
+            "deployment": row.deployment_name,
+            "details": row.payload,
+            "code": str((row.payload or {}).get("code", "")),
+        }
 
 
 class HookRequestList(BaseModel):

@@ -2,8 +2,9 @@
 
 - `POST /v1/hooks/scale`: a generic JSON body (`ScaleRequest`), authenticated by a Standard Webhooks
   signature (per-deployment or global inbound secret) or by a bearer token with role autoscaler/operator.
-  202 + `Location` when a job was created, 200 when recorded and deferred (cooldown, active job: the
-  desired size is kept and acted on later) or ignored (duplicate, already at size).
+  202 + `Location` when a job was created, 200 when the intent is recorded and waits (deferred, held,
+  paused: acted on later without a repeat), was withdrawn (`status: resolved`), or is ignored (a
+  duplicate of a request already decided, already at its size).
 - `POST /v1/hooks/alertmanager`: Prometheus Alertmanager's webhook (version 4), bearer token
   (Alertmanager's `http_config.authorization`). 200 with one result per deployment when every alert
   was usable (accepted, deferred or ignored); 404 (`unknown-deployment`) or 422 (`unusable-labels`)
@@ -12,8 +13,10 @@
   The usable alerts of such a payload are still acted on.
 
 Bad input is 4xx problem+json and creates no job: 401 (missing/bad/stale signature, bad token),
-403 (role), 409 (replayed webhook-id), 404 (unknown deployment), 422 (malformed body). Never 5xx.
-Requests that fail authentication are counted, not recorded; every authenticated one is recorded once.
+403 (role), 409 (a webhook-id reused with another body), 404 (unknown deployment), 422 (malformed body,
+unusable labels, too many deployments in one notification). Never 5xx. Requests that fail
+authentication are counted, not recorded; every authenticated one is recorded (a duplicate as such,
+linked to the decision it repeats). The rules: docs/operations/webhooks-and-autoscalers.md.
 """
 
 from __future__ import annotations
@@ -71,11 +74,13 @@ def _raise_if_any_rejected(outcome: AlertmanagerOutcome) -> None:
     rejected = [r for r in outcome.results if r.decision is HookDecision.rejected]
     if not rejected:
         return
-    unknown = all(r.code == "unknown-deployment" for r in rejected)
+    codes = {r.code for r in rejected}
+    unknown = codes == {"unknown-deployment"}
     error_type = NotFoundError if unknown else InvalidRequestError
+    code = "too-many-deployments" if "too-many-deployments" in codes else "unusable-labels"
     raise error_type(
         "; ".join(f"{r.deployment or '(no deployment)'}: {r.reason}" for r in rejected)[:2000],
-        code="unknown-deployment" if unknown else "unusable-labels",
+        code="unknown-deployment" if unknown else code,
         results=[r.model_dump(mode="json") for r in outcome.results],
     )
 
@@ -116,11 +121,11 @@ async def scale_hook(
 )
 async def alertmanager_hook(request: Request, db: DatabaseDep, settings: SettingsDep) -> AlertmanagerOutcome:
     """Prometheus Alertmanager's webhook (version 4). Firing alerts whose labels name a `deployment` and a
-    `target_dp_size` (label or annotation), a `step` (+N/-N) or `scale: up|down` scale it; resolved alerts
-    and repeats of a notification already acted on (same group key, fingerprints and start times) are
-    recorded as ignored; a request refused for an active job or the cooldown is deferred (acted on when
-    that ends). 404/422 problem+json (with every result) when an alert names an unknown deployment or
-    carries unusable labels; the usable alerts are still acted on."""
+    `target_dp_size` (label or annotation), a `step` (+N/-N) or `scale: up|down` ask to scale it, one
+    intent per group and deployment; a repeat of a notification (same group key, deployment, status,
+    fingerprints and start times) is a duplicate of its decision; a resolved group withdraws its intent
+    if it was not acted on yet. 404/422 problem+json (with every result) when an alert names an unknown
+    deployment or carries unusable labels; the usable alerts are still acted on."""
     body = await request.body()
     headers = dict(request.headers)
     outcome = await db.run(

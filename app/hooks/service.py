@@ -24,7 +24,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -36,8 +36,9 @@ from app.core.clock import utc_now
 from app.core.errors import AuthenticationError, ConflictError, DomainError, InvalidRequestError
 from app.core.ids import new_id
 from app.deployments.models import Deployment
-from app.hooks.alertmanager import MAX_DP_SIZE, AlertmanagerPayload, ScaleIntent, parse_step
+from app.hooks.alertmanager import MAX_DP_SIZE, AlertmanagerPayload, ScaleAsk, intent_stream_key, parse_step
 from app.hooks.models import (
+    INTENT_DECISIONS,
     HookDecision,
     HookOutcome,
     HookRequestList,
@@ -45,6 +46,8 @@ from app.hooks.models import (
     HookSource,
     InboundHookRequest,
 )
+from app.scale.intents import ScaleIntentRow
+from app.webhooks.models import OUTBOX_ID_PREFIX, EventType, OutboxEvent
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,8 @@ _NAME_LIMIT = 63
 
 
 class ScaleRequest(BaseModel):
-    """A generic scale request: an absolute `target_dp_size` or a relative `step` (exactly one)."""
+    """A generic scale request: an absolute `target_dp_size` or a relative `step` (exactly one), or with
+    `status: resolved` the withdrawal of its group's standing intent (neither needed)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -70,6 +74,17 @@ class ScaleRequest(BaseModel):
         description='relative change: +N or -N (a number, or a string "+1"), at most 1024 either way',
     )
     reason: str | None = Field(None, max_length=500)
+    group: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="the stream this intent belongs to (default: the sender): a group's newer request "
+        "replaces its standing intent, and `status: resolved` withdraws it",
+    )
+    status: Literal["firing", "resolved"] = Field(
+        "firing",
+        description="resolved: withdraw the group's standing intent (its desired size, if not acted on yet)",
+    )
 
     @field_validator("step", mode="before")
     @classmethod
@@ -84,16 +99,20 @@ class ScaleRequest(BaseModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ScaleRequest:
-        if (self.target_dp_size is None) == (self.step is None):
+        if self.status == "firing" and (self.target_dp_size is None) == (self.step is None):
             raise ValueError("give exactly one of target_dp_size and step")
         return self
 
-    def intent(self) -> ScaleIntent:
-        return ScaleIntent(
+    def ask(self, caller: Caller) -> ScaleAsk:
+        """What it asks; its stream is its group, by default its sender."""
+        stream = intent_stream_key("generic", self.group or f"sender:{caller.requester or ''}")
+        return ScaleAsk(
             deployment=self.deployment,
-            target_dp_size=self.target_dp_size,
-            step=self.step,
+            target_dp_size=None if self.status == "resolved" else self.target_dp_size,
+            step=None if self.status == "resolved" else self.step,
             reason=self.reason or "generic scale hook",
+            stream=stream,
+            resolved=self.status == "resolved",
         )
 
 
@@ -148,6 +167,9 @@ def new_row(
     requested: int | None = None,
     target: int | None = None,
     job_id: str | None = None,
+    intent_id: str | None = None,
+    identity: str | None = None,
+    duplicate_of: str | None = None,
     details: Mapping[str, Any] | None = None,
     now: datetime | None = None,
 ) -> InboundHookRequest:
@@ -168,9 +190,62 @@ def new_row(
         job_id=job_id,
         requester=_storable(caller.requester),
         payload=_storable(payload) or None,
-        webhook_id=caller.webhook_id,
+        # A duplicate keeps neither unique key: the record it repeats holds them.
+        webhook_id=caller.webhook_id if duplicate_of is None else None,
+        identity=identity if duplicate_of is None else None,
+        duplicate_of=duplicate_of,
+        intent_id=intent_id,
         created_at=now or utc_now(),
     )
+
+
+def announce(session: Session, row: InboundHookRequest) -> None:
+    """A decision about an intent: the outbox event `autoscaler.decision` (in the caller's transaction)
+    and its count. Duplicates and refused requests are neither announced nor counted here."""
+    code = str((row.payload or {}).get("code", ""))
+    if (
+        row.intent_id is None
+        or row.duplicate_of is not None
+        or HookDecision(row.decision) not in INTENT_DECISIONS
+    ):
+        return
+    metrics.record_autoscaler_decision(row.source, row.decision, code)
+    session.add(
+        OutboxEvent(
+            id=new_id(OUTBOX_ID_PREFIX),
+            type=EventType.autoscaler_decision.value,
+            deployment_id=row.deployment_id,
+            payload={
+                "type": EventType.autoscaler_decision.value,
+                "timestamp": row.created_at.isoformat(),
+                "data": {
+                    "request_id": row.id,
+                    "deployment": row.deployment_name,
+                    "source": row.source,
+                    "decision": row.decision,
+                    "code": code,
+                    "reason": row.reason,
+                    "requested_dp_size": row.requested_dp_size,
+                    "target_dp_size": row.target_dp_size,
+                    "intent_id": row.intent_id,
+                    "job_id": row.job_id,
+                    "requester": row.requester,
+                    "origin": (row.payload or {}).get("origin", "request"),
+                },
+            },
+            created_at=row.created_at,
+        )
+    )
+
+
+def add_record(
+    session: Session, caller: Caller, decision: HookDecision, code: str, reason: str, **fields: Any
+) -> InboundHookRequest:
+    """A record in the caller's transaction (announced if it is a decision about an intent)."""
+    row = new_row(caller, decision, code, reason, **fields)
+    session.add(row)
+    announce(session, row)
+    return row
 
 
 def outcome_of(row: InboundHookRequest) -> HookOutcome:
@@ -184,6 +259,8 @@ def outcome_of(row: InboundHookRequest) -> HookOutcome:
         requested_dp_size=row.requested_dp_size,
         target_dp_size=row.target_dp_size,
         job_id=row.job_id,
+        intent_id=row.intent_id,
+        duplicate_of=row.duplicate_of,
         next_scale_at=(row.payload or {}).get("next_scale_at"),
     )
 
@@ -198,8 +275,7 @@ def record(
 ) -> HookOutcome:
     """Write the request's row (committed) and count it; return what the API answers. A second record of
     one signed request (same webhook-id) is refused by the database: `ReplayedRequestError`."""
-    row = new_row(caller, decision, code, reason, **fields)
-    session.add(row)
+    row = add_record(session, caller, decision, code, reason, **fields)
     try:
         session.commit()
     except IntegrityError:
@@ -245,29 +321,8 @@ def refuse_anonymous(source: HookSource, error: DomainError) -> DomainError:
     return error
 
 
-def recorded_with(
-    session: Session,
-    key: str,
-    value: str,
-    *,
-    since: datetime,
-    source: HookSource,
-    deployment_id: str | None = None,
-    decision: HookDecision | None = None,
-) -> InboundHookRequest | None:
-    payload = col(InboundHookRequest.payload)
-    conditions: list[Any] = [
-        col(InboundHookRequest.source) == source.value,
-        col(InboundHookRequest.created_at) >= since,
-        payload[key].as_string() == value,
-    ]
-    if deployment_id is not None:
-        conditions.append(col(InboundHookRequest.deployment_id) == deployment_id)
-    if decision is not None:
-        conditions.append(col(InboundHookRequest.decision) == decision.value)
-    return session.exec(
-        select(InboundHookRequest).where(*conditions).order_by(col(InboundHookRequest.created_at).desc())
-    ).first()
+def find_identity(session: Session, identity: str) -> InboundHookRequest | None:
+    return session.exec(select(InboundHookRequest).where(InboundHookRequest.identity == identity)).first()
 
 
 # --- parsing -----------------------------------------------------------------------------------------
@@ -340,7 +395,25 @@ def list_requests(
         .offset(offset)
         .limit(limit)
     ).all()
-    return HookRequestList(data=[HookRequestPublic.model_validate(r) for r in rows], count=int(total))
+    intent_ids = {r.intent_id for r in rows if r.intent_id}
+    found = (
+        session.exec(select(ScaleIntentRow).where(col(ScaleIntentRow.id).in_(intent_ids))).all()
+        if intent_ids
+        else []
+    )
+    by_id = {i.id: i for i in found}
+
+    def public(row: InboundHookRequest) -> HookRequestPublic:
+        intent = by_id.get(row.intent_id or "")
+        if intent is None:
+            return HookRequestPublic.model_validate(row)
+        # The job is the intent's when this record asked for it (not for a withdrawal or a duplicate).
+        asked = intent.request_id == row.id
+        return HookRequestPublic.of(
+            row, intent_state=intent.state, job_id=row.job_id or (intent.job_id if asked else None)
+        )
+
+    return HookRequestList(data=[public(r) for r in rows], count=int(total))
 
 
 def prune_hook_requests(session: Session, *, older_than: datetime) -> int:

@@ -102,7 +102,7 @@ class ReconfigurationJob(SQLModel, table=True):
     )
     client_downtime_ms: float | None = Field(
         default=None,
-        description="jobs from before 0011 only: the probe's longest window with no successful canary "
+        description="jobs from before migration 0012: the probe's longest window with no successful canary "
         "(slow answers counted as an outage); newer jobs fill client_outage_ms instead",
     )
     probe: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)

@@ -12,6 +12,7 @@ from app.core.problems import problem_responses
 from app.jobs import listing, service
 from app.jobs.models import JobDetail, JobList, JobPublic, ReconfigurationCreate, RequestSource
 from app.jobs.states import JobState
+from app.scale import desired
 from app.tokens.models import TokenRole
 
 router = APIRouter(
@@ -28,7 +29,9 @@ async def create_reconfiguration(
     response: Response,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> JobPublic:
-    """Ask for a new DP size. Answers 202 with the pending job; follow `Location` for its progress."""
+    """Ask for a new DP size. Answers 202 with the pending job; follow `Location` for its progress. An
+    operator's job supersedes every autoscaler intent older than it; an autoscaler token's job is
+    refused (409 `autoscaling-paused`) while the deployment's autoscaling is paused."""
     source = body.source or RequestSource.api
     if principal.role is TokenRole.autoscaler:
         source = RequestSource.autoscaler
@@ -36,12 +39,16 @@ async def create_reconfiguration(
         source = RequestSource.api
 
     def work(session: Session) -> tuple[JobPublic, bool]:
+        if source is RequestSource.autoscaler:
+            desired.refuse_if_paused(session, body.deployment)
         outcome = service.create_reconfiguration(
             session,
             request=body,
             requested_by=source,
             requester=principal.name,
             idempotency=idempotency_of(idempotency_key, principal, settings),
+            # An operator's job supersedes every autoscaler intent older than it (in its transaction).
+            on_created=None if source is RequestSource.autoscaler else desired.supersede_for_job,
         )
         return service.job_public(session, outcome.job), outcome.replayed
 

@@ -12,8 +12,9 @@
   `deployment.recovered`) once they do (`app.deployments.health`); a deployment that lost a member
   heals by its `on_engine_loss` setting (`app.runner.selfheal`), which also finds an engine whose
   process is gone before its heartbeat timeout (first in the pass).
-- `desired-size`: a deployment's pending desired size (set by an autoscaler request that was deferred
-  for an active job or the cooldown) becomes a job once nothing blocks it (`app.scale.desired`).
+- `desired-size`: a deployment's standing autoscaler intents (deferred for an active job or the
+  cooldown, held by the stabilization rule, paused) become a job once nothing holds them back, each at
+  most once; intents nobody repeated for `intent_ttl_s` expire (`app.scale.desired`).
 - `retention`: records that only grow (inbound hook records, finished webhook deliveries and the
   outbox events no delivery needs, Idempotency-Key records) pruned by age (`app.retention.prune_all`,
   settings `EPCTL_RETENTION_*`).
@@ -115,15 +116,20 @@ def scheduled_tasks(
             "cleanup", settings.cleanup_poll_interval_s, lambda: poll_cleanup_outcomes(record, new_fleet)
         ),
         Periodic("heartbeats", settings.heartbeat_check_interval_s, heartbeats),
-        Periodic("desired-size", settings.desired_size_interval_s, lambda: reconcile_desired_sizes(record)),
+        Periodic(
+            "desired-size",
+            settings.desired_size_interval_s,
+            lambda: reconcile_desired_sizes(record, ttl_s=settings.intent_ttl_s),
+        ),
         *([retention.task(record)] if retention is not None else []),
     ]
 
 
-async def reconcile_desired_sizes(record: JobRecord) -> list[str]:
-    """Start the jobs pending desired sizes ask for; the ids of those started."""
-    jobs = await record.run_in_session(lambda session: [job.id for job in desired.reconcile(session)])
-    return jobs
+async def reconcile_desired_sizes(record: JobRecord, *, ttl_s: float = 86400.0) -> list[str]:
+    """Start the jobs standing intents ask for; the ids of those started."""
+    return await record.run_in_session(
+        lambda session: [job.id for job in desired.reconcile(session, ttl_s=ttl_s)]
+    )
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,13 @@ class RunnerSettings(BaseSettings):
         "degraded once this stays so for this long (one agent heartbeat interval, plus margin)",
     )
     desired_size_interval_s: float = Field(
-        1.0, gt=0, description="how often to act on deployments' pending desired sizes"
+        1.0, gt=0, description="how often to act on deployments' standing autoscaler intents"
+    )
+    intent_ttl_s: float = Field(
+        86400.0,
+        gt=0,
+        description="a standing autoscaler intent nobody repeated for this long expires (an Alertmanager "
+        "repeats a firing group every repeat_interval: keep this above it)",
     )
     public_url: str | None = Field(None, description="the coordinator URL local agents register with")
     agent_token: str | None = Field(None, description="the token local agents register with")

@@ -1,136 +1,198 @@
-"""A deployment's *desired* DP size: what autoscalers asked for, reconciled level-triggered. HTTP-free.
+"""A deployment's standing intents -> the next job, level-triggered. HTTP-free.
 
-Autoscaler requests (the hooks, Alertmanager, the `/scale` PUT) set the desired size with who asked
-and why (`set_desired`), then act at once if nothing blocks (`blocker`). A request refused for an
-active job or the cooldown is not lost: the runner's `desired-size` task (`reconcile`) starts the job
-once nothing blocks it, without a repeat from the autoscaler.
+`assess` reads what stands and what blocks, and applies the rule (`app.scale.stabilize`); `act` does
+what the assessment says: marks intents found at their size, starts the job of a pending `/scale`
+write, or the job the rule's move asks for, each intent acted on at most once. The intake of a request
+(`app.hooks.decide`) and the runner's `desired-size` task (`reconcile`) both go through them, so a
+request deferred for an active job, the cooldown, the window or the pause is acted on later without a
+repeat from the autoscaler.
 
-- The cooldown counts from the deployment's newest job of any source (operator scaling included), so
-  two alerts cannot move the size twice within one cooldown: the newest request wins, once.
-- A desire is *pending* while it differs from the current size and no job was created since it was
-  set. A job created afterwards (the one it started, or an operator's, which supersedes it) consumes
-  it: a job that rolls back is not retried in a loop; the autoscaler's next request asks again.
+Order of what holds a pending intent back: an active job, the cooldown (`autoscale_cooldown_s` from
+the deployment's newest job of any source), a pending `/scale` write (acted on first), `paused`
+(autoscaler intents only), then the rule (window, higher intent, max step).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
-from app.core.errors import DomainError
+from app.core.errors import ConflictError, DomainError
+from app.deployments.autoscaling import ScalingBehavior
 from app.deployments.models import Deployment, DesiredSize
+from app.hooks import service as records
+from app.hooks.models import HookDecision, HookSource
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
-from app.jobs.service import active_job, create_reconfiguration
+from app.jobs.service import create_reconfiguration
+from app.jobs.states import JobState
+from app.scale import intents
+from app.scale.blockers import Blocker, blocker
+from app.scale.intents import SPEC_SOURCE, EndCode, IntentState, ScaleIntentRow
+from app.scale.stabilize import Ask, Moved, Verdict, decide
 
 log = logging.getLogger(__name__)
 
-SCALE_SUBRESOURCE = "scale-subresource"
+SCALE_SUBRESOURCE = SPEC_SOURCE
+_NOT_MOVED = (JobState.cancelled.value, JobState.failed.value, JobState.rolled_back.value)
 
 
 @dataclass(frozen=True)
-class Blocker:
-    """Why a job cannot start now: `active-job` or `cooldown`, in words, and until when if known."""
+class Outlook:
+    """What happens to one pending intent now: the decision a record of it states."""
 
+    decision: HookDecision
     code: str
     reason: str
     until: datetime | None = None
 
 
-def newest_job(session: Session, deployment: Deployment) -> ReconfigurationJob | None:
-    return session.exec(
-        select(ReconfigurationJob)
-        .where(col(ReconfigurationJob.deployment_id) == deployment.id)
-        .order_by(col(ReconfigurationJob.created_at).desc(), col(ReconfigurationJob.id).desc())
-        .limit(1)
-    ).first()
+def behavior_of(deployment: Deployment) -> ScalingBehavior:
+    return ScalingBehavior.stored(deployment.autoscale_behavior)
 
 
-def next_scale_at(session: Session, deployment: Deployment) -> datetime | None:
-    """When the cooldown after the newest job (of any source) ends; None when there is none."""
-    last = newest_job(session, deployment)
-    if last is None or deployment.autoscale_cooldown_s <= 0:
-        return None
-    return (last.finished_at or last.created_at) + timedelta(seconds=deployment.autoscale_cooldown_s)
-
-
-def blocker(session: Session, deployment: Deployment, now: datetime) -> Blocker | None:
-    running = active_job(session, deployment_id=deployment.id)
-    if running is not None:
-        return Blocker("active-job", f"reconfiguration {running.id} is still {running.state}")
-    until = next_scale_at(session, deployment)
-    if until is not None and until > now:
-        last = newest_job(session, deployment)
-        left = (until - now).total_seconds()
-        return Blocker(
-            "cooldown",
-            f"cooldown: {left:.0f} s of {deployment.autoscale_cooldown_s:g} s left since job "
-            f"{last.id if last else '?'} (next scale at {until.isoformat(timespec='seconds')})",
-            until,
-        )
-    return None
-
-
-def base_size(session: Session, deployment: Deployment) -> int:
-    """What a relative step counts from: an active job's target, else the current size (two steps of
-    one episode must not stack on a job that is still running)."""
-    running = active_job(session, deployment_id=deployment.id)
-    return running.to_dp_size if running is not None else deployment.current_dp_size
-
-
-def set_desired(
-    deployment: Deployment,
-    *,
-    size: int,
-    source: str,
-    requester: str | None,
-    reason: str,
-    now: datetime,
-) -> None:
-    """Record the request on the row (the caller commits it with its own record)."""
-    deployment.desired_dp_size = size
-    deployment.desired_source = source[:32]
-    deployment.desired_requester = requester[:128] if requester else None
-    deployment.desired_reason = reason[:1000]
-    deployment.desired_at = now
-
-
-def is_pending(session: Session, deployment: Deployment) -> bool:
-    if deployment.desired_dp_size is None or deployment.desired_at is None:
-        return False
-    if deployment.desired_dp_size == deployment.current_dp_size:
-        return False
-    consumed = session.exec(
-        select(ReconfigurationJob.id)
-        .where(
+def _moves(session: Session, deployment: Deployment, behavior: ScalingBehavior, now: datetime) -> list[Moved]:
+    """Autoscaler jobs within the longer step period (what the max step counts)."""
+    period = max(behavior.scale_up.period_s, behavior.scale_down.period_s)
+    jobs = session.exec(
+        select(ReconfigurationJob).where(
             col(ReconfigurationJob.deployment_id) == deployment.id,
-            col(ReconfigurationJob.created_at) >= deployment.desired_at,
+            col(ReconfigurationJob.requested_by) == RequestSource.autoscaler.value,
+            col(ReconfigurationJob.created_at) > now - timedelta(seconds=period),
+            col(ReconfigurationJob.state).not_in(_NOT_MOVED),
         )
-        .limit(1)
-    ).first()
-    return consumed is None
+    ).all()
+    return [
+        Moved(
+            at=j.created_at,
+            up=max(0, j.to_dp_size - j.from_dp_size),
+            down=max(0, j.from_dp_size - j.to_dp_size),
+        )
+        for j in jobs
+    ]
 
 
-def desired_public(session: Session, deployment: Deployment, now: datetime | None = None) -> DesiredSize:
+@dataclass
+class Assessment:
+    deployment: Deployment
+    now: datetime
+    rows: list[ScaleIntentRow]
+    blocked: Blocker | None
+    spec: ScaleIntentRow | None  # a pending /scale write: acted on before any autoscaler intent
+    verdict: Verdict
+    by_id: dict[str, ScaleIntentRow] = field(default_factory=dict)
+
+    @property
+    def pending(self) -> list[ScaleIntentRow]:
+        return [r for r in self.rows if r.state == IntentState.pending.value]
+
+    def outlook(self, intent: ScaleIntentRow) -> Outlook:
+        """The decision about a pending intent, were nothing else to happen now."""
+        size = intent.target_dp_size
+        if intent.id in self.verdict.at_size:
+            return Outlook(HookDecision.ignored, "already-at-size", f"already at DP size {size}")
+        if self.blocked is not None:
+            return Outlook(
+                HookDecision.deferred,
+                self.blocked.code,
+                f"desired size {size} recorded; {self.blocked.reason}: the coordinator acts when that "
+                "ends, no repeat needed",
+                self.blocked.until,
+            )
+        if intent.source == SPEC_SOURCE:
+            return Outlook(HookDecision.accepted, "scaling", f"scale subresource: {size}")
+        if self.spec is not None:
+            return Outlook(
+                HookDecision.deferred,
+                "scale-subresource",
+                f"a /scale write (spec.replicas {self.spec.target_dp_size}) is acted on first",
+            )
+        if self.deployment.autoscale_paused:
+            return Outlook(
+                HookDecision.paused,
+                "paused",
+                f"desired size {size} recorded; autoscaling of {self.deployment.name} is paused "
+                "(autoscale_paused): nothing moves until it is resumed",
+            )
+        move = self.verdict.move
+        if move is not None and intent.id in move.serves:
+            return Outlook(
+                HookDecision.accepted,
+                "scaling",
+                f"scaling {self.deployment.current_dp_size} -> {move.to}: {move.note}",
+            )
+        hold = self.verdict.holds.get(intent.id)
+        if hold is not None:
+            return Outlook(
+                HookDecision.held, hold.code, f"desired size {size} held: {hold.reason}", hold.until
+            )
+        return Outlook(HookDecision.deferred, "pending", f"desired size {size} pending")
+
+
+def assess(session: Session, deployment: Deployment, now: datetime | None = None) -> Assessment:
     now = now or utc_now()
-    pending = is_pending(session, deployment)
-    blocked = blocker(session, deployment, now) if pending else None
-    # While a job runs, the cooldown has not started: it counts from that job's end.
-    running = active_job(session, deployment_id=deployment.id) is not None
-    until = None if running else next_scale_at(session, deployment)
-    return DesiredSize(
-        dp_size=deployment.desired_dp_size,
-        source=deployment.desired_source,
-        requester=deployment.desired_requester,
-        reason=deployment.desired_reason,
-        requested_at=deployment.desired_at,
-        pending=pending,
-        blocked_by=blocked.code if blocked else None,
-        next_scale_at=until if until is not None and until > now else None,
+    behavior = behavior_of(deployment)
+    lookback = max(behavior.scale_up.stabilization_window_s, behavior.scale_down.stabilization_window_s)
+    rows = intents.recent(session, deployment.id, now - timedelta(seconds=lookback))
+    autos = [r for r in rows if r.source != SPEC_SOURCE]
+    specs = [r for r in rows if r.source == SPEC_SOURCE and r.state == IntentState.pending.value]
+    blocked = blocker(session, deployment, now)
+    asks = [
+        Ask(r.id, r.target_dp_size, r.state == IntentState.pending.value, r.created_at, r.ended_at)
+        for r in autos
+    ]
+    verdict = decide(
+        asks,
+        current=deployment.current_dp_size,
+        behavior=behavior,
+        moves=_moves(session, deployment, behavior, now),
+        now=now,
+    )
+    if blocked is not None and blocked.code == "active-job":
+        verdict.at_size = []  # judged once the job has ended: the size is about to change
+    return Assessment(
+        deployment=deployment,
+        now=now,
+        rows=rows,
+        blocked=blocked,
+        spec=specs[-1] if specs else None,
+        verdict=verdict,
+        by_id={r.id: r for r in rows},
+    )
+
+
+_HOOK_SOURCES = {source.value for source in HookSource}
+
+
+def note(
+    session: Session,
+    deployment: Deployment,
+    intent: ScaleIntentRow,
+    decision: HookDecision,
+    code: str,
+    reason: str,
+    *,
+    job_id: str | None = None,
+) -> None:
+    """A hook record of a decision the coordinator took about an intent after its request (the
+    request's own record is the intake's to write)."""
+    source = HookSource(intent.source) if intent.source in _HOOK_SOURCES else HookSource.generic
+    records.add_record(
+        session,
+        records.Caller(source, requester=intent.requester),
+        decision,
+        code,
+        f"{reason} (intent {intent.id}, asked by request {intent.request_id})",
+        deployment=deployment,
+        intent_id=intent.id,
+        target=intent.target_dp_size,
+        requested=intent.requested_dp_size,
+        job_id=job_id,
+        details={"origin": "coordinator"},
     )
 
 
@@ -146,9 +208,7 @@ def start_job(
 ) -> ReconfigurationJob:
     """Create the job that moves the deployment to `target` (every rule of the API applies; raises its
     DomainError)."""
-    requested_by = (
-        RequestSource.scale_subresource if source == SCALE_SUBRESOURCE else RequestSource.autoscaler
-    )
+    requested_by = RequestSource.scale_subresource if source == SPEC_SOURCE else RequestSource.autoscaler
     outcome = create_reconfiguration(
         session,
         request=ReconfigurationCreate(
@@ -161,44 +221,207 @@ def start_job(
     return outcome.job
 
 
-def reconcile_one(session: Session, deployment: Deployment, now: datetime) -> ReconfigurationJob | None:
-    """Start the job a pending desire asks for, if nothing blocks it now."""
-    if not is_pending(session, deployment) or blocker(session, deployment, now) is not None:
-        return None
-    assert deployment.desired_dp_size is not None
-    target = min(max(deployment.desired_dp_size, deployment.min_dp_size), deployment.max_dp_size)
-    if target == deployment.current_dp_size:
-        return None
+@dataclass
+class Acted:
+    job: ReconfigurationJob | None = None
+    served: tuple[str, ...] = ()
+    refused: str | None = None  # why the job was not created (its DomainError)
+
+
+def act(
+    session: Session,
+    assessment: Assessment,
+    *,
+    own: str | None = None,
+    on_created: Callable[[Session, ReconfigurationJob], None] | None = None,
+) -> Acted:
+    """Do what the assessment says, and commit (with what the caller added to the session). `own`:
+    the intent of the request being decided (its record is the caller's to write; `on_created` runs
+    in the job's transaction). Intents acted on get a record each. A refused job rolls the whole
+    transaction back (the intents stay as they were; the caller's additions are gone)."""
+    deployment, now = assessment.deployment, assessment.now
+    for intent_id in assessment.verdict.at_size:
+        intent = assessment.by_id[intent_id]
+        intents.mark_acted(intent, job_id=None, now=now)
+        session.add(intent)
+        if intent_id != own:
+            note(
+                session,
+                deployment,
+                intent,
+                HookDecision.ignored,
+                "already-at-size",
+                f"already at DP size {intent.target_dp_size}",
+            )
+    move = assessment.verdict.move
+    if assessment.blocked is not None or (
+        assessment.spec is None and (deployment.autoscale_paused or move is None)
+    ):
+        session.commit()
+        return Acted()
+    if assessment.spec is not None:
+        spec = assessment.spec
+        target, source, requester = spec.target_dp_size, SPEC_SOURCE, spec.requester
+        serve: tuple[ScaleIntentRow, ...] = (spec,)
+        reason = f"scale subresource: spec.replicas {target} (deferred write, intent {spec.id})"
+    else:
+        assert move is not None
+        serve = tuple(assessment.by_id[i] for i in move.serves)
+        first = serve[0]
+        target, source, requester = move.to, first.source, first.requester
+        reason = f"{first.reason or first.source} ({move.note}; intent {first.id})"
+
+    def created(session: Session, job: ReconfigurationJob) -> None:
+        for intent in serve:
+            intents.mark_acted(intent, job_id=job.id, now=now)
+            session.add(intent)
+            if intent.id != own and intent.source != SPEC_SOURCE:
+                note(
+                    session,
+                    deployment,
+                    intent,
+                    HookDecision.accepted,
+                    "scaling",
+                    f"scaling {deployment.current_dp_size} -> {target}: {reason}",
+                    job_id=job.id,
+                )
+        if on_created is not None:
+            on_created(session, job)
+
     try:
-        return start_job(
+        job = start_job(
             session,
             deployment,
             target=target,
-            source=deployment.desired_source or "autoscaler",
-            requester=deployment.desired_requester,
-            reason=f"desired size {target} ({deployment.desired_source}: {deployment.desired_reason})",
+            source=source,
+            requester=requester,
+            reason=reason,
+            on_created=created,
         )
     except DomainError as exc:  # e.g. an unresolved cleanup failure, or another coordinator won
         session.rollback()
-        log.info("desired size of %s not acted on yet: %s", deployment.name, exc.detail)
+        log.info("intents of %s not acted on yet: %s", deployment.name, exc.detail)
+        return Acted(refused=exc.detail)
+    return Acted(job=job, served=tuple(i.id for i in serve))
+
+
+def expire(session: Session, deployment: Deployment, *, ttl_s: float, now: datetime) -> int:
+    """End autoscaler intents nobody repeated within `ttl_s`; a record for each pending one."""
+    ended = intents.expire_unrepeated(
+        session, deployment.id, older_than=now - timedelta(seconds=ttl_s), now=now
+    )
+    for intent in ended:
+        if intent.source == SPEC_SOURCE:
+            continue
+        if intent.state == IntentState.withdrawn.value:
+            note(
+                session,
+                deployment,
+                intent,
+                HookDecision.withdrawn,
+                EndCode.expired.value,
+                f"desired size {intent.target_dp_size} withdrawn: not repeated for {ttl_s:g} s",
+            )
+    if ended:
+        session.commit()
+    return len(ended)
+
+
+def reconcile_one(
+    session: Session, deployment: Deployment, now: datetime, *, ttl_s: float = 86400.0
+) -> ReconfigurationJob | None:
+    expire(session, deployment, ttl_s=ttl_s, now=now)
+    assessment = assess(session, deployment, now)
+    if not assessment.pending:
         return None
+    return act(session, assessment).job
 
 
-def reconcile(session: Session, now: datetime | None = None) -> list[ReconfigurationJob]:
-    """One pass over the deployments with a desire: the jobs it started."""
+def reconcile(
+    session: Session, now: datetime | None = None, *, ttl_s: float = 86400.0
+) -> list[ReconfigurationJob]:
+    """One pass over the deployments with standing intents: the jobs it started."""
     now = now or utc_now()
-    names = session.exec(
-        select(Deployment.name)
-        .where(col(Deployment.desired_dp_size).is_not(None))
-        .order_by(col(Deployment.name))
+    ids = session.exec(
+        select(ScaleIntentRow.deployment_id).where(col(ScaleIntentRow.state).in_(intents.STANDING)).distinct()
     ).all()
     started = []
-    for name in names:
-        deployment = session.exec(select(Deployment).where(col(Deployment.name) == name)).first()
+    for deployment_id in sorted(ids):
+        deployment = session.get(Deployment, deployment_id)
         if deployment is None:
             continue
-        job = reconcile_one(session, deployment, now)
+        job = reconcile_one(session, deployment, now, ttl_s=ttl_s)
         if job is not None:
-            log.info("desired size: %s %d -> %d (job %s)", name, job.from_dp_size, job.to_dp_size, job.id)
+            log.info(
+                "intents: %s %d -> %d (job %s)", deployment.name, job.from_dp_size, job.to_dp_size, job.id
+            )
             started.append(job)
     return started
+
+
+def desired_public(session: Session, deployment: Deployment, now: datetime | None = None) -> DesiredSize:
+    if not intents.recent(session, deployment.id, now or utc_now()):
+        return DesiredSize()  # nothing stands (one query: most deployments, most of the time)
+    assessment = assess(session, deployment, now)
+    pending = assessment.pending
+    standing = intents.summaries(assessment.rows)
+    if not pending:
+        return DesiredSize(standing=standing)
+    verdict = assessment.verdict
+    if assessment.spec is not None:
+        nxt = assessment.spec
+    elif verdict.move is not None:
+        nxt = assessment.by_id[verdict.move.serves[0]]
+    else:
+        held = [r for r in pending if r.id in verdict.holds and verdict.holds[r.id].code != "higher-intent"]
+        nxt = (held or sorted(pending, key=lambda r: r.target_dp_size, reverse=True))[0]
+    outlook = assessment.outlook(nxt)
+    size = verdict.move.to if verdict.move is not None and assessment.spec is None else nxt.target_dp_size
+    return DesiredSize(
+        dp_size=size,
+        intent_id=nxt.id,
+        source=nxt.source,
+        requester=nxt.requester,
+        reason=nxt.reason,
+        requested_at=nxt.created_at,
+        pending=True,
+        blocked_by=None if outlook.decision is HookDecision.accepted else outlook.code,
+        next_scale_at=outlook.until,
+        standing=standing,
+    )
+
+
+def supersede(session: Session, deployment: Deployment, *, code: EndCode, by: str, now: datetime) -> None:
+    """An operator's job or a `/scale` write: every intent older than it ends; a record for each pending
+    one (it lost its desired size). The caller commits (with its job or write)."""
+    for intent in intents.supersede_older(session, deployment.id, code=code, by=by, before=now):
+        if intent.source == SPEC_SOURCE:
+            continue
+        what = "an operator's job" if code is EndCode.operator_job else "a /scale write"
+        note(
+            session,
+            deployment,
+            intent,
+            HookDecision.superseded,
+            code.value,
+            f"desired size {intent.target_dp_size} superseded by {what} ({by})",
+        )
+
+
+def supersede_for_job(session: Session, job: ReconfigurationJob) -> None:
+    """`on_created` of an operator's job: it supersedes every intent older than it."""
+    deployment = session.get(Deployment, job.deployment_id)
+    if deployment is not None:
+        supersede(session, deployment, code=EndCode.operator_job, by=job.id, now=job.created_at)
+
+
+def refuse_if_paused(session: Session, ref: str) -> None:
+    """An autoscaler's own job (its token on `POST /v1/reconfigurations`) waits while paused."""
+    deployment = session.exec(select(Deployment).where(col(Deployment.name) == ref)).first()
+    if deployment is not None and deployment.autoscale_paused:
+        raise ConflictError(
+            f"autoscaling of deployment {deployment.name!r} is paused (autoscale_paused): autoscaler "
+            "jobs wait until it is resumed; operators may still scale",
+            code="autoscaling-paused",
+            deployment=deployment.name,
+        )

@@ -1,25 +1,32 @@
-"""Reading and setting a deployment's width in the `Scale` shape, HTTP-free.
+"""Reading and writing a deployment's width in the `Scale` shape, HTTP-free.
 
-A PUT goes through `app.jobs.service.create_reconfiguration`, the function behind
-`POST /v1/reconfigurations`: the same limits, one active job per deployment (409 naming it), unresolved
-cleanup refusal and Idempotency-Key handling; the job's source is `scale-subresource`.
+A write (PUT, or a PATCH turned into the object it makes: `app.scale.patches`) goes through
+`app.jobs.service.create_reconfiguration`, the function behind `POST /v1/reconfigurations`: the same
+limits, one active job per deployment, unresolved cleanup refusal and Idempotency-Key handling; the
+job's source is `scale-subresource`.
 
-Kubernetes semantics kept: `spec.replicas` is the desired size (a pending desired size, else an
-active job's target, else the current size), `status.replicas` the observed one; a PUT of the size
-already desired changes nothing (200, no job, unless its Idempotency-Key replays an earlier PUT); a PUT
-carrying a `metadata.resourceVersion` other than the current one is a 409, as the Kubernetes API
-server answers a stale update. The version is checked first: a retry should send either the version
-it read or an Idempotency-Key, not both.
+Kubernetes semantics kept:
+- `spec.replicas` is the size asked for last (a deferred write's, else an active job's target, else the
+  current size), `status.replicas` the observed one; a write of the size already asked for changes
+  nothing (200, no job, the same resourceVersion) unless its Idempotency-Key replays an earlier write.
+- `metadata.resourceVersion` changes with every accepted write, deferred ones included, and whenever
+  the status can (a new generation or a new job). A write carrying one other than the current is a 409
+  (`scale-resource-version-conflict`), as the API server answers a stale update, and so is the loser of
+  two writes sent with the same one: the version is claimed by a compare-and-set on the deployment row.
+  The version is checked first: a retry should send either the version it read or an
+  Idempotency-Key, not both.
 
-A PUT is an autoscaler request: it sets the deployment's desired size (`app.scale.desired`). While a
-job is active or the cooldown runs, it is recorded and answered 200 without a job (annotation
-`epctl.io/deferred` says why); the runner's reconciler starts the job when that ends.
+A write is an operator's decision: it supersedes every autoscaler intent older than it, and neither the
+stabilization rule nor `autoscale_paused` applies to it. While a job is active or the cooldown runs, it
+is recorded (a pending intent of source `scale-subresource`) and answered 200 without a job
+(annotation `epctl.io/deferred` says why); the runner's reconciler starts its job first when that ends.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
@@ -30,6 +37,9 @@ from app.jobs.idempotency import IdempotencyKey
 from app.jobs.models import IdempotencyRecord, ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import active_job, create_reconfiguration, out_of_range
 from app.scale import desired as desires
+from app.scale import intents
+from app.scale.blockers import blocker
+from app.scale.intents import SPEC_SOURCE, EndCode, IntentState, ScaleIntentRow
 from app.scale.models import (
     ACTIVE_JOB_ANNOTATION,
     DEFERRED_ANNOTATION,
@@ -41,29 +51,41 @@ from app.scale.models import (
     ScaleStatus,
 )
 
+SPEC_STREAM = intents.stream_key(SPEC_SOURCE)
+
 
 @dataclass(frozen=True)
 class ScaleOutcome:
     scale: Scale
-    job: ReconfigurationJob | None  # the job the PUT created (or replayed); None when nothing changed
+    job: ReconfigurationJob | None  # the job the write created (or replayed); None when nothing changed
     replayed: bool = False
 
 
-def _resource_version(session: Session, deployment: Deployment) -> str:
-    """Changes whenever spec or status can: a new generation or a new job of the deployment."""
+def resource_version(session: Session, deployment: Deployment) -> str:
+    """`<generation>-<newest job>-<writes>`: changes whenever spec or status can."""
     newest = session.exec(
         select(ReconfigurationJob.id)
         .where(ReconfigurationJob.deployment_id == deployment.id)
         .order_by(col(ReconfigurationJob.id).desc())
         .limit(1)
     ).first()
-    return f"{deployment.generation}-{newest or 0}"
+    return f"{deployment.generation}-{newest or 0}-{deployment.scale_version}"
+
+
+def _pending_write(session: Session, deployment: Deployment) -> ScaleIntentRow | None:
+    return session.exec(
+        select(ScaleIntentRow).where(
+            col(ScaleIntentRow.deployment_id) == deployment.id,
+            col(ScaleIntentRow.source) == SPEC_SOURCE,
+            col(ScaleIntentRow.state) == IntentState.pending.value,
+        )
+    ).first()
 
 
 def _spec_replicas(session: Session, deployment: Deployment, active: ReconfigurationJob | None) -> int:
-    """The size asked for last: a pending desire, else an active job's target, else the current size."""
-    if desires.is_pending(session, deployment) and deployment.desired_dp_size is not None:
-        return deployment.desired_dp_size
+    pending = _pending_write(session, deployment)
+    if pending is not None:
+        return pending.target_dp_size
     if active is not None:
         return active.to_dp_size
     return deployment.current_dp_size
@@ -88,7 +110,7 @@ def scale_of(
         metadata=ObjectMeta(
             name=deployment.name,
             uid=deployment.id,
-            resourceVersion=_resource_version(session, deployment),
+            resourceVersion=resource_version(session, deployment),
             creationTimestamp=deployment.created_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
             annotations=annotations or None,
         ),
@@ -101,6 +123,29 @@ def scale_of(
 
 def get_scale(session: Session, *, ref: str) -> Scale:
     return scale_of(session, get_deployment(session, ref=ref))
+
+
+class ScaleVersionConflict(ConflictError):
+    code = "scale-resource-version-conflict"
+
+
+def _conflict(deployment: Deployment, current: str, sent: str) -> ConflictError:
+    return ScaleVersionConflict(
+        f"the scale of deployment {deployment.name!r} has been modified (resourceVersion {current}, not "
+        f"{sent}); read it again and retry",
+        resource_version=current,
+    )
+
+
+def _claim_write(session: Session, deployment: Deployment, *, conditional: bool) -> bool:
+    """Bump the write counter (in the caller's transaction); with `conditional`, only if nobody did
+    since the version was read (compare-and-set: of two writes sent with one version, one wins)."""
+    seen = deployment.scale_version
+    statement = sa.update(Deployment).where(col(Deployment.id) == deployment.id)
+    if conditional:
+        statement = statement.where(col(Deployment.scale_version) == seen)
+    claimed = session.execute(statement.values(scale_version=Deployment.scale_version + 1))
+    return bool(claimed.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def put_scale(
@@ -118,65 +163,84 @@ def put_scale(
             f"({deployment.name})",
             code="scale-name-mismatch",
         )
-    desired = scale.spec.replicas
-    if desired is None:
+    wanted = scale.spec.replicas
+    if wanted is None:
         raise InvalidRequestError(
             "spec.replicas is required: the target DP size", code="scale-replicas-missing"
         )
     current = scale_of(session, deployment)
-    sent_version = scale.metadata.resourceVersion
-    if sent_version and sent_version != current.metadata.resourceVersion:
-        raise ConflictError(
-            f"the scale of deployment {deployment.name!r} has been modified (resourceVersion "
-            f"{current.metadata.resourceVersion}, not {sent_version}); read it again and retry",
-            code="scale-resource-version-conflict",
-            resource_version=current.metadata.resourceVersion,
-        )
-    unchanged = desired == current.spec.replicas
-    in_range = deployment.min_dp_size <= desired <= deployment.max_dp_size
+    version = current.metadata.resourceVersion or ""
+    sent = scale.metadata.resourceVersion
+    if sent and sent != version:
+        raise _conflict(deployment, version, sent)
+    unchanged = wanted == current.spec.replicas
+    in_range = deployment.min_dp_size <= wanted <= deployment.max_dp_size
     if unchanged and (idempotency is None or not in_range):
         return ScaleOutcome(scale=current, job=None)
     if not in_range:
         # Checked here too: 0 (scale to zero) is a valid Scale but never a valid DP size.
-        raise out_of_range(deployment, "spec.replicas", desired)
+        raise out_of_range(deployment, "spec.replicas", wanted)
     now = utc_now()
-    blocked = desires.blocker(session, deployment, now)
     replay = idempotency is not None and _key_used(session, idempotency.scope, idempotency.key)
-    if blocked is not None and not replay:
-        desires.set_desired(
-            deployment,
-            size=desired,
-            source=desires.SCALE_SUBRESOURCE,
+    blocked = None if replay else blocker(session, deployment, now)
+
+    def claim() -> None:
+        if not _claim_write(session, deployment, conditional=bool(sent)):
+            raise _conflict(deployment, "(changed)", sent or "")
+
+    if blocked is not None:
+        try:
+            claim()
+        except ScaleVersionConflict:
+            session.rollback()
+            raise _conflict(deployment, resource_version(session, deployment), sent or "") from None
+        write = intents.new_intent(
+            deployment_id=deployment.id,
+            source=SPEC_SOURCE,
+            stream=SPEC_STREAM,
+            target=wanted,
+            requested=wanted,
+            step=None,
+            anchor=None,
             requester=requester,
             reason="scale subresource",
             now=now,
         )
+        desires.supersede(session, deployment, code=EndCode.scale_write, by=write.id, now=now)
+        session.add(write)
         session.commit()
+        session.refresh(deployment)
         return ScaleOutcome(scale=scale_of(session, deployment, deferred=blocked.reason), job=None)
-    desires.set_desired(
-        deployment,
-        size=desired,
-        source=desires.SCALE_SUBRESOURCE,
-        requester=requester,
-        reason="scale subresource",
-        now=now,
-    )
+
+    def claim_and_supersede(session: Session, job: ReconfigurationJob) -> None:
+        # In the job's own transaction: the version, the job and the superseded intents commit together.
+        claim()
+        desires.supersede(session, deployment, code=EndCode.scale_write, by=job.id, now=now)
+
     try:
         outcome = create_reconfiguration(
             session,
             request=ReconfigurationCreate(
-                deployment=deployment.name, target_dp_size=desired, reason="scale subresource"
+                deployment=deployment.name, target_dp_size=wanted, reason="scale subresource"
             ),
             requested_by=RequestSource.scale_subresource,
             requester=requester,
             idempotency=idempotency,
+            on_created=None if replay else claim_and_supersede,
         )
+    except ScaleVersionConflict:
+        session.rollback()
+        raise _conflict(deployment, resource_version(session, deployment), sent or "") from None
     except ConflictError:
         session.rollback()
         if not unchanged:
             raise
-        # A keyed PUT of the size already desired that is not a replay: nothing to do, as without a key.
+        # A keyed write of the size already asked for that is not a replay: nothing to do, as without a key.
+        session.refresh(deployment)
         return ScaleOutcome(scale=scale_of(session, deployment), job=None)
+    except BaseException:
+        session.rollback()
+        raise
     session.refresh(deployment)
     shown = scale_of(session, deployment, job=outcome.job)
     # The answer shows the request taken: spec is the job's target even when a replayed job has ended.

@@ -29,6 +29,7 @@ class EventType(StrEnum):
     deployment_recovered = "deployment.recovered"  # every member serves its generation again
     incident_opened = "incident.opened"  # a deployment stopped being whole (app.incidents)
     incident_resolved = "incident.resolved"  # ... and is whole again: how long it took
+    autoscaler_decision = "autoscaler.decision"  # an intent was taken, deferred, held, paused, withdrawn...
 
 
 class DeliveryState(StrEnum):

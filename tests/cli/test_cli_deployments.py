@@ -107,3 +107,37 @@ def test_engines_list_shows_registered_engines(
     assert result.exit_code == 0, result.output
     engine_lines = [line for line in result.stdout.splitlines() if line.startswith(f"{deployment_name}-e")]
     assert len(engine_lines) == 3
+
+
+def test_autoscaling_behaviour_and_pause_are_set_shown_and_updated_from_the_cli(
+    coordinator: Coordinator, api: httpx.Client, deployment_name: str
+) -> None:
+    created = epctl(
+        coordinator,
+        "deployments",
+        "create",
+        deployment_name,
+        "--launcher",
+        "static",
+        "--scale-down-window",
+        "120",
+        "--scale-up-max-step",
+        "2",
+        "--pause-autoscaling",
+    )
+    assert created.exit_code == 0, created.output
+    assert "autoscaling: paused" in created.stdout and "window 120 s" in created.stdout
+    resumed = epctl(
+        coordinator,
+        "deployments",
+        "update",
+        deployment_name,
+        "--resume-autoscaling",
+        "--scale-up-max-step",
+        "0",
+    )
+    assert resumed.exit_code == 0, resumed.output
+    shown = api.get(f"/v1/deployments/{deployment_name}").json()
+    assert shown["autoscale_paused"] is False
+    assert shown["autoscale_behavior"]["scale_down"]["stabilization_window_s"] == 120
+    assert shown["autoscale_behavior"]["scale_up"]["max_step"] is None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.support.fixtures import token_headers
@@ -74,3 +77,44 @@ def test_configuration_needs_admin(client: TestClient) -> None:
     client.post("/v1/deployments", json=DEMO)
     assert client.patch("/v1/deployments/demo", json={"max_dp_size": 2}, headers=operator).status_code == 403
     assert client.get("/v1/deployments", headers=operator).status_code == 200
+
+
+def test_autoscaling_behaviour_defaults_to_hpas_and_updates_field_by_field(client: TestClient) -> None:
+    created = client.post("/v1/deployments", json={"name": "hpa"}).json()
+    assert created["autoscale_behavior"] == {
+        "scale_down": {"stabilization_window_s": 300.0, "max_step": None, "period_s": 60.0},
+        "scale_up": {"stabilization_window_s": 0.0, "max_step": None, "period_s": 60.0},
+    }
+    assert created["autoscale_paused"] is False
+    body = {"autoscale_behavior": {"scale_up": {"max_step": 2}}, "autoscale_paused": True}
+    updated = client.patch("/v1/deployments/hpa", json=body).json()
+    assert updated["autoscale_behavior"]["scale_up"] == {
+        "stabilization_window_s": 0.0,
+        "max_step": 2,
+        "period_s": 60.0,
+    }
+    assert updated["autoscale_behavior"]["scale_down"]["stabilization_window_s"] == 300.0
+    assert updated["autoscale_paused"] is True
+
+
+@pytest.mark.parametrize(
+    "behavior",
+    [
+        {"scale_down": {"stabilization_window_s": -1}},
+        {"scale_down": {"stabilization_window_s": 3601}},
+        {"scale_up": {"max_step": 0}},
+        {"scale_up": {"period_s": 0}},
+        {"scale_up": {"colour": "red"}},
+        {"sideways": {}},
+    ],
+)
+def test_a_behaviour_out_of_bounds_is_422_and_changes_nothing(
+    client: TestClient, behavior: dict[str, Any]
+) -> None:
+    client.post("/v1/deployments", json={"name": "hpa"})
+    response = client.patch("/v1/deployments/hpa", json={"autoscale_behavior": behavior})
+    assert response.status_code == 422 and response.headers["content-type"] == "application/problem+json"
+    assert (
+        client.get("/v1/deployments/hpa").json()["autoscale_behavior"]["scale_down"]["stabilization_window_s"]
+        == 300
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from alembic import command
 from fastapi.testclient import TestClient
@@ -9,6 +11,7 @@ from fastapi.testclient import TestClient
 from app.core.db import alembic_config
 
 PROBLEM_MEMBERS = {"type", "title", "status", "detail", "instance"}
+JSON = {"content-type": "application/json"}
 
 
 def test_unknown_routes_are_404_problems(client: TestClient) -> None:
@@ -85,3 +88,20 @@ def test_a_json_body_sent_without_saying_so_is_a_415_that_names_the_header(
 def test_a_missing_body_is_still_a_422_naming_the_body(client: TestClient) -> None:
     response = client.post("/v1/deployments")
     assert response.status_code == 422 and response.json()["errors"][0]["loc"] == ["body"]
+
+
+def test_every_problem_body_has_one_style_whoever_answers(client: TestClient) -> None:
+    """The input limits answer ahead of the app; their bodies are written as the app's own are: the same
+    members in the same order, the same JSON encoding, the same title for a 422 about the request."""
+    by_the_gate = client.post("/v1/deployments", content=b"[" * 100 + b"]" * 100, headers=JSON)
+    by_the_app = client.post("/v1/deployments", json={"name": "Not A Slug"})
+    by_a_route = client.get("/v1/nowhere")
+    for response, status in ((by_the_gate, 422), (by_the_app, 422), (by_a_route, 404)):
+        assert (
+            response.status_code == status and response.headers["content-type"] == "application/problem+json"
+        )
+        body = response.json()
+        assert list(body)[:6] == ["type", "title", "status", "detail", "instance", "code"]
+        assert response.content == json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    assert by_the_gate.json()["title"] == by_the_app.json()["title"] == "Request validation failed"
+    assert by_a_route.json()["title"] == "Not found"  # sentence case, as the domain errors' titles

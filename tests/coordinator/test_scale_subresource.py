@@ -3,6 +3,8 @@ rules of `POST /v1/reconfigurations` (source `scale-subresource`)."""
 
 from __future__ import annotations
 
+import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jsonschema
@@ -237,3 +239,124 @@ def test_roles_autoscaler_may_scale_viewer_may_only_read(demo: TestClient) -> No
     assert response.status_code == 200, response.text
     job = demo.get(response.headers["location"]).json()
     assert job["requested_by"] == "scale-subresource" and job["requester"] == "autoscaler-token"
+
+
+# --- optimistic concurrency (issue 26, item 4) ---------------------------------------------------------
+
+
+def _version(client: TestClient) -> str:
+    return str(client.get("/v1/deployments/demo/scale").json()["metadata"]["resourceVersion"])
+
+
+def test_a_deferred_write_bumps_the_resource_version_so_a_stale_one_is_409(demo: TestClient) -> None:
+    demo.put("/v1/deployments/demo/scale", json=scale_body(2))  # a job is active: writes now defer
+    read = _version(demo)
+    deferred = demo.put("/v1/deployments/demo/scale", json=scale_body(3, resourceVersion=read))
+    assert deferred.status_code == 200 and "epctl.io/deferred" in deferred.json()["metadata"]["annotations"]
+    assert deferred.json()["metadata"]["resourceVersion"] != read
+    stale = demo.put("/v1/deployments/demo/scale", json=scale_body(4, resourceVersion=read))
+    _assert_problem(stale, 409, "scale-resource-version-conflict")
+    assert demo.get("/v1/deployments/demo/scale").json()["spec"]["replicas"] == 3
+
+
+@pytest.mark.databases("sqlite", "postgres")
+@pytest.mark.parametrize("deferred", [False, True], ids=["job", "deferred"])
+def test_of_two_writers_with_the_same_resource_version_exactly_one_wins(
+    demo: TestClient, deferred: bool
+) -> None:
+    if deferred:
+        demo.put("/v1/deployments/demo/scale", json=scale_body(2))  # an active job: both writes defer
+    read = _version(demo)
+
+    def write(replicas: int) -> int:
+        return demo.put(
+            "/v1/deployments/demo/scale", json=scale_body(replicas, resourceVersion=read)
+        ).status_code
+
+    with ThreadPoolExecutor(2) as pool:
+        statuses = sorted(pool.map(write, [3, 4]))
+    assert statuses == [200, 409], statuses
+    assert _job_count(demo) == 1
+
+
+def _patch(client: TestClient, body: Any, content_type: str, **headers: str) -> Any:
+    return client.patch(
+        "/v1/deployments/demo/scale",
+        content=json.dumps(body).encode(),
+        headers={"content-type": content_type, **headers},
+    )
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/merge-patch+json", "application/strategic-merge-patch+json; charset=utf-8"],
+)
+def test_a_merge_patch_of_spec_replicas_scales(demo: TestClient, content_type: str) -> None:
+    response = _patch(demo, {"spec": {"replicas": 2}}, content_type)  # what `kubectl scale` sends
+    assert response.status_code == 200, response.text
+    assert response.json()["spec"]["replicas"] == 2 and response.headers["location"]
+
+
+def test_a_json_patch_replaces_spec_replicas_and_tests_the_version(demo: TestClient) -> None:
+    read = _version(demo)
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": read},
+        {"op": "replace", "path": "/spec/replicas", "value": 2},
+    ]
+    assert _patch(demo, ops, "application/json-patch+json").status_code == 200
+    stale = _patch(demo, [{**ops[0]}, {**ops[1], "value": 3}], "application/json-patch+json")
+    _assert_problem(stale, 409, "scale-resource-version-conflict")
+
+
+def test_a_merge_patch_with_a_stale_version_is_409(demo: TestClient) -> None:
+    read = _version(demo)
+    demo.put("/v1/deployments/demo/scale", json=scale_body(2))
+    stale = _patch(
+        demo, {"metadata": {"resourceVersion": read}, "spec": {"replicas": 3}}, "application/merge-patch+json"
+    )
+    _assert_problem(stale, 409, "scale-resource-version-conflict")
+
+
+@pytest.mark.parametrize(
+    ("ops", "code"),
+    [
+        ([{"op": "remove", "path": "/spec/replicas"}], "unsupported-patch"),
+        ([{"op": "replace", "path": "/metadata/name", "value": "x"}], "unsupported-patch"),
+        ([{"op": "move", "from": "/spec/replicas", "path": "/status/replicas"}], "unsupported-patch"),
+        ([{"op": "test", "path": "/spec/replicas", "value": 7}], "patch-test-failed"),
+        ({"op": "replace"}, "malformed-patch"),
+    ],
+    ids=["remove", "other-path", "move", "failed-test", "not-a-list"],
+)
+def test_json_patch_operations_that_make_no_sense_for_a_scale_are_422(
+    demo: TestClient, ops: Any, code: str
+) -> None:
+    _assert_problem(_patch(demo, ops, "application/json-patch+json"), 422, code)
+    assert _job_count(demo) == 0
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/apply-patch+yaml", "text/plain"])
+def test_patch_with_another_content_type_is_415(demo: TestClient, content_type: str) -> None:
+    body = _assert_problem(
+        _patch(demo, {"spec": {"replicas": 2}}, content_type), 415, "unsupported-media-type"
+    )
+    assert "application/merge-patch+json" in body["accepted"]
+    assert _job_count(demo) == 0
+
+
+def test_a_merge_patch_making_an_invalid_scale_is_422(demo: TestClient) -> None:
+    _assert_problem(
+        _patch(demo, {"spec": {"replicas": "two"}}, "application/merge-patch+json"), 422, "invalid-scale"
+    )
+
+
+def test_a_scale_write_supersedes_older_autoscaler_intents(demo: TestClient) -> None:
+    headers = token_headers(demo, "autoscaler", "keda")
+    demo.put("/v1/deployments/demo/scale", json=scale_body(2))  # an active job: the hook defers
+    asked = demo.post(
+        "/v1/hooks/scale", json={"deployment": "demo", "target_dp_size": 4}, headers=headers
+    ).json()
+    assert asked["decision"] == "deferred"
+    demo.put("/v1/deployments/demo/scale", json=scale_body(3))
+    superseded = demo.get("/v1/hooks/requests", params={"decision": "superseded"}).json()["data"]
+    assert [(r["intent_id"], r["code"]) for r in superseded] == [(asked["intent_id"], "scale-subresource")]

@@ -1,24 +1,25 @@
-"""Alertmanager v4 payloads -> scale intents (pure parsing, no database)."""
+"""Alertmanager v4 payloads -> scale asks, one per deployment named, each with the identity that makes a
+repeat a duplicate (pure parsing, no database)."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from app.hooks.alertmanager import AlertmanagerPayload, parse_step, plan
+from app.hooks.alertmanager import MAX_DEPLOYMENTS_PER_NOTIFICATION, AlertmanagerPayload, parse_step, plan
 from tests.operators.alertmanager_payloads import alert, firing_payload, payload, resolved_payload
 
 
 def test_firing_alert_with_target_label_becomes_one_intent() -> None:
     result = plan(AlertmanagerPayload.model_validate(firing_payload("d1", target_dp_size=4)))
-    assert [(i.deployment, i.target_dp_size, i.step) for i in result.intents] == [("d1", 4, None)]
-    assert "MoEQueueTooLong" in result.intents[0].reason
+    assert [(i.deployment, i.target_dp_size, i.step) for i in result.asks] == [("d1", 4, None)]
+    assert "MoEQueueTooLong" in result.asks[0].reason
     assert result.skipped == []
 
 
 def test_target_may_come_from_an_annotation() -> None:
     body = payload([alert(deployment="d1", annotations={"target_dp_size": "3"})])
-    assert plan(AlertmanagerPayload.model_validate(body)).intents[0].target_dp_size == 3
+    assert plan(AlertmanagerPayload.model_validate(body)).asks[0].target_dp_size == 3
 
 
 @pytest.mark.parametrize(
@@ -33,20 +34,31 @@ def test_target_may_come_from_an_annotation() -> None:
 )
 def test_scale_and_step_labels_become_a_signed_step(labels: dict[str, str], step: int) -> None:
     body = payload([alert(deployment="d1", labels=labels)])
-    assert plan(AlertmanagerPayload.model_validate(body)).intents[0].step == step
+    assert plan(AlertmanagerPayload.model_validate(body)).asks[0].step == step
 
 
-def test_resolved_alert_is_skipped_with_a_reason() -> None:
+def test_a_deployment_named_only_by_resolved_alerts_is_asked_to_withdraw() -> None:
     result = plan(AlertmanagerPayload.model_validate(resolved_payload("d1")))
-    assert result.intents == []
-    assert result.skipped[0].deployment == "d1"
-    assert "resolved" in result.skipped[0].reason
+    [ask] = result.asks
+    assert (ask.deployment, ask.resolved, ask.target_dp_size, ask.step) == ("d1", True, None, None)
+    assert result.skipped == []
+
+
+def test_a_resolved_alert_beside_a_firing_one_does_not_withdraw() -> None:
+    body = payload(
+        [
+            alert(deployment="d1", labels={"scale": "up", "instance": "a"}),
+            alert(deployment="d1", status="resolved", labels={"scale": "up", "instance": "b"}),
+        ]
+    )
+    [ask] = plan(AlertmanagerPayload.model_validate(body)).asks
+    assert (ask.resolved, ask.step) == (False, 1)
 
 
 def test_alert_without_deployment_label_is_skipped() -> None:
     body = payload([alert(deployment=None, labels={"scale": "up"})])
     result = plan(AlertmanagerPayload.model_validate(body))
-    assert result.intents == [] and "deployment" in result.skipped[0].reason
+    assert result.asks == [] and "deployment" in result.skipped[0].reason
 
 
 @pytest.mark.parametrize(
@@ -64,7 +76,7 @@ def test_alert_with_unusable_scale_labels_is_skipped_with_the_reason(
     labels: dict[str, str], words: str
 ) -> None:
     result = plan(AlertmanagerPayload.model_validate(payload([alert(deployment="d1", labels=labels)])))
-    assert result.intents == [] and words in result.skipped[0].reason
+    assert result.asks == [] and words in result.skipped[0].reason
 
 
 def test_alerts_disagreeing_on_one_deployment_scale_nothing() -> None:
@@ -75,7 +87,7 @@ def test_alerts_disagreeing_on_one_deployment_scale_nothing() -> None:
         ]
     )
     result = plan(AlertmanagerPayload.model_validate(body))
-    assert result.intents == [] and "disagree" in result.skipped[0].reason
+    assert result.asks == [] and "disagree" in result.skipped[0].reason
 
 
 def test_one_payload_may_scale_two_deployments() -> None:
@@ -86,21 +98,49 @@ def test_one_payload_may_scale_two_deployments() -> None:
         ]
     )
     result = plan(AlertmanagerPayload.model_validate(body))
-    assert sorted((i.deployment, i.step) for i in result.intents) == [("d1", 1), ("d2", -1)]
+    assert sorted((i.deployment, i.step) for i in result.asks) == [("d1", 1), ("d2", -1)]
 
 
-def test_repeat_notification_of_the_same_episode_has_the_same_dedupe_key() -> None:
-    first = plan(AlertmanagerPayload.model_validate(firing_payload("d1", target_dp_size=4)))
-    again = plan(AlertmanagerPayload.model_validate(firing_payload("d1", target_dp_size=4)))
-    assert first.intents[0].dedupe_key == again.intents[0].dedupe_key
+def identity_of(body: dict[str, object]) -> str | None:
+    return plan(AlertmanagerPayload.model_validate(body)).asks[0].identity
 
 
-def test_new_firing_episode_of_the_same_alert_has_a_new_dedupe_key() -> None:
-    first = plan(AlertmanagerPayload.model_validate(firing_payload("d1", scale="up")))
-    later = plan(
-        AlertmanagerPayload.model_validate(firing_payload("d1", scale="up", starts_at="2026-11-29T11:00:00Z"))
+def test_a_repeat_of_a_notification_has_the_same_identity() -> None:
+    assert identity_of(firing_payload("d1", target_dp_size=4)) == identity_of(
+        firing_payload("d1", target_dp_size=4)
     )
-    assert first.intents[0].dedupe_key != later.intents[0].dedupe_key
+
+
+def test_a_new_firing_episode_has_a_new_identity() -> None:
+    later = firing_payload("d1", scale="up", starts_at="2026-11-29T11:00:00Z")
+    assert identity_of(firing_payload("d1", scale="up")) != identity_of(later)
+
+
+def test_an_alert_joining_the_group_makes_a_new_identity_of_the_same_stream() -> None:
+    one = alert(deployment="d1", labels={"step": "-1", "instance": "a"})
+    two = alert(deployment="d1", labels={"step": "-1", "instance": "b"})
+    first = plan(AlertmanagerPayload.model_validate(payload([one]))).asks[0]
+    joined = plan(AlertmanagerPayload.model_validate(payload([one, two]))).asks[0]
+    assert first.identity != joined.identity and first.stream == joined.stream
+
+
+def test_the_resolution_of_a_group_is_not_its_firing_identity() -> None:
+    assert identity_of(resolved_payload("d1")) != identity_of(firing_payload("d1", target_dp_size=4))
+
+
+def test_another_group_is_another_stream() -> None:
+    body = firing_payload("d1", scale="up")
+    other = {**body, "groupKey": '{}:{alertname="Other"}'}
+    assert plan(AlertmanagerPayload.model_validate(body)).asks[0].stream != (
+        plan(AlertmanagerPayload.model_validate(other)).asks[0].stream
+    )
+
+
+def test_one_notification_decides_for_a_bounded_number_of_deployments() -> None:
+    body = payload([alert(deployment=f"d{i}", labels={"scale": "up"}) for i in range(2000)])
+    result = plan(AlertmanagerPayload.model_validate(body))
+    assert len(result.asks) == MAX_DEPLOYMENTS_PER_NOTIFICATION
+    assert sum(result.beyond_cap.values()) == 2000 - MAX_DEPLOYMENTS_PER_NOTIFICATION
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,11 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.core.clock import utc_now
-from app.deployments.models import Deployment
 from app.runner.record import JobRecord
 from app.runner.scheduled import reconcile_desired_sizes, scheduled_tasks
 from app.runner.settings import RunnerSettings
 from app.scale import desired
+from app.scale.intents import ScaleIntentRow
 from tests.operators.alertmanager_payloads import alert, payload
 from tests.operators.inbound_hooks.support import (
     alertmanager_headers,  # noqa: F401  (a fixture)
@@ -30,6 +30,7 @@ from tests.operators.inbound_hooks.support import (
     post_alerts,
     settings_with_inbound_secrets,  # noqa: F401  (a fixture)
     signed,
+    succeed,
 )
 
 
@@ -103,7 +104,7 @@ def test_two_opposite_alerts_move_the_size_once_per_cooldown(
     assert [job.to_dp_size for job in jobs(db_engine)] == [1, 4]
 
 
-def test_a_second_alert_joining_a_firing_group_does_not_scale_again(
+def test_a_second_alert_joining_a_firing_group_is_a_new_intent_asking_the_same_size(
     anonymous: TestClient,  # noqa: F811
     alertmanager_headers: dict[str, str],  # noqa: F811
     client: TestClient,
@@ -113,9 +114,11 @@ def test_a_second_alert_joining_a_firing_group_does_not_scale_again(
     one = alert(deployment="d1", labels={"step": "-1", "instance": "a"})
     two = alert(deployment="d1", labels={"step": "-1", "instance": "b"}, starts_at="2026-11-29T10:01:00.000Z")
     post_alerts(anonymous, alertmanager_headers, payload([one]))
-    finish(db_engine, jobs(db_engine)[0].id)
+    succeed(db_engine, jobs(db_engine)[0].id)
     again = post_alerts(anonymous, alertmanager_headers, payload([one, two])).json()["results"][0]
-    assert again["code"] == "duplicate" and len(jobs(db_engine)) == 1
+    # The step counts from where the group's firing episode began (2), not from the size it reached.
+    assert (again["decision"], again["code"], again["target_dp_size"]) == ("ignored", "already-at-size", 1)
+    assert len(jobs(db_engine)) == 1
 
 
 def test_unusable_labels_are_a_422_naming_them_and_usable_alerts_still_act(
@@ -204,5 +207,5 @@ def test_the_runner_reconciles_desired_sizes_as_a_scheduled_task(
     started = asyncio.run(reconcile_desired_sizes(JobRecord(db_engine)))
     assert len(started) == 1 and jobs(db_engine)[-1].to_dp_size == 4
     with Session(db_engine) as session:
-        row = session.exec(select(Deployment).where(Deployment.name == "d1")).one()
-        assert row.desired_requester == "signature:global"
+        intent = session.exec(select(ScaleIntentRow).where(ScaleIntentRow.job_id == started[0])).one()
+        assert intent.requester == "signature:global"

@@ -207,3 +207,20 @@ def test_metrics_answer_without_a_token_and_carry_no_credential(
     for secret in (viewer, hook["secret"], ADMIN_TOKEN):
         assert secret not in response.text
     assert client.get("/v1/sd/agents", headers=anonymous).status_code == 401
+
+
+def test_coordinator_and_agent_report_their_process_and_build() -> None:
+    from app.metrics import REGISTRY
+    from engine_agent.agent import AgentMetrics
+    from engine_agent.build_info import version
+
+    counters = SimpleNamespace(steps=0, dummy_steps=0, requests_served=0, tokens_served=0, pauses=0)
+    agent = generate_latest(AgentMetrics(SimpleNamespace(counters=counters)).registry).decode()  # type: ignore[arg-type]
+    coordinator = generate_latest(REGISTRY).decode()
+    for component, text in (("coordinator", coordinator), ("agent", agent)):
+        found = samples(text)
+        assert (found.get(("process_resident_memory_bytes", ())) or 0) > 0, component
+        assert ("process_start_time_seconds", ()) in found, component
+        [(labels, one)] = [(dict(k[1]), v) for k, v in found.items() if k[0] == "epctl_build_info"]
+        assert (one, labels["component"], labels["version"]) == (1.0, component, version())
+        assert labels["python_version"] and "python_info" in text

@@ -19,6 +19,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,7 +28,10 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client import generate_latest
+from sqlmodel import Session, select
 
+from app.core.db import make_engine
+from app.deployments.models import Deployment
 from tests.support.monitoring import (
     ALERTMANAGER,
     PROMETHEUS,
@@ -36,6 +40,7 @@ from tests.support.monitoring import (
     fire,
     missing,
     prometheus_query,
+    resolve,
 )
 from tests.support.processes import ROOT, Coordinator
 from tests.support.waiting import wait_until
@@ -43,16 +48,16 @@ from tests.support.waiting import wait_until
 COOLDOWN_S = 4.0
 
 
-def alertmanager_config(coordinator: Coordinator, token_file: Path) -> str:
-    # group_by as the docs advise; repeat_interval far beyond the test: a deferred request must be
-    # acted on without a repeat.
+def alertmanager_config(coordinator: Coordinator, token_file: Path, repeat_interval: str = "4h") -> str:
+    # group_by as the docs advise; by default repeat_interval far beyond the test: a deferred request
+    # must be acted on without a repeat.
     return f"""
 route:
   receiver: epctl
   group_by: [alertname, deployment]
   group_wait: 0s
   group_interval: 1s
-  repeat_interval: 4h
+  repeat_interval: {repeat_interval}
 receivers:
   - name: epctl
     webhook_configs:
@@ -65,11 +70,37 @@ receivers:
 """
 
 
-def static_deployment(admin: httpx.Client, name: str, *, cooldown_s: float = 0.0) -> None:
+def static_deployment(
+    admin: httpx.Client,
+    name: str,
+    *,
+    cooldown_s: float = 0.0,
+    behavior: dict[str, Any] | None = None,
+    database_url: str | None = None,
+) -> None:
     """A static deployment with four registered engines nobody answers for: jobs roll back at once,
-    which is all these tests need (a job is the decision)."""
-    body = {"name": name, "launcher": "static", "max_dp_size": 4, "autoscale_cooldown_s": cooldown_s}
+    which is all these tests need (a job is the decision). With `database_url`, its record says it
+    serves at DP size 2 (no engine heartbeats, so nothing else would)."""
+    body: dict[str, Any] = {
+        "name": name,
+        "launcher": "static",
+        "max_dp_size": 4,
+        "autoscale_cooldown_s": cooldown_s,
+        "on_engine_loss": "none",
+    }
+    if behavior is not None:
+        body["autoscale_behavior"] = behavior
     admin.post("/v1/deployments", json=body).raise_for_status()
+    if database_url is not None:
+        database = make_engine(database_url)
+        try:
+            with Session(database) as session:
+                row = session.exec(select(Deployment).where(Deployment.name == name)).one()
+                row.current_dp_size = 2
+                session.add(row)
+                session.commit()
+        finally:
+            database.dispose()
     for index in range(4):
         engine = {
             "engine_id": f"{name}-e{index}",
@@ -88,7 +119,8 @@ def jobs_of(admin: httpx.Client, deployment: str) -> list[dict[str, Any]]:
 
 
 def hook_requests(admin: httpx.Client, deployment: str) -> list[dict[str, Any]]:
-    return list(admin.get("/v1/hooks/requests", params={"deployment": deployment}).json()["data"])
+    listed = admin.get("/v1/hooks/requests", params={"deployment": deployment, "limit": 500})
+    return list(listed.json()["data"])
 
 
 @pytest.fixture
@@ -145,8 +177,12 @@ def test_alertmanager_scales_defers_through_the_cooldown_and_sees_4xx_for_an_unk
             describe=describe,
         )[0]
         assert (second["to_dp_size"], second["requested_by"]) == (3, "autoscaler")
-        created = [r["created_at"] for r in hook_requests(admin, "d1")]
-        assert len(created) == 2, "Alertmanager sent each group once: nothing was repeated"
+        asked = [r for r in hook_requests(admin, "d1") if (r["details"] or {}).get("origin") != "coordinator"]
+        assert len(asked) == 2, "Alertmanager sent each group once: nothing was repeated"
+        [acted] = [
+            r for r in hook_requests(admin, "d1") if (r["details"] or {}).get("origin") == "coordinator"
+        ]
+        assert (acted["intent_id"], acted["job_id"]) == (deferred[0]["intent_id"], second["id"])
 
         # 3. An unknown deployment is a 4xx that Alertmanager logs (and does not retry).
         fire(alertmanager, {"alertname": "MoEQueueLong", "deployment": "ghost", "step": "+1"})
@@ -157,6 +193,147 @@ def test_alertmanager_scales_defers_through_the_cooldown_and_sees_4xx_for_an_unk
             describe=describe,
         )
         assert "unknown-deployment" in alertmanager.log()
+
+
+def by_the_coordinator(record: dict[str, Any]) -> bool:
+    """A record the coordinator wrote when it acted on an intent later (not a request)."""
+    return bool((record["details"] or {}).get("origin") == "coordinator")
+
+
+def autoscaler_jobs(admin: httpx.Client, deployment: str) -> list[dict[str, Any]]:
+    return [job for job in jobs_of(admin, deployment) if job["requested_by"] == "autoscaler"]
+
+
+def duplicates_of(admin: httpx.Client, deployment: str, alertname: str) -> list[dict[str, Any]]:
+    """The repeats of the alert's first notification (records linked to the decision they repeat)."""
+    first = first_ask(admin, deployment, alertname)
+    return [r for r in hook_requests(admin, deployment) if first and r["duplicate_of"] == first["id"]]
+
+
+def first_ask(admin: httpx.Client, deployment: str, alertname: str) -> dict[str, Any] | None:
+    """The record that decided the alert's first notification (None before it arrived)."""
+    found = [
+        r
+        for r in hook_requests(admin, deployment)
+        if alertname in r["reason"]
+        and r["duplicate_of"] is None
+        and r["intent_id"]
+        and not by_the_coordinator(r)
+        and r["code"] != "resolved"
+    ]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+@pytest.mark.skipif(bool(missing(ALERTMANAGER)), reason=missing(ALERTMANAGER) or "")
+def test_a_real_alertmanager_repeating_resolving_and_competing_never_flaps_a_deployment(
+    coordinator: Coordinator, database_url: str, tmp_path: Path
+) -> None:
+    """Issue 26 with Debian's Alertmanager resending every group every ~2 s, four deployments at once:
+    steady (a long-firing step alert scales once), resolved and its control (an alert resolved before
+    its deferred intent runs leaves the deployment; the same alert left firing is acted on after the
+    cooldown), opposite (two groups asking for opposite sizes move it at most once per window, counted
+    over several windows), operator (an operator's scale is never undone by a repeat)."""
+    admin = coordinator.api
+    for name in ("steady", "operator"):
+        static_deployment(admin, name, database_url=database_url)
+    for name in ("resolved", "control"):
+        static_deployment(admin, name, cooldown_s=COOLDOWN_S * 3, database_url=database_url)
+    window = {"scale_down": {"stabilization_window_s": COOLDOWN_S}}
+    static_deployment(admin, "opposite", behavior=window, database_url=database_url)
+    token = admin.post("/v1/tokens", json={"name": "alertmanager", "role": "autoscaler"}).json()["token"]
+    token_file = tmp_path / "epctl-autoscaler.token"
+    token_file.write_text(token)
+    config = alertmanager_config(coordinator, token_file, repeat_interval="2s")
+    with Monitor(ALERTMANAGER, config, tmp_path / "am") as alertmanager:
+        describe = lambda: coordinator.log_tail() + alertmanager.log()[-4000:]  # noqa: E731
+
+        # The cooldown of `resolved`, then of `control`, runs from an operator's job (it rolls back).
+        for name in ("resolved", "control"):
+            job = admin.post("/v1/reconfigurations", json={"deployment": name, "target_dp_size": 3}).json()
+            coordinator.wait_job(job["id"])
+        burst = {"alertname": "Burst", "target_dp_size": "4"}
+        for name in ("resolved", "control"):
+            fire(alertmanager, {**burst, "deployment": name})
+        fire(alertmanager, {"alertname": "Steady", "deployment": "steady", "step": "+1"})
+        fire(alertmanager, {"alertname": "Busy", "deployment": "opposite", "target_dp_size": "4"})
+        fire(alertmanager, {"alertname": "Idle", "deployment": "opposite", "target_dp_size": "1"})
+        fire(alertmanager, {"alertname": "Busy", "deployment": "operator", "target_dp_size": "4"})
+
+        # resolved: withdrawn before the cooldown ends; control: acted on after it.
+        deferred = wait_until(
+            lambda: [r for r in hook_requests(admin, "resolved") if r["code"] == "cooldown"],
+            timeout_s=60,
+            what="the Burst alert to be deferred for the cooldown",
+            describe=describe,
+        )
+        resolve(alertmanager, {**burst, "deployment": "resolved"})
+        [withdrawn] = wait_until(
+            lambda: [r for r in hook_requests(admin, "resolved") if r["decision"] == "withdrawn"],
+            timeout_s=60,
+            what="Alertmanager's resolved notification to withdraw the deferred intent",
+            describe=describe,
+        )
+        assert withdrawn["intent_id"] == deferred[0]["intent_id"]
+        [acted] = wait_until(
+            lambda: autoscaler_jobs(admin, "control"),
+            timeout_s=60,
+            what="the control's deferred intent to be acted on after its cooldown",
+            describe=describe,
+        )
+        # `control`'s cooldown ended after `resolved`'s: the reconciler has passed `resolved` since.
+        assert autoscaler_jobs(admin, "resolved") == [], "a withdrawn intent was acted on"
+
+        # operator: the Busy alert scaled once, the operator scaled, Busy keeps repeating.
+        [busy_job] = wait_until(
+            lambda: autoscaler_jobs(admin, "operator"), timeout_s=60, what="Busy's job", describe=describe
+        )
+        coordinator.wait_job(busy_job["id"])
+        operator_job = admin.post(
+            "/v1/reconfigurations", json={"deployment": "operator", "target_dp_size": 3}
+        ).json()
+        coordinator.wait_job(operator_job["id"])
+        seen = len(duplicates_of(admin, "operator", "Busy"))
+        wait_until(
+            lambda: len(duplicates_of(admin, "operator", "Busy")) >= seen + 3,
+            timeout_s=60,
+            what="three more repeats of Busy after the operator's scale",
+            describe=describe,
+        )
+
+        # opposite: count over several windows of repeats.
+        idle = wait_until(lambda: first_ask(admin, "opposite", "Idle"), timeout_s=60, what="Idle's first ask")
+        later = _plus(idle["created_at"], 4 * COOLDOWN_S)
+        wait_until(
+            lambda: any(r["created_at"] > later for r in duplicates_of(admin, "opposite", "Idle")),
+            timeout_s=90,
+            what="four scale-down windows of Idle repeats",
+            describe=describe,
+        )
+        # steady: many repeats of one firing alert.
+        wait_until(
+            lambda: len(duplicates_of(admin, "steady", "Steady")) >= 5,
+            timeout_s=60,
+            what="five repeats of the steady alert",
+            describe=describe,
+        )
+
+    steady = first_ask(admin, "steady", "Steady")
+    assert steady is not None
+    assert [j["to_dp_size"] for j in autoscaler_jobs(admin, "steady")] == [3], (
+        "a steady step alert scales once"
+    )
+    assert {r["duplicate_of"] for r in duplicates_of(admin, "steady", "Steady")} == {steady["id"]}
+    assert len(autoscaler_jobs(admin, "opposite")) == 1, "two opposite groups flapped the deployment"
+    assert [j["id"] for j in autoscaler_jobs(admin, "operator")] == [busy_job["id"]], (
+        "a repeat undid the operator"
+    )
+    assert acted["to_dp_size"] == 4
+
+
+def _plus(stamp: str, seconds: float) -> str:
+    moment = datetime.fromisoformat(stamp.replace("Z", "+00:00")) + timedelta(seconds=seconds)
+    return moment.isoformat().replace("+00:00", "Z")
 
 
 @pytest.mark.skipif(shutil.which("amtool") is None, reason=missing("amtool") or "")

@@ -17,6 +17,7 @@ from app.engines.models import Engine as EngineRow
 from app.hooks.models import InboundHookRequest
 from app.jobs.models import IdempotencyRecord
 from app.retention import prune_all
+from app.scale.intents import ScaleIntentRow
 from app.webhooks.models import OutboxEvent, WebhookDelivery, WebhookDeliveryAttempt, WebhookSubscription
 
 # The database's own behaviour is part of what these check (tests/support/databases.py).
@@ -108,11 +109,28 @@ def test_old_records_are_pruned_and_owed_or_recent_ones_kept(
                     id=hook_id, source="generic", decision="ignored", reason="r", created_at=created
                 )
             )
+        # Intents: one that ended long ago (pruned), one standing since long ago, one ended lately.
+        for intent_id, ended in (("int_ended_old", OLD), ("int_standing_old", None), ("int_ended_new", NEW)):
+            session.add(
+                ScaleIntentRow(
+                    id=intent_id,
+                    deployment_id="dep_x",
+                    source="generic",
+                    stream="s",
+                    state="withdrawn" if ended else "pending",
+                    target_dp_size=2,
+                    requested_dp_size=2,
+                    created_at=OLD,
+                    last_seen_at=OLD,
+                    ended_at=ended,
+                )
+            )
         session.commit()
 
     pruned = _prune(db_engine, Settings(data_dir=tmp_path, database_url="sqlite://"))
     assert pruned == {
         "hook_requests": 1,
+        "scale_intents": 1,
         "webhook_deliveries": 1,
         "outbox_events": 1,
         "idempotency_keys": 1,
@@ -129,6 +147,7 @@ def test_old_records_are_pruned_and_owed_or_recent_ones_kept(
         assert count(session, WebhookDeliveryAttempt) == 2
         assert list(session.exec(select(IdempotencyRecord.key)).all()) == ["new"]
         assert list(session.exec(select(InboundHookRequest.id)).all()) == ["hook_new"]
+        assert set(session.exec(select(ScaleIntentRow.id)).all()) == {"int_standing_old", "int_ended_new"}
         assert set(session.exec(select(EngineRow.id)).all()) == {"left_new", "serving_old"}
     assert _prune(db_engine, Settings(data_dir=tmp_path, database_url="sqlite://")) == dict.fromkeys(
         pruned, 0

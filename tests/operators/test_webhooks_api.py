@@ -123,7 +123,9 @@ def test_metrics_count_finished_jobs_once_with_phase_durations(
     durations_before = sample(
         "epctl_reconfiguration_job_duration_seconds_count", deployment="d1", outcome="succeeded"
     )
-    phases_before = sample("epctl_reconfiguration_phase_duration_seconds_count", phase="committing")
+    phases_before = sample(
+        "epctl_reconfiguration_phase_duration_seconds_count", phase="committing", outcome="succeeded"
+    )
     rows.run_to_success(session, rows.make_job(session, rows.make_deployment(session, "d1").id).id)
     worker = DeliveryWorker(db_engine, DeliveryPolicy())
     worker.dispatch_outbox()
@@ -134,7 +136,8 @@ def test_metrics_count_finished_jobs_once_with_phase_durations(
         == durations_before + 1
     )
     assert (
-        sample("epctl_reconfiguration_phase_duration_seconds_count", phase="committing") == phases_before + 1
+        sample("epctl_reconfiguration_phase_duration_seconds_count", phase="committing", outcome="succeeded")
+        == phases_before + 1
     )
     text = client.get("/metrics").text
     assert 'epctl_reconfiguration_jobs_total{deployment="d1",outcome="succeeded",requested_by="api"}' in text

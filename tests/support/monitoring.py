@@ -95,6 +95,13 @@ def fire(alertmanager: Monitor, labels: dict[str, str], annotations: dict[str, s
     response.raise_for_status()
 
 
+def resolve(alertmanager: Monitor, labels: dict[str, str]) -> None:
+    """End a firing alert, as Prometheus does when its rule stops matching (endsAt now)."""
+    ended = {"labels": labels, "endsAt": datetime.now(UTC).isoformat()}
+    response = httpx.post(f"{alertmanager.url}/api/v2/alerts", json=[ended], timeout=10.0)
+    response.raise_for_status()
+
+
 def prometheus_query(prometheus: Monitor, query: str) -> list[dict[str, Any]]:
     response = httpx.get(f"{prometheus.url}/api/v1/query", params={"query": query}, timeout=10.0)
     response.raise_for_status()

@@ -53,17 +53,35 @@ def anonymous(app: FastAPI, client: TestClient) -> Iterator[TestClient]:
 
 @pytest.fixture
 def d1(client: TestClient, db_engine: Engine) -> str:
-    """Deployment d1: limits [1, 4], serving at DP size 2, four engines known, no cooldown."""
+    """Deployment d1: limits [1, 4], serving at DP size 2, four engines known, no cooldown, no
+    scale-down window."""
     return make_deployment(client, db_engine, "d1")
 
 
-def make_deployment(client: TestClient, db_engine: Engine, name: str, *, cooldown_s: float = 0.0) -> str:
+def make_deployment(
+    client: TestClient,
+    db_engine: Engine,
+    name: str,
+    *,
+    cooldown_s: float = 0.0,
+    scale_down_window_s: float = 0.0,
+    behavior: dict[str, Any] | None = None,
+) -> str:
+    """A static deployment at DP size 2 of four known engines. Its scale-down window is 0 s unless
+    given (these tests are about other rules; the default window has tests of its own)."""
+    if behavior is None:
+        behavior = {"scale_down": {"stabilization_window_s": scale_down_window_s}}
     body = {
         "name": name,
         "launcher": "static",
         "min_dp_size": 1,
         "max_dp_size": 4,
         "autoscale_cooldown_s": cooldown_s,
+        "autoscale_behavior": (
+            behavior
+            if behavior is not None
+            else {"scale_down": {"stabilization_window_s": scale_down_window_s}}
+        ),
     }
     assert client.post("/v1/deployments", json=body).status_code == 201
     with Session(db_engine) as session:
@@ -98,8 +116,31 @@ def jobs(db_engine: Engine) -> list[ReconfigurationJob]:
 
 
 def finish(db_engine: Engine, job_id: str) -> None:
+    """End a pending job (cancelled: the deployment keeps its size)."""
     with Session(db_engine) as session:
         transition(session, job_id=job_id, from_state=JobState.pending, to_state=JobState.cancelled)
+
+
+def succeed(db_engine: Engine, job_id: str) -> None:
+    """End a pending job as if it ran: the deployment is at its target size."""
+    with Session(db_engine) as session:
+        job = session.get(ReconfigurationJob, job_id)
+        assert job is not None
+        deployment = session.get(Deployment, job.deployment_id)
+        assert deployment is not None
+        for to_state in (
+            JobState.preparing,
+            JobState.syncing,
+            JobState.committing,
+            JobState.cleaning_up,
+            JobState.succeeded,
+        ):
+            transition(session, job_id=job_id, from_state=JobState(job.state), to_state=to_state)
+            session.refresh(job)
+        deployment.current_dp_size = job.to_dp_size
+        deployment.generation = job.to_generation
+        session.add(deployment)
+        session.commit()
 
 
 def last_request(client: TestClient) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def test_scale_up_label_steps_by_one(
     assert jobs(db_engine)[0].to_dp_size == 3
 
 
-def test_resolved_alert_is_recorded_as_ignored_and_scales_nothing(
+def test_a_resolved_alert_with_nothing_standing_is_recorded_as_ignored_and_scales_nothing(
     anonymous: TestClient,
     client: TestClient,
     alertmanager_headers: dict[str, str],
@@ -53,8 +53,8 @@ def test_resolved_alert_is_recorded_as_ignored_and_scales_nothing(
     response = post_alerts(anonymous, alertmanager_headers, resolved_payload("d1"))
     assert response.status_code == 200
     [result] = response.json()["results"]
-    assert (result["decision"], result["code"]) == ("ignored", "alert-skipped")
-    assert "resolved" in result["reason"]
+    assert (result["decision"], result["code"]) == ("ignored", "resolved")
+    assert "nothing to withdraw" in result["reason"]
     assert jobs(db_engine) == []
     assert last_request(client)["source"] == "alertmanager"
 

@@ -93,13 +93,30 @@ def test_stale_timestamp_is_401_and_creates_nothing(
 
 
 @pytest.mark.databases("sqlite", "postgres")
-def test_replayed_webhook_id_is_409_and_creates_nothing_more(
-    anonymous: TestClient, db_engine: Engine, d1: str
+def test_a_copy_of_a_signed_request_is_a_duplicate_linked_to_its_decision(
+    anonymous: TestClient, client: TestClient, db_engine: Engine, d1: str
 ) -> None:
     body = {"deployment": "d1", "target_dp_size": 3}
-    assert signed(anonymous, body, message_id="msg_once").status_code == 202
+    first = signed(anonymous, body, message_id="msg_once")
+    assert first.status_code == 202
     finish(db_engine, jobs(db_engine)[0].id)
-    assert_problem(signed(anonymous, body, message_id="msg_once"), 409, "replayed-webhook-id")
+    for _ in range(3):  # Standard Webhooks senders retry with the same webhook-id: a 2xx stops them
+        again = signed(anonymous, body, message_id="msg_once")
+        assert again.status_code == 200, again.text
+        assert (again.json()["decision"], again.json()["code"]) == ("ignored", "duplicate")
+        assert again.json()["duplicate_of"] == first.json()["request_id"]
+    assert len(jobs(db_engine)) == 1
+    listed = client.get("/v1/hooks/requests").json()["data"]
+    assert [r["duplicate_of"] for r in listed] == [first.json()["request_id"]] * 3 + [None]
+
+
+def test_a_webhook_id_reused_with_another_body_is_409_and_changes_nothing(
+    anonymous: TestClient, db_engine: Engine, d1: str
+) -> None:
+    assert signed(anonymous, {"deployment": "d1", "target_dp_size": 3}, message_id="msg_1").status_code == 202
+    finish(db_engine, jobs(db_engine)[0].id)
+    reused = signed(anonymous, {"deployment": "d1", "target_dp_size": 4}, message_id="msg_1")
+    assert_problem(reused, 409, "replayed-webhook-id")
     assert len(jobs(db_engine)) == 1
 
 

@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scale": ("app.cli.scale", "scale"),
     "deployments": ("app.cli.deployments", "app"),
     "engines": ("app.cli.engines", "app"),
+    "incidents": ("app.cli.incidents", "app"),
     "jobs": ("app.cli.jobs", "app"),
     "cleanup": ("app.cli.jobs", "cleanup_app"),
     "webhooks": ("app.cli.webhooks", "app"),

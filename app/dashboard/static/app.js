@@ -116,6 +116,21 @@ function isoToLocalInput(value) {
   return d.toISOString().slice(0, 16);
 }
 
+// The newest incidents: a deployment that stopped being whole, what was lost, and what clients saw.
+function showIncidents(incidents) {
+  const panel = document.getElementById("incidents-panel");
+  const body = document.getElementById("incidents-body");
+  if (!panel || !body || !incidents.length) return;
+  const ms = (v) => (v == null ? "–" : `${Number(v).toFixed(v < 100 ? 1 : 0)} ms`);
+  const jobLink = (id) => (id ? `<a href="/ui/jobs/${encodeURIComponent(id)}">${esc(id)}</a>` : "–");
+  body.innerHTML = incidents.map((i) => `<tr class="incident ${esc(i.state)}">
+      <td title="${esc(i.message)}">${esc(i.id)}</td><td>${esc(i.deployment)}</td><td>${esc(i.state)}</td>
+      <td>${esc(i.reason)}</td><td>${esc((i.engines || []).join(", ") || "–")}</td>
+      <td>${esc(new Date(i.loss_at).toLocaleString())}</td><td class="num">${ms(i.time_to_serving_ms)}</td>
+      <td class="num">${ms(i.client_outage_ms)}</td><td>${jobLink(i.hit_job_id)}</td></tr>`).join("");
+  panel.hidden = false;
+}
+
 // Each deployment's size and the desired size autoscalers asked for (pending until the job starts).
 function showDeployments(deployments) {
   const panel = document.getElementById("deployments-panel");
@@ -184,6 +199,15 @@ function historyPage() {
         <tbody id="deployments-body"></tbody>
       </table></div>
     </section>
+    <section class="panel" id="incidents-panel" hidden>
+      <div class="panel-head"><h2>Incidents</h2>
+        <span class="muted">a deployment that stopped being whole, and what clients saw</span></div>
+      <div class="table-wrap"><table id="incidents-table">
+        <thead><tr><th>Incident</th><th>Deployment</th><th>State</th><th>Reason</th><th>Lost</th>
+          <th>At</th><th class="num">To serving</th><th class="num">Client outage</th><th>After job</th></tr></thead>
+        <tbody id="incidents-body"></tbody>
+      </table></div>
+    </section>
     <section class="panel">
       <div class="panel-head"><h2>Downtime per job</h2><span class="muted" id="chart-note"></span></div>
       <div id="downtime-chart"></div>
@@ -233,6 +257,10 @@ function historyPage() {
     const back = prev.pop();
     navigate(pageUrl(back === "-" ? "" : back, prev));
   });
+
+  api("/v1/incidents", { params: { limit: 10, ...(filters.deployment ? { deployment: filters.deployment } : {}) } })
+    .then((result) => { if (alive) showIncidents(result.data || []); })
+    .catch(() => {});
 
   api("/v1/deployments", { params: { limit: 200 } })
     .then((result) => {

@@ -1,0 +1,101 @@
+"""`epctl incidents list|show`: every time a deployment stopped being whole, and what clients saw."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from app.cli.client import (
+    DEFAULT_URL,
+    DeploymentFilter,
+    JsonOption,
+    TokenOption,
+    UrlOption,
+    api_errors,
+    command_group,
+    connect,
+    fmt_ms,
+    print_json,
+    short_time,
+    stdout,
+    table,
+)
+
+app = command_group("Incidents: a deployment that stopped being whole, what was lost, how long it took.")
+
+
+@app.command("list")
+def list_incidents(
+    deployment: DeploymentFilter = None,
+    state: Annotated[str | None, typer.Option(help="open or resolved")] = None,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List incidents, newest first."""
+    with api_errors(), connect(url, token) as api:
+        result = api.get("/v1/incidents", deployment=deployment, state=state)
+    if as_json:
+        print_json(result)
+        return
+    data = result.get("data", [])
+    if not data:
+        stdout.print("No incidents.")
+        return
+    rows = [
+        [
+            i.get("id"),
+            i.get("deployment"),
+            i.get("state"),
+            i.get("reason"),
+            ", ".join(i.get("engines") or []) or "-",
+            short_time(i.get("loss_at")),
+            fmt_ms(i.get("time_to_serving_ms")),
+            fmt_ms(i.get("client_outage_ms")),
+            i.get("hit_job_id") or "-",
+        ]
+        for i in data
+    ]
+    columns = [
+        "INCIDENT",
+        "DEPLOYMENT",
+        "STATE",
+        "REASON",
+        "LOST",
+        "AT",
+        "TO SERVING",
+        "CLIENT OUTAGE",
+        "AFTER JOB",
+    ]
+    stdout.print(table(None, columns, rows))
+
+
+@app.command("show")
+def show_incident(
+    incident_id: Annotated[str, typer.Argument(help="the incident's id (inc_...)")],
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One incident: what was lost, when, detection and recovery times, the client outage, the jobs."""
+    with api_errors(), connect(url, token) as api:
+        incident = api.get(f"/v1/incidents/{incident_id}")
+    if as_json:
+        print_json(incident)
+        return
+    lines = [
+        f"[bold]{incident['id']}[/] {incident['deployment']} {incident['state']}: {incident['reason']}",
+        f"  {incident['message']}",
+        f"  lost: {', '.join(incident.get('engines') or []) or '-'} (generation {incident['generation']})",
+        f"  loss at {short_time(incident['loss_at'])},"
+        f" detected after {fmt_ms(incident['time_to_detect_ms'])},"
+        f" serving again after {fmt_ms(incident.get('time_to_serving_ms'))}",
+        f"  client outage: {fmt_ms(incident.get('client_outage_ms'))} (canary probe)",
+    ]
+    if incident.get("hit_job_id"):
+        lines.append(f"  right after job {incident['hit_job_id']}")
+    if incident.get("recovery_job_ids"):
+        lines.append(f"  recovered by {', '.join(incident['recovery_job_ids'])}")
+    for line in lines:
+        stdout.print(line)

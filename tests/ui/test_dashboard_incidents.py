@@ -1,0 +1,46 @@
+"""The dashboard's history lists incidents: what was lost, how long until serving again, what clients
+saw, and the job it came right after (its own module: its coordinator holds an incident)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from playwright.sync_api import expect
+from sqlmodel import Session, select
+
+from app.core.clock import utc_now
+from app.core.db import make_engine
+from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
+from app.deployments.status import set_status
+from app.incidents import service as incidents
+from tests.cli.support import create_static_deployment
+from tests.support.processes import Coordinator
+from tests.ui.conftest import screenshot
+
+
+def test_an_incident_shows_with_its_figures(page: Any, coordinator: Coordinator) -> None:
+    with coordinator.client() as api:
+        create_static_deployment(api, "delta", engines=2)
+    engine = make_engine(coordinator.database_url)
+    try:
+        with Session(engine) as session:
+            deployment = session.exec(select(Deployment).where(Deployment.name == "delta")).one()
+            deployment.heal_loss_at = utc_now() - timedelta(seconds=2)
+            detail = StatusDetail(
+                reason="engine-stalled", message="delta-e1 stopped answering", since=utc_now()
+            )
+            set_status(session, deployment, DeploymentStatus.degraded, detail)
+            set_status(session, deployment, DeploymentStatus.ready)
+            (opened,) = incidents.list_incidents(session, deployment_id=deployment.id)
+            session.commit()
+            incidents.record_client_outage(session, opened.id, utc_now())
+    finally:
+        engine.dispose()
+    page.goto("/ui/")
+    row = page.locator("#incidents-body tr", has_text="delta")
+    expect(row).to_contain_text("engine-stalled")
+    cells = row.locator("td").all_inner_texts()
+    assert cells[1:4] == ["delta", "resolved", "engine-stalled"]
+    assert cells[6].endswith("ms") and cells[7].endswith("ms"), cells
+    screenshot(page, "incidents")

@@ -23,7 +23,7 @@ from engine_agent.coordinators import CoordinatorSet
 from engine_agent.engine import ReferenceEngine
 from engine_agent.groups import GroupAbandoned, start_store_server
 from engine_agent.netif import interface_of
-from engine_agent.peer_check import BrokenGroup, check_peers
+from engine_agent.peer_check import BrokenGroup, DataReach, check_peers
 from engine_agent.peers import notify_peers
 from engine_agent.protocol import (
     AgentHeartbeat,
@@ -111,6 +111,7 @@ class Agent:
         self._beat_now = threading.Event()  # wakes the heartbeat (the generation broke: say so now)
         self._broken: BrokenGroup | None = None  # the last group that broke under us, and who stalled
         self._early: BrokenGroup | None = None  # a probe made while a serving collective waited long
+        self._last_peers: list[tuple[str, StoreAddress]] = []  # our generation's peers' data addresses
         grouped = moe.grouped_step(settings.grouped_step, self.device)
         graphs = step_graphs.graphs_wanted(settings.cuda_graphs, self.device, grouped)
         self.engine = ReferenceEngine(
@@ -123,6 +124,7 @@ class Agent:
             graph_buckets=list(settings.cuda_graph_buckets) if graphs else None,
         )
         self.metrics = AgentMetrics(self.engine)
+        self.data_reach = DataReach(settings.heartbeat_s, self._data_peers)
         self.cleanup = CleanupWorker(on_failure=self._on_cleanup_failure)
         self.executor = ReconfigExecutor(
             engine_id=self.engine_id,
@@ -147,6 +149,17 @@ class Agent:
     def _on_engine_paused(self, paused: PausedAt) -> None:
         if self._executor is not None:  # None only during construction
             self._executor.on_engine_paused(paused)
+
+    def _data_peers(self) -> list[tuple[str, StoreAddress]]:
+        """The other members of the generation we serve, or of the last one we were in."""
+        active = self.engine.active
+        if active is not None:
+            self._last_peers = [
+                (engine_id, data)
+                for engine_id, data in zip(active.members, active.member_data, strict=False)
+                if engine_id != self.engine_id and data is not None
+            ]
+        return self._last_peers
 
     def _on_stall(self, active: ActiveGeneration) -> None:
         """A serving collective has waited far longer than a step: probe the other members now, so
@@ -247,6 +260,8 @@ class Agent:
             group_error=counters.last_error[:2000] if active is None and counters.last_error else None,
             broken_generation=broken.generation if broken else None,
             unresponsive_peers=broken.unresponsive if broken else [],
+            group_steps=counters.steps + counters.dummy_steps,
+            data_unreachable=self.data_reach.unreachable,
         )
 
     def _announce(self) -> None:
@@ -303,6 +318,7 @@ class Agent:
             rank=beat.rank,
             pid=self.pid,
             hostname=socket.gethostname(),
+            data_host=self.data_host,
         )
 
     def _watch_parent(self) -> None:
@@ -331,6 +347,7 @@ class Agent:
 
     def close(self) -> None:
         self._stop.set()
+        self.data_reach.stop()
         self._beat_now.set()
         self.executor.shutdown()
         self.engine.stop()

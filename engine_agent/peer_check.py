@@ -12,12 +12,15 @@ names, and that has not heartbeated since, is fenced by the coordinator.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import httpx
+
+from engine_agent.protocol import StoreAddress
 
 log = logging.getLogger(__name__)
 
@@ -63,3 +66,48 @@ def check_peers(
     thread = threading.Thread(target=run, name="peer-check", daemon=True)
     thread.start()
     return thread
+
+
+DATA_PROBE_TIMEOUT_S = 0.5  # one TCP connect to a peer's data address on the same fabric: microseconds
+
+
+class DataReach:
+    """Which peers this engine's data network reaches: a TCP connect to each peer's data address (its
+    rendezvous store listens there), every `interval_s`, in a thread of its own, so a heartbeat never
+    waits for it. The peers are those of the engine's generation, or of the last one it was in (an
+    engine a broken data link cut out keeps probing them, and says when they are back)."""
+
+    def __init__(self, interval_s: float, peers: Callable[[], Sequence[tuple[str, StoreAddress]]]) -> None:
+        self.interval_s = interval_s
+        self._peers = peers
+        self._unreachable: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="data-reach", daemon=True)
+        self._thread.start()
+
+    @property
+    def unreachable(self) -> list[str]:
+        return list(self._unreachable)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            peers = list(self._peers())
+            if not peers:
+                self._unreachable = []
+                continue
+            with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_PROBES, len(peers))) as pool:
+                reached = list(pool.map(lambda p: _connects(p[1]), peers))
+            self._unreachable = [
+                engine_id for (engine_id, _), ok in zip(peers, reached, strict=True) if not ok
+            ]
+
+
+def _connects(address: StoreAddress) -> bool:
+    try:
+        with socket.create_connection((address.host, address.port), timeout=DATA_PROBE_TIMEOUT_S):
+            return True
+    except OSError:
+        return False

@@ -170,16 +170,21 @@ class EngineConfig(BaseModel):
         return 3 * self.intermediate_size * self.hidden_size * (4 if self.dtype == "float32" else 2)
 
 
-class Member(BaseModel):
-    engine_id: str
-    url: str
-
-
 class StoreAddress(BaseModel):
     """A rendezvous store (torch TCPStore) hosted by one agent; generations use their own prefix."""
 
     host: str
     port: int = Field(ge=1, le=65535)
+
+
+class Member(BaseModel):
+    engine_id: str
+    url: str
+    data: StoreAddress | None = Field(
+        None,
+        description="its data address (its own rendezvous store's, which listens there): what peers probe "
+        "to tell whether the data network reaches it",
+    )
 
 
 class Timeouts(BaseModel):
@@ -433,6 +438,7 @@ class AgentRegistration(BaseModel):
     generation: int = 0
     rank: int | None = None
     pid: int | None = Field(None, description="the agent's process, so a coordinator on its host can stop it")
+    data_host: str | None = Field(None, description="its data address (rendezvous, collectives, weights)")
     hostname: str | None = Field(None, description="the host the agent runs on")
 
 
@@ -476,6 +482,15 @@ class AgentHeartbeat(BaseModel):
         max_length=1024,
         description="members of `broken_generation` that did not answer this engine's health probe when "
         "the group broke (the coordinator fences the one every survivor names)",
+    )
+    group_steps: int = Field(
+        0, ge=0, description="lock-step iterations served so far (every one a collective with every member)"
+    )
+    data_unreachable: list[str] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="peers (of its current generation, or the last it was in) whose data address did not "
+        "accept a connection from this engine: the data network's view from here",
     )
 
 

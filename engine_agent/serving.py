@@ -14,7 +14,7 @@ import torch
 
 from engine_agent.groups import CommGroup
 from engine_agent.moe import ExpertStack, LayerView
-from engine_agent.protocol import AgentState
+from engine_agent.protocol import AgentState, StoreAddress
 from engine_agent.step_graphs import StepGraphs
 
 
@@ -32,6 +32,7 @@ class ActiveGeneration:
     placements: list[list[list[int]]]  # per MoE layer
     weights: dict[int, torch.Tensor]  # flat expert id (moe.flat_id) -> packed buffer held by this rank
     member_urls: list[str] = field(default_factory=list)  # agents' URLs by rank: who to tell it broke
+    member_data: list[StoreAddress | None] = field(default_factory=list)  # their data addresses, by rank
     stacks: dict[int, ExpertStack] = field(default_factory=dict)  # layer -> the stack `weights` views
     graphs: StepGraphs | None = None  # the step's CUDA graphs, captured for this generation
 

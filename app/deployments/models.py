@@ -80,6 +80,15 @@ class EngineBackend(StrEnum):
     vllm = "vllm"
 
 
+class Condition(BaseModel):
+    """Something an operator should know about a deployment that is not a status: it may be `ready`."""
+
+    type: str = ApiField(description="kebab-case, e.g. engine-unreachable-from-coordinator")
+    engine_id: str | None = None
+    since: datetime
+    message: str
+
+
 class StatusDetail(BaseModel):
     """Why a deployment is degraded, and what to do about it."""
 
@@ -304,6 +313,11 @@ class DeploymentPublic(RowShape):
     on_engine_loss: OnEngineLoss = ApiField(description="in effect (the setting, or the launcher's default)")
     active_job_id: str | None = None
     desired: DesiredSize = ApiField(default_factory=DesiredSize)
+    conditions: list[Condition] = ApiField(
+        default_factory=list,
+        description="e.g. `engine-unreachable-from-coordinator`: a member the coordinator cannot hear while "
+        "its group steps (no self-heal; jobs refused until it is heard again, unless forced)",
+    )
     created_at: datetime
     updated_at: datetime
 

@@ -31,6 +31,7 @@ def _public(session: Session, deployment: Deployment) -> DeploymentPublic:
         deployment,
         active_job_id=jobs.active_job_id(session, deployment_id=deployment.id),
         desired=desired_public(session, deployment),
+        conditions=engine_service.conditions(session, deployment_id=deployment.id),
     )
 
 

@@ -55,6 +55,13 @@ class Engine(SQLModel, table=True):
     broken_generation: int | None = None
     unresponsive_peers: list[str] | None = Field(default=None, sa_type=NullableJSON)
     broken_reported_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # Its data address, and what its data network reaches (peers that did not accept a connection).
+    data_host: str | None = Field(default=None, max_length=255)
+    data_unreachable: list[str] | None = Field(default=None, sa_type=NullableJSON)
+    group_steps: int = Field(default=0, sa_type=sa.BigInteger)
+    # The coordinator stopped hearing it while its group kept stepping (its peers vouch for it): the
+    # control link is lost, not the engine (`app.engines.service.mark_unreachable`).
+    link_lost_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
 
@@ -74,6 +81,7 @@ class EngineRegistration(AgentRegistration):
     rank: int | None = ApiField(None, ge=0, le=INT32_MAX, strict=True)
     pid: int | None = ApiField(None, ge=1, le=INT32_MAX, strict=True)
     hostname: str | None = ApiField(None, min_length=1, max_length=255, pattern=r"^[!-~]+$")
+    data_host: str | None = ApiField(None, min_length=1, max_length=255, pattern=r"^[!-~]+$")
 
 
 class EngineHeartbeat(AgentHeartbeat):
@@ -89,6 +97,10 @@ class EngineHeartbeat(AgentHeartbeat):
     )
     broken_generation: int | None = ApiField(None, ge=1, le=INT32_MAX, strict=True)
     unresponsive_peers: list[Annotated[str, ApiField(pattern=ENGINE_ID_PATTERN)]] = ApiField(
+        default_factory=list, max_length=1024
+    )
+    group_steps: int = ApiField(0, ge=0, le=INT64_MAX, strict=True)
+    data_unreachable: list[Annotated[str, ApiField(pattern=ENGINE_ID_PATTERN)]] = ApiField(
         default_factory=list, max_length=1024
     )
 
@@ -110,6 +122,15 @@ class EnginePublic(RowShape):
     hostname: str | None = None
     broken_generation: int | None = None
     unresponsive_peers: list[str] | None = None
+    data_host: str | None = None
+    data_unreachable: list[str] | None = ApiField(
+        None, description="peers whose data address it could not reach (its last heartbeat)"
+    )
+    link_lost_at: datetime | None = ApiField(
+        None,
+        description="since when the coordinator cannot hear it while its group steps: its control link is "
+        "lost, not the engine (the deployment's `conditions` say so; no self-heal)",
+    )
     created_at: datetime
     updated_at: datetime
 

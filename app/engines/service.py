@@ -12,7 +12,7 @@ from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, NotFoundError
-from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
+from app.deployments.models import Condition, Deployment, DeploymentStatus, StatusDetail
 from app.deployments.service import get_deployment
 from app.deployments.status import set_status
 from app.engines.models import Engine, EnginePublic, EngineState
@@ -74,6 +74,7 @@ def register_engine(session: Session, *, registration: AgentRegistration) -> tup
     engine.state = EngineState.registered.value
     engine.launched_by = deployment.launcher
     engine.pid, engine.hostname = registration.pid, registration.hostname
+    engine.data_host = registration.data_host
     engine.last_heartbeat_at = now
     engine.updated_at = now
     session.add(engine)
@@ -97,7 +98,11 @@ def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartb
     now = utc_now()
     if heartbeat.group_error and engine.state != heartbeat.state.value:
         log.warning("engine %s left generation %s: %s", engine_id, engine.generation, heartbeat.group_error)
-    engine.state = EngineState(heartbeat.state.value).value
+    # A fenced engine comes back only once its data network reaches its peers again (a broken data
+    # link leaves it heartbeating over the control network): until then it stays out of every job.
+    cut_off = engine.state == EngineState.fenced.value and bool(heartbeat.data_unreachable)
+    if not cut_off:
+        engine.state = EngineState(heartbeat.state.value).value
     engine.generation = heartbeat.generation
     engine.dp_rank = heartbeat.rank
     engine.world_size = heartbeat.world_size
@@ -108,6 +113,13 @@ def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartb
             engine.broken_reported_at = now
         engine.broken_generation = heartbeat.broken_generation
         engine.unresponsive_peers = list(heartbeat.unresponsive_peers) or None
+    engine.group_steps = heartbeat.group_steps
+    engine.data_unreachable = list(heartbeat.data_unreachable) or None
+    if engine.link_lost_at is not None:
+        log.warning(
+            "engine %s heard from again (its control link was lost since %s)", engine_id, engine.link_lost_at
+        )
+        engine.link_lost_at = None
     engine.last_heartbeat_at = now
     engine.updated_at = now
     session.add(engine)
@@ -182,6 +194,13 @@ def mark_unreachable(
     the health pass, so that a deployment never reads `degraded` without its reason in between.
     Returns the engines as they are now.
 
+    A member whose peers vouch for it is not marked (only when `only` is not given: a silence, not a
+    proof of death): every other member of its generation heartbeats, serves it, reports no break and
+    has counted more lock-step iterations than it last reported (each one a collective with it), so it
+    steps with them and only the coordinator cannot hear it (its control link is lost). It gets `link_lost_at`
+    instead: the deployment stays `ready` with that condition, nothing heals, and a job that would
+    change the membership is refused until the coordinator hears it again (`force` overrides).
+
     A deployment stays degraded until a reconfiguration commits a new generation (which sets it
     `ready`): the engine's return alone does not prove the group whole."""
     live = [
@@ -197,6 +216,12 @@ def mark_unreachable(
     now = utc_now()
     expired = []
     for engine in stale:
+        if only is None and _peers_vouch(session, engine, silent_since):
+            if engine.link_lost_at is None:
+                engine.link_lost_at, engine.updated_at = engine.last_heartbeat_at or now, now
+                session.add(engine)
+                log.warning("engine %s: silent, but its group steps: its control link is lost", engine.id)
+            continue
         # Compare-and-set: a heartbeat that just arrived, or another coordinator's expiry, wins.
         marked = session.execute(
             sa.update(Engine)
@@ -239,6 +264,52 @@ def mark_unreachable(
         follow(session)
     session.commit()
     return expired
+
+
+def conditions(session: Session, *, deployment_id: str) -> list[Condition]:
+    """The deployment's members the coordinator cannot hear while their group steps."""
+    lost = session.exec(
+        select(Engine).where(Engine.deployment_id == deployment_id, col(Engine.link_lost_at).is_not(None))
+    ).all()
+    return [
+        Condition(
+            type="engine-unreachable-from-coordinator",
+            engine_id=engine.id,
+            since=engine.link_lost_at,
+            message=f"{engine.id} is not heard by the coordinator, but its group steps: its control "
+            "link is lost, the engine serves; no self-heal, and jobs wait until it is heard again",
+        )
+        for engine in lost
+        if engine.link_lost_at is not None
+    ]
+
+
+def _peers_vouch(session: Session, engine: Engine, fresh_since: datetime) -> bool:
+    """Every other member of the engine's generation heard from since `fresh_since`, serving it with no
+    break (see `mark_unreachable`)."""
+    deployment = session.get(Deployment, engine.deployment_id)
+    if deployment is None or engine.dp_rank is None or engine.generation != deployment.generation:
+        return False
+    others = session.exec(
+        select(Engine).where(
+            Engine.deployment_id == deployment.id,
+            Engine.generation == deployment.generation,
+            col(Engine.dp_rank).is_not(None),
+            Engine.id != engine.id,
+        )
+    ).all()
+    if not others or len(others) != deployment.current_dp_size - 1:
+        return False
+    # Every lock-step iteration is a collective with every member: peers that counted past the silent
+    # engine's last count stepped with it since (a group that lost it would have broken instead).
+    return all(
+        other.state in (EngineState.serving.value, EngineState.paused.value)
+        and other.last_heartbeat_at is not None
+        and other.last_heartbeat_at >= fresh_since
+        and other.broken_generation != deployment.generation
+        and other.group_steps > engine.group_steps
+        for other in others
+    )
 
 
 def deployment_names(session: Session, deployment_ids: set[str]) -> dict[str, str]:

@@ -110,6 +110,7 @@ class ReconfigurationJob(SQLModel, table=True):
     cleanup_state: str = Field(default=CleanupState.none.value, sa_type=sa.String(16))
     cleanup: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     cancel_requested: bool = False
+    force: bool = Field(default=False, description="created over a member the coordinator could not hear")
     retire: list[str] | None = Field(
         default=None, sa_type=NullableJSON, description="engines the operator chose to leave"
     )
@@ -203,6 +204,13 @@ class ReconfigurationCreate(BaseModel):
         max_length=1024,
         description="scale-down only: the engines that leave (as many as the size shrinks by), instead "
         "of the highest ranks; the others are renumbered compactly",
+    )
+    force: bool = ApiField(
+        False,
+        strict=True,
+        description="change the membership although the coordinator cannot hear every member (one whose "
+        "control link is lost while its group steps): refused without it (`membership-unknown`); "
+        "recorded on the job",
     )
 
 
@@ -300,6 +308,7 @@ class JobPublic(RowShape):
     cleanup_state: CleanupState
     cleanup: dict[str, Any] | None
     cancel_requested: bool
+    force: bool = ApiField(False, description="created over a member the coordinator could not hear")
     retire: list[str] | None = ApiField(None, description="engines the operator chose to leave")
     placement: dict[str, Any] | None = ApiField(
         None,

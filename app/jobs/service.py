@@ -19,6 +19,7 @@ from app.core.errors import ConflictError, InvalidRequestError
 from app.core.ids import new_id
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind
 from app.deployments.service import delete_deployment_rows, get_deployment
+from app.engines.models import Engine
 from app.engines.service import available_engines
 from app.jobs.active import active_job_id
 from app.jobs.cleanup import check_no_unresolved_cleanup
@@ -98,6 +99,26 @@ def create_reconfiguration(
     return CreateOutcome(job, False)
 
 
+def check_membership_known(session: Session, deployment: Deployment) -> None:
+    """Fail closed: a job changes a serving group's membership only when the coordinator hears every
+    member. One it cannot hear while its group steps (a lost control link) refuses the job, 409
+    `membership-unknown`, until it is heard again or the request says `force: true`."""
+    lost = session.exec(
+        select(Engine).where(Engine.deployment_id == deployment.id, col(Engine.link_lost_at).is_not(None))
+    ).all()
+    if lost:
+        names = ", ".join(
+            f"{e.id} (since {e.link_lost_at.isoformat() if e.link_lost_at else '?'})" for e in lost
+        )
+        raise ConflictError(
+            f"deployment {deployment.name!r}: the coordinator cannot hear {names} while its group steps "
+            "(a lost control link): it changes no membership it cannot see. Retry once it is heard again, "
+            "or send force: true",
+            code="membership-unknown",
+            engine_ids=[e.id for e in lost],
+        )
+
+
 def _create(
     session: Session,
     request: ReconfigurationCreate,
@@ -111,6 +132,8 @@ def _create(
     if request.retire is not None:  # bad input first (422), before conflicts with the state (409)
         validate_retire(session, deployment, request.target_dp_size, request.retire)
     _validate_target(session, deployment, request.target_dp_size)
+    if not request.force:
+        check_membership_known(session, deployment)
     check_no_unresolved_cleanup(session, deployment.id, deployment.name)
     warmup_requested = request.warmup_policy.value if request.warmup_policy else deployment.warmup_policy
     strategy = request.strategy or Strategy(deployment.strategy)
@@ -135,6 +158,7 @@ def _create(
         max_downtime_ms=request.max_downtime_ms or deployment.max_downtime_ms,
         idempotency_key=idempotency_key,
         retire=list(request.retire) if request.retire is not None else None,
+        force=request.force,
         last_event_seq=1,
         created_at=now,
         updated_at=now,

@@ -53,6 +53,8 @@ def agent_command(
     executable: Sequence[str] | None = None,
     *,
     orphan_grace_s: float | None = None,
+    host: str = "127.0.0.1",
+    data_host: str | None = None,
 ) -> list[str]:
     watch: list[str] = []
     if orphan_grace_s is not None:
@@ -61,7 +63,8 @@ def agent_command(
     return [
         *(executable or agent_executable()),
         "--host",
-        "127.0.0.1",
+        host,
+        *(["--data-host", data_host] if data_host else []),
         "--port",
         "0",
         "--ready-file",
@@ -147,8 +150,11 @@ class LocalLauncher(Launcher):
         ready_timeout_s: float = 30.0,
         executable: Sequence[str] | None = None,
         orphan_grace_s: float | None = None,
+        host: str = "127.0.0.1",
+        data_host: str | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
+        self.host, self.data_host = host, data_host  # the agents' control and data addresses
         self.orphan_grace_s = orphan_grace_s
         self.executable = list(executable) if executable else None  # default: epctl-agent
         self.ready_timeout_s = ready_timeout_s
@@ -229,7 +235,13 @@ class LocalLauncher(Launcher):
         ready_file.unlink(missing_ok=True)
         log_path = run_dir / f"{engine_id}.log"
         command = agent_command(
-            spec, engine_id, ready_file, self.executable, orphan_grace_s=self.orphan_grace_s
+            spec,
+            engine_id,
+            ready_file,
+            self.executable,
+            orphan_grace_s=self.orphan_grace_s,
+            host=self.host,
+            data_host=self.data_host,
         )
         process = start_detached(command, env=agent_environment(spec), log_path=log_path)
         self._processes[engine_id] = process

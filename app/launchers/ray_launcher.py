@@ -54,8 +54,11 @@ STOP_GRACE_S = 3.0
 
 
 def agent_args(spec: LaunchSpec, settings: RaySettings) -> list[str]:
-    """The agent's arguments after host/port/engine id; the token goes through the environment."""
-    return deployment_agent_args(spec, ["--platform", settings.engine_platform().value])
+    """The agent's arguments after host/port/engine id; the token goes through the environment. The
+    data address is the node's interface `data_interface` names (its back-end fabric), else the
+    control address."""
+    data = ["--data-interface", settings.data_interface] if settings.data_interface else []
+    return deployment_agent_args(spec, ["--platform", settings.engine_platform().value, *data])
 
 
 @dataclass

@@ -115,7 +115,13 @@ class RaySettings(BaseModel):
     agent_host: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_.\-:]{1,253}$",
-        description="the address agents bind and advertise; default: their Ray node's IP address",
+        description="the control address agents bind and advertise; default: their Ray node's IP address",
+    )
+    data_interface: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.\-:@]{1,15}$",
+        description="the network interface (on every node) whose address carries the agents' data plane: "
+        "rendezvous store, collectives, weight channel (e.g. ib0); default: the control address",
     )
 
     @field_validator("resources")

@@ -9,7 +9,9 @@ at some size. It asks every recorded member of each deployment no job runs for `
   what it says, as a heartbeat would, and the health pass judges the deployment;
 - nothing listens (connection refused): gone, marked `unreachable` now, and self-healing acts;
 - no answer within the agent call deadline: fenced (`app.runner.stalls`): out of the generation, not
-  stopped, re-admitted if it comes back within the heartbeat timeout.
+  stopped, re-admitted if it comes back within the heartbeat timeout; but the one member that does not
+  answer while every other serves the generation with it is stepping with them: only the coordinator's
+  link to it is lost (`link_lost_at`, a condition; the heartbeat expiry judges it again).
 
 So a deployment is never `ready` with a member that does not answer, and the health pass that runs in
 the same transaction says which engines are missing. The outcome per deployment is logged, and kept on
@@ -125,7 +127,14 @@ def _correct(
                 engine.world_size, engine.last_heartbeat_at, engine.updated_at = answer.world_size, now, now
                 session.add(engine)
         silent = [e for e in engines if e.id in adoption.silent]
-        if silent:
+        if silent and len(adoption.serving) == len(engines) - len(silent) and len(silent) == 1:
+            # One member does not answer while every other serves the generation with it: it steps
+            # with them (a dead one would have broken their group), so the coordinator's link to it is
+            # lost, not the engine (`app.engines.service.mark_unreachable` judges it again later).
+            (engine,) = silent
+            engine.link_lost_at = engine.last_heartbeat_at or now
+            session.add(engine)
+        elif silent:
             fence(session, deployment, silent, why="did not answer the coordinator at its start")
     session.commit()
     gone = [engine_id for a in by_name.values() for engine_id in a.gone]

@@ -79,6 +79,8 @@ def build_runner(
                 ready_timeout_s=runner_settings.launch_deadline_s,
                 executable=shlex.split(runner_settings.local_agent_command) or None,
                 orphan_grace_s=runner_settings.local_agent_orphan_grace_s,
+                host=runner_settings.local_agent_host,
+                data_host=runner_settings.local_agent_data_host,
             ),
             "static": StaticLauncher(),
             **(extra_launchers or {}),

@@ -243,7 +243,7 @@ def plan_placement(
 
 
 def _member(info: AgentInfo) -> Member:
-    return Member(engine_id=info.engine_id, url=info.url)
+    return Member(engine_id=info.engine_id, url=info.url, data=info.store)
 
 
 def current_members(deployment: DeploymentSpec, infos: Sequence[AgentInfo]) -> list[AgentInfo]:

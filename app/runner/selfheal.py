@@ -73,6 +73,7 @@ from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSo
 from app.jobs.service import active_job_id, create_reconfiguration
 from app.jobs.states import JobState
 from app.launchers.base import EngineHandle, Launcher
+from app.runner.reach import largest_reachable_set
 from app.runner.record import JobRecord
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,8 @@ def plan_healing(session: Session, *, fence_grace_s: float = FENCE_GRACE_S) -> H
             for e in engines
             if e.state in (EngineState.fenced.value, EngineState.unreachable.value)
             and e.dp_rank is None
-            and (utc_now() - e.updated_at).total_seconds() >= fence_grace_s
+            # Silent that long: a fenced engine that heartbeats (its data link is cut) stays fenced.
+            and (utc_now() - (e.last_heartbeat_at or e.updated_at)).total_seconds() >= fence_grace_s
         ]
         if given_up:  # fenced and never came back (or unreachable off any generation): stop them
             for engine in given_up:
@@ -143,6 +145,8 @@ def plan_healing(session: Session, *, fence_grace_s: float = FENCE_GRACE_S) -> H
             e for e in engines if e.generation == deployment.generation and e.state in SERVING_STATES
         ]
         idle = [e for e in engines if e.state == EngineState.idle.value]
+        if not still_on_generation and idle:
+            idle = _fence_the_cut_off(session, deployment, idle)
         if deployment.heal_lost and not still_on_generation:
             # Every survivor left the broken group: a new generation on them (or fresh engines).
             _heal_loss(session, deployment, policy, idle, healing)
@@ -167,6 +171,25 @@ def plan_healing(session: Session, *, fence_grace_s: float = FENCE_GRACE_S) -> H
                 continue
             _grow_back(session, deployment, healing)
     return healing
+
+
+def _fence_the_cut_off(session: Session, deployment: Deployment, idle: list[Engine]) -> list[Engine]:
+    """The idle engines a new generation can be formed on: the largest set that reaches one another on
+    the data network (`app.runner.reach`); those outside are fenced (not stopped: they heartbeat over
+    the control network) until their data network reaches their peers again."""
+    ranked = sorted(idle, key=lambda e: (e.id not in _last_members(deployment, idle), e.created_at, e.id))
+    keep = set(
+        largest_reachable_set([e.id for e in ranked], {e.id: e.data_unreachable or [] for e in ranked})
+    )
+    cut_off = [e for e in ranked if e.id not in keep]
+    if cut_off:
+        fence(session, deployment, cut_off, why="its data network does not reach the others")
+    return [e for e in ranked if e.id in keep]
+
+
+def _last_members(deployment: Deployment, engines: Sequence[Engine]) -> set[str]:
+    """The engines that reported the deployment's generation broken: its members until then."""
+    return {e.id for e in engines if e.broken_generation == deployment.generation}
 
 
 def _heal_loss(

@@ -90,6 +90,13 @@ class RunnerSettings(BaseSettings):
     agent_token: str | None = Field(None, description="the token local agents register with")
     state_dir: Path | None = Field(None, description="local launcher state; default <data_dir>")
     local_agent_args: str = Field("", description="extra arguments for locally launched agents")
+    local_agent_host: str = Field(
+        "127.0.0.1", description="local agents' control address (their HTTP API: what the coordinator calls)"
+    )
+    local_agent_data_host: str | None = Field(
+        None,
+        description="local agents' data address (store, collectives, weights); default their control one",
+    )
     local_agent_command: str = Field("", description="the agent command for the local launcher (epctl-agent)")
     local_agent_orphan_grace_s: float | None = Field(
         None,

@@ -110,6 +110,7 @@ class CommitWindow:
                 placements=layer_placements(request.placement, request.placements),
                 weights=job.staged,
                 member_urls=[m.url for m in request.members],
+                member_data=[m.data for m in request.members],
                 stacks=job.stacks,
                 graphs=job.graphs,
             )

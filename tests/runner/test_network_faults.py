@@ -1,0 +1,159 @@
+"""The network between hosts is a fault we survive (issue 24), in-process: a member the coordinator
+cannot hear while its group steps is a lost control link, not a lost engine (a condition, no heal,
+jobs fail closed until it is heard again); a broken data link re-forms the generation on the largest
+set of engines that reach one another, fencing the rest until their network is back. Fake agents and
+a real database (tests/runner/scenario.py); real hosts in tests/e2e."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine as DbEngine
+from sqlmodel import Session, select
+
+from app.core.clock import utc_now
+from app.deployments.health import reconcile_health
+from app.engines.models import Engine, EngineState
+from app.engines.service import mark_unreachable, record_heartbeat
+from app.jobs.states import JobState
+from app.runner.reach import largest_reachable_set
+from app.runner.selfheal import heal
+from engine_agent.protocol import AgentHeartbeat, AgentState
+from tests.runner.scenario import Scenario, make_scenario
+
+
+@pytest.fixture
+def stage(db_engine: DbEngine) -> Scenario:
+    return make_scenario(db_engine, serving=3, idle=0)
+
+
+def beat(stage: Scenario, engine_id: str, **fields: object) -> None:
+    agent = stage.agents[engine_id]
+    heartbeat = AgentHeartbeat(
+        state=AgentState.serving if agent.rank is not None else AgentState.idle,
+        generation=agent.generation,
+        rank=agent.rank,
+        world_size=agent.world_size,
+        **fields,  # type: ignore[arg-type]
+    )
+    with Session(stage.db) as session:
+        record_heartbeat(session, engine_id=engine_id, heartbeat=heartbeat)
+
+
+def silence(stage: Scenario, engine_id: str, seconds: float = 30.0) -> None:
+    with Session(stage.db) as session:
+        row = session.get(Engine, engine_id)
+        assert row is not None
+        row.last_heartbeat_at = utc_now() - timedelta(seconds=seconds)
+        session.add(row)
+        session.commit()
+
+
+def expire(stage: Scenario) -> None:
+    with Session(stage.db) as session:
+        mark_unreachable(session, silent_since=utc_now() - timedelta(seconds=15), follow=reconcile_health)
+
+
+def test_a_member_the_coordinator_cannot_hear_while_its_group_steps_is_a_lost_link_not_a_lost_engine(
+    stage: Scenario, client: TestClient
+) -> None:
+    cut = stage.serving[2].engine_id
+    for agent in stage.serving[:2]:
+        beat(stage, agent.engine_id, group_steps=500)  # the others serve on, no break
+    silence(stage, cut)
+    expire(stage)
+    rows = stage.engine_rows()
+    assert rows[cut].state == EngineState.serving.value and rows[cut].link_lost_at is not None
+    shown = client.get("/v1/deployments/demo").json()
+    assert shown["status"] == "ready", shown
+    assert [(c["type"], c["engine_id"]) for c in shown["conditions"]] == [
+        ("engine-unreachable-from-coordinator", cut)
+    ]
+    assert asyncio.run(heal(stage.record, {"local": stage.launcher})).jobs == []  # nothing heals
+    refused = client.post("/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 2})
+    assert refused.status_code == 409 and refused.json()["code"] == "membership-unknown", refused.text
+    assert cut in refused.json()["detail"]
+    forced = client.post(
+        "/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 2, "force": True}
+    )
+    assert forced.status_code == 202 and forced.json()["force"] is True, forced.text
+    client.post(f"/v1/reconfigurations/{forced.json()['id']}/cancel")
+    beat(stage, cut)  # heard again: the condition clears
+    assert client.get("/v1/deployments/demo").json()["conditions"] == []
+
+
+def test_a_silent_member_whose_peers_broke_is_lost_as_before(stage: Scenario) -> None:
+    cut = stage.serving[2].engine_id
+    for agent in stage.serving[:2]:  # the others' group broke: nobody vouches for it
+        agent.rank, agent.generation, agent.world_size = None, 0, 0
+        beat(stage, agent.engine_id, broken_generation=1)
+    silence(stage, cut)
+    expire(stage)
+    row = stage.engine_rows()[cut]
+    assert row.state == EngineState.unreachable.value and row.link_lost_at is None
+
+
+def cut_data(stage: Scenario, cut: str) -> None:
+    """`cut`'s data link is down: every member left the broken group (each heartbeats over the control
+    network), `cut` reaches none of the others and none of them reaches it."""
+    members = [a.engine_id for a in stage.serving]
+    for agent in stage.serving:
+        agent.rank, agent.generation, agent.world_size = None, 0, 0
+    for engine_id in members:
+        unreachable = [m for m in members if m != engine_id] if engine_id == cut else [cut]
+        beat(stage, engine_id, broken_generation=1, data_unreachable=unreachable)
+    with Session(stage.db) as session:
+        reconcile_health(session)
+
+
+def test_a_broken_data_link_re_forms_on_the_engines_that_reach_one_another_and_fences_the_other(
+    stage: Scenario,
+) -> None:
+    cut = stage.serving[2].engine_id
+    cut_data(stage, cut)
+    (job_id,) = asyncio.run(heal(stage.record, {"local": stage.launcher})).jobs
+    row = stage.engine_rows()[cut]
+    assert row.state == EngineState.fenced.value and stage.launcher.released == []  # fenced, not stopped
+    asyncio.run(stage.run(job_id))
+    job = stage.job(job_id)
+    assert job.state == JobState.succeeded, job.error
+    assert job.to_dp_size == 2 and cut not in {r["engine_id"] for r in job.engine_results}
+    beat(stage, cut, data_unreachable=[s.engine_id for s in stage.serving[:2]])  # still cut off
+    assert stage.engine_rows()[cut].state == EngineState.fenced.value
+    with Session(stage.db) as session:  # heartbeating, so never written off by the silence grace
+        reconcile_health(session)
+    jobs = asyncio.run(heal(stage.record, {"local": stage.launcher}, fence_grace_s=5.0)).jobs
+    assert jobs == [], [stage.job(j).reason for j in jobs]
+    assert stage.engine_rows()[cut].state == EngineState.fenced.value
+    beat(stage, cut)  # its network is back: it reaches its peers again
+    assert stage.engine_rows()[cut].state == EngineState.idle.value
+    (grow_id,) = asyncio.run(heal(stage.record, {"local": stage.launcher})).jobs
+    asyncio.run(stage.run(grow_id))
+    assert stage.job(grow_id).state == JobState.succeeded
+    assert stage.deployment().current_dp_size == 3 and stage.launcher.started == []  # re-admitted
+
+
+@pytest.mark.parametrize(
+    ("unreachable", "largest"),
+    [
+        ({}, ["a", "b", "c", "d"]),
+        ({"d": ["a", "b", "c"], "a": ["d"]}, ["a", "b", "c"]),  # one host cut off
+        ({"a": ["c"], "b": ["d"]}, ["a", "b"]),  # two links down: the first-ranked of the largest sets
+        ({"a": ["b", "c", "d"], "b": ["a"], "c": ["a"], "d": ["a"]}, ["b", "c", "d"]),  # rank 0's host
+    ],
+)
+def test_the_largest_set_that_reaches_one_another(
+    unreachable: dict[str, list[str]], largest: list[str]
+) -> None:
+    assert largest_reachable_set(["a", "b", "c", "d"], unreachable) == largest
+
+
+def test_heartbeats_carry_what_the_data_network_reaches(stage: Scenario) -> None:
+    agent = stage.serving[0].engine_id
+    beat(stage, agent, group_steps=42, data_unreachable=[stage.serving[1].engine_id])
+    with Session(stage.db) as session:
+        row = session.exec(select(Engine).where(Engine.id == agent)).one()
+    assert (row.group_steps, row.data_unreachable) == (42, [stage.serving[1].engine_id])

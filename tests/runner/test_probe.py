@@ -7,10 +7,10 @@ import pytest
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session
 
+from app.backends.reference.flow import Flow
 from app.engines.models import Engine
 from app.jobs.states import JobState
 from app.probe.settings import ProbeSettings
-from app.runner.flow import Flow
 from tests.runner.scenario import Scenario, make_scenario
 from tests.support.processes import free_port
 

@@ -12,24 +12,15 @@ from typing import Any
 
 from sqlmodel import Session
 
+from app.backends.base import FlowRecord
 from app.core.clock import utc_now
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind, StatusDetail
 from app.deployments.status import set_status
-from app.jobs.async_record import AsyncJobRecord
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import JobState
 from app.jobs.transitions import append_event
 
 RESTART_HINT = "restart the vLLM server"
-
-
-class JobMovedOn(Exception):
-    """The job is no longer where this flow left it (cancelled while pending, claimed by another
-    coordinator): not ours to drive any further."""
-
-
-class CancelledBeforeCommit(Exception):
-    """Cancel was requested before the scale call went out."""
 
 
 @dataclass(frozen=True)
@@ -82,15 +73,9 @@ def restart_hint(deployment_name: str, launcher: str) -> str:
     )
 
 
-class Record(AsyncJobRecord[VllmJob]):
-    """The vLLM flow's writes. A refused move raises `CancelledBeforeCommit` (a cancel that was answered
-    202 is honoured) or `JobMovedOn` (cancelled while pending, claimed by another coordinator)."""
-
-    def cancelled(self, job: VllmJob) -> Exception:
-        return CancelledBeforeCommit()
-
-    def moved_on(self, reason: str) -> Exception:
-        return JobMovedOn(reason)
+class Record(FlowRecord[VllmJob]):
+    """The vLLM flow's writes. A refused move raises `JobCancelled` (a cancel that was answered 202 is
+    honoured) or `JobMovedOn` (cancelled while pending, claimed by another coordinator)."""
 
     # --- reading ----------------------------------------------------------------------------------
 

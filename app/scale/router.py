@@ -9,9 +9,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app.api.deps import DatabaseDep, Reader, Scaler, SettingsDep
-from app.api.job_requests import IdempotencyKeyHeader, idempotency_of, point_at_job
 from app.api.params import DeploymentRefPath
 from app.core.problems import problem_responses
+from app.jobs.requests import IdempotencyKeyHeader, idempotency_of, point_at_job
 from app.scale import service
 from app.scale.models import Scale
 

@@ -29,6 +29,7 @@ from app.core.runner_settings import RunnerSettings
 from app.deployments.models import Deployment, EngineBackend
 from app.jobs.async_record import AsyncJobRecord, RunningJob, WorkerSessions
 from app.jobs.models import JobError, ReconfigurationJob
+from app.jobs.states import JobState
 from app.launchers.base import DeletedDeployment, Launcher
 from engine_agent.protocol import DowntimeOverrun
 
@@ -86,6 +87,20 @@ class JobMovedOn(Exception):
 class FlowRecord(AsyncJobRecord[J]):
     """A backend's job record: a move the writer refuses raises `JobCancelled` (a pending cancel) or
     `JobMovedOn` (the job moved under the flow)."""
+
+    async def start(self, job: J, message: str) -> bool:
+        """A pending job's first move: `cancelled` when a cancel came before it started (False), else
+        `preparing` with `message` (True: the flow goes on)."""
+        if await self.cancel_requested(job):
+            await self.move(
+                job,
+                JobState.cancelled,
+                message="cancelled before it started",
+                changes={"error": JobCancelled(JobState.pending.value).error},
+            )
+            return False
+        await self.move(job, JobState.preparing, message=message)
+        return True
 
     def cancelled(self, job: J) -> Exception:
         return JobCancelled(job.state.value)

@@ -157,15 +157,8 @@ class Flow:
         run = await self.record.load(job_id)
         if run.state != S.pending:
             return
-        if await self.record.cancel_requested(run):
-            await self.record.move(
-                run,
-                S.cancelled,
-                message="cancelled before it started",
-                changes={"error": JobCancelled("pending").error},
-            )
+        if not await self.record.start(run, "claimed by " + self.owner):
             return
-        await self.record.move(run, S.preparing, message="claimed by " + self.owner)
         probe = await self._open_probe(run)
         try:
             await self._steps(run, Fanout(fleet, self.settings), probe)

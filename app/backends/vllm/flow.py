@@ -97,15 +97,8 @@ class VllmFlow:
             log.info("job %s moved on without this coordinator: %s", job_id, exc)
 
     async def _run(self, job: VllmJob) -> None:
-        if job.cancel_requested:
-            await self.record.move(
-                job,
-                S.cancelled,
-                message="cancelled before it started",
-                changes={"error": JobCancelled("pending").error},
-            )
+        if not await self.record.start(job, f"claimed by {self.owner}; vLLM at {job.url}"):
             return
-        await self.record.move(job, S.preparing, message=f"claimed by {self.owner}; vLLM at {job.url}")
         if not job.url:
             hint = restart_hint(job.deployment_name, job.launcher)
             await self.end(

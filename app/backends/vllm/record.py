@@ -44,7 +44,6 @@ class VllmJob:
     deployment_name: str
     launcher: str
     state: JobState
-    cancel_requested: bool
     from_size: int
     to_size: int
     to_generation: int
@@ -93,7 +92,6 @@ class Record(FlowRecord[VllmJob]):
                 deployment_name=deployment.name,
                 launcher=deployment.launcher,
                 state=JobState(job.state),
-                cancel_requested=job.cancel_requested,
                 from_size=job.from_dp_size,
                 to_size=job.to_dp_size,
                 to_generation=job.to_generation,

@@ -13,7 +13,6 @@ the deployments API tells the backends a deployment came or went (`app.deploymen
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,8 +31,6 @@ from app.jobs.models import JobError, ReconfigurationJob
 from app.jobs.states import JobState
 from app.launchers.base import DeletedDeployment, Launcher
 from engine_agent.protocol import DowntimeOverrun
-
-log = logging.getLogger(__name__)
 
 J = TypeVar("J", bound=RunningJob)
 

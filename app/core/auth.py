@@ -8,9 +8,7 @@ from enum import StrEnum
 from app.core.errors import PermissionDeniedError
 
 
-class TokenRole(StrEnum):
-    """The one role a token carries (`app.tokens` stores the tokens)."""
-
+class TokenRole(StrEnum):  # the one role a token carries (`app.tokens` stores the tokens)
     admin = "admin"
     operator = "operator"
     autoscaler = "autoscaler"

@@ -20,6 +20,7 @@ from app import metrics
 from app.api import docs, health
 from app.api.database import Database
 from app.api.deps import PrincipalCache
+from app.backends.reference.cleanup_router import router as cleanup_router
 from app.backends.vllm.lifespan import vllm_backend
 from app.backends.vllm.router import router as vllm_engine_router
 from app.core.config import Settings, load_settings
@@ -31,7 +32,6 @@ from app.deployments.router import router as deployments_router
 from app.engines.router import router as engines_router
 from app.hooks.router import router as hooks_router
 from app.incidents.router import router as incidents_router
-from app.jobs.cleanup_router import router as cleanup_router
 from app.jobs.event_hub import JobLogHub
 from app.jobs.events_router import router as events_router
 from app.jobs.router import router as jobs_router
@@ -147,9 +147,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # Stopped in reverse order. Cluster launchers (Ray) and the local vLLM launcher outlive the
             # runner, which may still release engines as it stops.
             async with (
-                vllm_backend(app),
+                vllm_backend(app) as vllm_launcher,
                 cluster_launchers(engine) as extra_launchers,
-                run_jobs(app, extra_launchers),
+                run_jobs(app, extra_launchers, vllm_launcher),
                 delivery_worker(engine, resolved),
             ):
                 yield

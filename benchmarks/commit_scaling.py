@@ -1,8 +1,9 @@
 """Issue 9: the commit window against fleet size, with real engines, both commit modes side by side.
 
 Real agent processes (`engine_agent.main`, the reference MoE engine, gloo on CPU) driven by the
-coordinator's own fan-out code (`app.runner.fanout.Fanout.drive` over its `Fleet` / aiohttp
-`AgentClient`, the runner's deadlines and poll intervals), step for step as `app.runner.flow` does:
+coordinator's own fan-out code (`app.backends.reference.fanout.Fanout.drive` over its `Fleet` /
+aiohttp `AgentClient`, the runner's deadlines and poll intervals), step for step as
+`app.backends.reference.flow` does:
 
     coordinator: prepare -> sync -> pause -> switch   (two exchanges inside the stopped window)
     engines:     prepare -> sync -> arm               (the engines agree on the boundary themselves)
@@ -38,10 +39,10 @@ from common import NOISE_NOTE, Report, new_figure, save_figure, scratch_dir, sum
 
 from app.agents.client import AgentClient
 from app.agents.fleet import Fleet
+from app.backends.reference.fanout import Fanout
+from app.backends.reference.job import JobRun
+from app.core.runner_settings import RunnerSettings
 from app.jobs.states import JobState
-from app.runner.fanout import Fanout
-from app.runner.job import JobRun
-from app.runner.settings import RunnerSettings
 from engine_agent.engine_options import engine_args
 from engine_agent.placement import rebalance
 from engine_agent.protocol import (
@@ -203,7 +204,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sizes = sorted(set(args.sizes))
     report = Report(args.name)
     report.parameters = vars(args) | {
-        "driver": "app.runner.fanout.Fanout.drive over Fleet / AgentClient (aiohttp), real agents",
+        "driver": "app.backends.reference.fanout.Fanout.drive over Fleet / AgentClient (aiohttp), "
+        "real agents",
         "engine": CONFIG.model_dump(),
         "cpu_count": os.cpu_count(),
     }

@@ -3,10 +3,10 @@ per agent call.
 
 Lightweight agents (benchmarks/lightweight_agent.py: protocol-compliant, torch-free, every phase
 completes at once, served by aiohttp.web) isolate what the coordinator's fan-out itself costs. The
-driver is the coordinator's own fan-out code: `app.runner.fanout.Fanout.drive` over its `Fleet` (one
-shared aiohttp session with a kept-alive connection per agent, one `AgentClient` per engine): the step
-to every participant at once, each POST held by its agent until the phase (the bounded long-poll
-protocol), every engine followed on its own, with the runner's own poll intervals
+driver is the coordinator's own fan-out code: `app.backends.reference.fanout.Fanout.drive` over its
+`Fleet` (one shared aiohttp session with a kept-alive connection per agent, one `AgentClient` per
+engine): the step to every participant at once, each POST held by its agent until the phase (the
+bounded long-poll protocol), every engine followed on its own, with the runner's own poll intervals
 (`agent_poll_interval_s` in prepare/sync, `commit_poll_interval_s` inside the pause) for agents that
 cannot hold. The fan-out touches no database (benchmarks/api.py covers the API and the database).
 
@@ -49,10 +49,10 @@ from common import (
 from app import metrics
 from app.agents.client import AgentClient
 from app.agents.fleet import Fleet
+from app.backends.reference.fanout import Fanout, Send
+from app.backends.reference.job import JobRun
+from app.core.runner_settings import RunnerSettings
 from app.jobs.states import JobState
-from app.runner.fanout import Fanout, Send
-from app.runner.job import JobRun
-from app.runner.settings import RunnerSettings
 from engine_agent.protocol import (
     EngineConfig,
     Member,
@@ -241,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     report = Report("fanout")
     report.parameters = vars(args) | {
-        "driver": "app.runner.fanout.Fanout.drive (long-poll) over its Fleet / AgentClient (aiohttp)",
+        "driver": "app.backends.reference.fanout.Fanout.drive (long-poll) over its Fleet / AgentClient "
+        "(aiohttp)",
         "agents": "benchmarks/lightweight_agent.py (aiohttp.web)",
         "cpu_count": os.cpu_count(),
         "agent_poll_interval_s": settings.agent_poll_interval_s,

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from app.core.config import get_settings
 from app.core.db import UTCDateTime, make_engine
-from app.core.tables import metadata
+from app.tables import metadata
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):

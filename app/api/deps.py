@@ -14,10 +14,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Engine
 
 from app.api.database import Database
-from app.core.auth import Permission, Principal, authorize
+from app.core.auth import Permission, Principal, TokenRole, authorize
 from app.core.config import Settings
 from app.core.errors import AuthenticationError
-from app.tokens.models import TokenRole
 from app.tokens.service import authenticate, hash_token
 
 bearer_scheme = HTTPBearer(auto_error=False, description="an API token: `Authorization: Bearer epctl_...`")

@@ -30,7 +30,7 @@ class Stopped:
 
 
 def state_dir(settings: Settings) -> Path:
-    from app.runner.settings import load_runner_settings
+    from app.core.runner_settings import load_runner_settings
 
     with contextlib.suppress(Exception):  # bad runner settings: the default directory
         return Path(load_runner_settings().state_dir or settings.data_dir)

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 def claim_data_dir(settings: Settings, *, holder: str = "epctl serve") -> Path | None:
     """Lock the local launcher's data directory before touching anything, when this coordinator runs
     jobs (and so may start and stop local agents there); `DataDirInUseError` when another holds it."""
+    from app.core.runner_settings import load_runner_settings
     from app.launchers.state_lock import hold_state_dir
-    from app.runner.settings import load_runner_settings
 
     runner = load_runner_settings()
     if not runner.enabled:

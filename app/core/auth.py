@@ -6,7 +6,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from app.core.errors import PermissionDeniedError
-from app.tokens.models import TokenRole
+
+
+class TokenRole(StrEnum):  # the one role a token carries (`app.tokens` stores the tokens)
+    admin = "admin"
+    operator = "operator"
+    autoscaler = "autoscaler"
+    viewer = "viewer"
 
 
 class Permission(StrEnum):

@@ -11,11 +11,11 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic import Field as ApiField
 from sqlmodel import Field, SQLModel
 
-from app.backends.vllm.models import VllmConfig, VllmPublic, VllmUpdate
 from app.core.clock import utc_now
 from app.core.db import NullableJSON, UTCDateTime
 from app.core.shapes import RowShape
 from app.deployments.autoscaling import IntentSummary, ScalingBehavior, ScalingBehaviorUpdate
+from app.deployments.vllm_settings import VllmConfig, VllmPublic, VllmUpdate
 from app.launchers.ray_settings import RaySettings
 from engine_agent.protocol import EngineConfig, Strategy
 

@@ -1,12 +1,10 @@
 from __future__ import annotations
 
-import anyio.to_thread
-from fastapi import APIRouter, Request, Response, status
+from fastapi import APIRouter, Response, status
 from sqlmodel import Session
 
 from app.api.deps import Admin, DatabaseDep, Reader
 from app.api.params import DeploymentRefPath
-from app.backends.vllm import engine_service as vllm_engines
 from app.core.problems import problem_responses
 from app.deployments import service
 from app.deployments.models import (
@@ -15,8 +13,8 @@ from app.deployments.models import (
     DeploymentList,
     DeploymentPublic,
     DeploymentUpdate,
-    EngineBackend,
 )
+from app.deployments.reactions import Reactions
 from app.engines import service as engine_service
 from app.jobs import service as jobs
 from app.launchers.base import DeletedDeployment, EngineHandle
@@ -37,14 +35,13 @@ def _public(session: Session, deployment: Deployment) -> DeploymentPublic:
 
 @router.post("", name="create", status_code=status.HTTP_201_CREATED, responses=problem_responses(409))
 async def create_deployment(
-    body: DeploymentCreate, db: DatabaseDep, _: Admin, response: Response
+    body: DeploymentCreate, db: DatabaseDep, _: Admin, response: Response, backends: Reactions
 ) -> DeploymentPublic:
     """`backend: vllm` with a `vllm.url`: the server is asked for its DP size right away (an unreachable
     one leaves the deployment `degraded`, saying why). With launcher `local`, start it with
     `POST /v1/deployments/{name}/engine/restart`."""
     created = await db.run(lambda session: service.create_deployment(session, data=body))
-    if created.backend == EngineBackend.vllm:
-        await vllm_engines.observe_new_deployment(db.engine, created.name)
+    await backends.deployment_created(created.name, created.backend)
     public = await db.run(lambda session: _public(session, service.get_deployment(session, ref=created.name)))
     response.headers["Location"] = f"/v1/deployments/{public.name}"
     return public
@@ -80,7 +77,7 @@ async def update_deployment(
 @router.delete(
     "/{name}", name="delete", status_code=status.HTTP_204_NO_CONTENT, responses=problem_responses(404, 409)
 )
-async def delete_deployment(name: DeploymentRefPath, db: DatabaseDep, request: Request, _: Admin) -> None:
+async def delete_deployment(name: DeploymentRefPath, db: DatabaseDep, _: Admin, backends: Reactions) -> None:
     """Only when no job is active. Its engines are stopped by the launcher that started them (a
     static pool's are left running), and a vLLM server the local launcher runs for it too."""
 
@@ -97,10 +94,4 @@ async def delete_deployment(name: DeploymentRefPath, db: DatabaseDep, request: R
         jobs.delete_deployment(session, ref=name)
         return deleted
 
-    deployment = await db.run(work)
-    runner = getattr(request.app.state, "job_runner", None)
-    if runner is not None:
-        await runner.release_deleted_deployment(deployment)
-    launcher = getattr(request.app.state, "vllm_launcher", None)
-    if launcher is not None and deployment.backend == EngineBackend.vllm:
-        await anyio.to_thread.run_sync(launcher.stop, deployment.name)  # waits for the server to exit
+    await backends.deployment_deleted(await db.run(work))

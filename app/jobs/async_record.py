@@ -1,9 +1,10 @@
 """A running job's record, written from async code: each piece of database work in a worker thread with
 a session of its own, so the event loop keeps driving engines meanwhile.
 
-`AsyncJobRecord` is what the runner's `JobRecord` and the vLLM backend's `Record` share: the worker
-sessions, the transition step and the cancel check. Each names the exceptions its own flow stops on
-when the writer refuses a move. The writer itself is `app.jobs.transitions`.
+`WorkerSessions` is that worker-thread session, for any async code (the runner's periodic work);
+`AsyncJobRecord` adds what every backend's job record shares (`app.backends.base.FlowRecord`): the
+transition step and the cancel check, raising what the flow stops on when the writer refuses a move.
+The writer itself is `app.jobs.transitions`.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ class RunningJob(Protocol):
 J = TypeVar("J", bound=RunningJob)
 
 
-class AsyncJobRecord(ABC, Generic[J]):
-    """The writes every job flow makes, on one database."""
+class WorkerSessions:
+    """Database work from async code, on one database."""
 
     def __init__(self, db: DbEngine) -> None:
         self.db = db
@@ -47,6 +48,10 @@ class AsyncJobRecord(ABC, Generic[J]):
                 return work(session)
 
         return await asyncio.to_thread(run)
+
+
+class AsyncJobRecord(WorkerSessions, ABC, Generic[J]):
+    """The writes every job flow makes, on one database."""
 
     async def move(
         self,

@@ -1,23 +1,21 @@
 """A job's background cleanup, as the record and the operator see it.
 
 After a job switches, each engine of the old generation destroys the retired groups in its own
-background worker; the runner follows the outcome onto the job (`app.runner.scheduled`). A failure
-blocks the deployment's next job (`check_no_unresolved_cleanup`, called by the create service) until
-an operator retries or acknowledges it (`retry_cleanup`, `acknowledge_cleanup`, behind
-`cleanup_router.py`).
+background worker; the reference backend follows the outcome onto the job
+(`app.backends.reference.cleanup`). A failure blocks the deployment's next job
+(`check_no_unresolved_cleanup`, called by the create service) until an operator retries or
+acknowledges it: the backend asks the engine, and the record keeps the resolution (`failed_cleanup`,
+`record_resolution`). Nothing here calls an agent.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from sqlmodel import Session, select
 
-from app.agents.client import AgentClient
-from app.agents.errors import AgentCallError
 from app.core.errors import ConflictError, NotFoundError
-from app.engines.models import Engine, EngineState
+from app.engines.models import Engine
 from app.jobs.models import CleanupState, ReconfigurationJob
 from app.jobs.transitions import append_event
 
@@ -71,7 +69,9 @@ def check_no_unresolved_cleanup(session: Session, deployment_id: str, deployment
 # --- operator actions ---------------------------------------------------------------------------------
 
 
-def _failed_job(session: Session, job_id: str) -> tuple[ReconfigurationJob, Engine | None]:
+def failed_cleanup(session: Session, job_id: str) -> tuple[ReconfigurationJob, Engine | None]:
+    """The job whose cleanup failed and the engine it failed on (None if no longer recorded); raises
+    `NotFoundError`, or `NoCleanupFailureError` when its cleanup did not fail."""
     job = session.get(ReconfigurationJob, job_id)
     if job is None:
         raise NotFoundError(f"no reconfiguration {job_id}", code="job-not-found", job_id=job_id)
@@ -86,62 +86,29 @@ def _failed_job(session: Session, job_id: str) -> tuple[ReconfigurationJob, Engi
     return job, engine
 
 
-async def retry_cleanup(
-    db_session_factory: Any, job_id: str, *, actor: str | None = None
+def record_resolution(
+    session: Session,
+    job: ReconfigurationJob,
+    *,
+    retry: bool,
+    actor: str | None,
+    engine_id: str | None,
+    agent_answer: dict[str, Any] | None,
 ) -> ReconfigurationJob:
-    """Ask the failing engine to destroy the retired groups again; the outcome is polled as before."""
-    return await _resolve(db_session_factory, job_id, actor=actor, retry=True)
-
-
-async def acknowledge_cleanup(
-    db_session_factory: Any, job_id: str, *, actor: str | None = None
-) -> ReconfigurationJob:
-    """Accept the failure as it is: the engine drops the retired groups, the deployment is unblocked."""
-    return await _resolve(db_session_factory, job_id, actor=actor, retry=False)
-
-
-async def _resolve(
-    db_session_factory: Any, job_id: str, *, actor: str | None, retry: bool
-) -> ReconfigurationJob:
-    def read() -> tuple[ReconfigurationJob, Engine | None]:
-        with db_session_factory() as session:
-            return _failed_job(session, job_id)
-
-    job, engine = await asyncio.to_thread(read)
-    agent_answer: dict[str, Any] | None = None
-    if engine is not None and engine.state != EngineState.left.value:
-        async with AgentClient(engine.id, engine.url) as client:
-            try:
-                status = await (client.cleanup_retry() if retry else client.cleanup_acknowledge())
-                agent_answer = status.model_dump(mode="json")
-            except AgentCallError as exc:
-                if retry:
-                    raise ConflictError(
-                        f"engine {engine.id} did not accept the cleanup retry: {exc.message}",
-                        code="agent-error",
-                        job_id=job_id,
-                        engine_id=engine.id,
-                    ) from exc
-                agent_answer = {"error": exc.message}
+    """An operator's retry (cleanup `running` again) or acknowledgement (`acknowledged`: the deployment is
+    unblocked), with what the engine answered; the job as it is now."""
     new_state = CleanupState.running.value if retry else CleanupState.acknowledged.value
     action = "retry" if retry else "acknowledge"
-
-    def write() -> ReconfigurationJob:
-        with db_session_factory() as session:
-            cleanup = dict(job.cleanup or {})
-            cleanup.setdefault("resolutions", []).append(
-                {"action": action, "by": actor, "agent": agent_answer}
-            )
-            append_event(
-                session,
-                job_id=job_id,
-                kind="cleanup",
-                message=f"cleanup {action} by {actor or 'an operator'}",
-                data={"action": action, "engine_id": engine.id if engine else None},
-                changes={"cleanup_state": new_state, "cleanup": cleanup},
-            )
-            refreshed = session.get(ReconfigurationJob, job_id, populate_existing=True)
-            assert refreshed is not None
-            return refreshed
-
-    return await asyncio.to_thread(write)
+    cleanup = dict(job.cleanup or {})
+    cleanup.setdefault("resolutions", []).append({"action": action, "by": actor, "agent": agent_answer})
+    append_event(
+        session,
+        job_id=job.id,
+        kind="cleanup",
+        message=f"cleanup {action} by {actor or 'an operator'}",
+        data={"action": action, "engine_id": engine_id},
+        changes={"cleanup_state": new_state, "cleanup": cleanup},
+    )
+    refreshed = session.get(ReconfigurationJob, job.id, populate_existing=True)
+    assert refreshed is not None
+    return refreshed

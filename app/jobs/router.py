@@ -6,11 +6,11 @@ from fastapi import APIRouter, Query, Response, status
 from sqlmodel import Session
 
 from app.api.deps import Canceller, DatabaseDep, Reader, Scaler, SettingsDep
-from app.api.job_requests import IdempotencyKeyHeader, idempotency_of, point_at_job
 from app.api.params import DeploymentFilterQuery, JobIdPath, UtcDateTime
 from app.core.problems import problem_responses
 from app.jobs import listing, service
 from app.jobs.models import JobDetail, JobList, JobPublic, ReconfigurationCreate, RequestSource
+from app.jobs.requests import IdempotencyKeyHeader, idempotency_of, point_at_job
 from app.jobs.states import JobState
 from app.scale import desired
 from app.tokens.models import TokenRole

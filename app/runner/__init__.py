@@ -1,17 +1,13 @@
-"""Running reconfiguration jobs (the record of a job is `app.jobs`). Collaborators that depend one way:
+"""Running reconfiguration jobs (the record of a job is `app.jobs`; what a job does on its engines is its
+deployment's backend's, `app.backends`). Collaborators that depend one way:
 
-loop       claims jobs (leases), spawns one flow (or recovery) per job, ticks scheduled tasks
-leases     the claim / renew / release queries
-flow       one reconfiguration: the step table per strategy and each step's failure rule
-launching  who takes part: agents' info, engines launched where missing, the plan
-endings    roll back / resume all / fail and degrade / finish (shared by flow and recovery)
-recovery   ends a job a dead coordinator left, from what the agents report
-fanout     one step on every engine at once (no database)
-record     everything a running job writes
-scheduled  cleanup outcomes, heartbeat expiry (and the retention slot)
-planner    who is in the new generation, where experts go (pure)
-downtime   the union of the engines' pauses (pure)
-job        the in-memory `JobRun` and the failures that end it (pure)
-settings   `EPCTL_RUNNER_*`
-lifespan   starts the runner with the coordinator
+loop            claims jobs (leases), hands each to its backend in a task of its own, ticks the
+                scheduled work (its own and the backends')
+leases          the claim / renew / release queries
+scheduled       heartbeat expiry and the health pass, desired sizes, retention
+selfheal        a deployment that lost an engine forms a new generation by itself
+stalls          an engine that froze, fenced on its peers' evidence
+adoption        a starting coordinator checks that the recorded engines still serve
+incident_probe  what clients saw during an incident (canaries)
+lifespan        starts the runner with the coordinator
 """

@@ -33,7 +33,7 @@ from app.deployments.health import SERVING_STATES, deployments_without_a_job, re
 from app.deployments.models import Deployment
 from app.engines.models import Engine, EngineState
 from app.engines.service import mark_unreachable
-from app.runner.record import JobRecord
+from app.jobs.async_record import WorkerSessions
 from app.runner.selfheal import fence
 from engine_agent.protocol import AgentInfo
 
@@ -77,7 +77,7 @@ def _members(session: Session) -> list[tuple[Deployment, list[Engine]]]:
     ]
 
 
-async def adopt_engines(record: JobRecord, fleet: Fleet) -> list[Adoption]:
+async def adopt_engines(record: WorkerSessions, fleet: Fleet) -> list[Adoption]:
     """Ask every recorded member, then bring the record in line in one transaction (see module doc)."""
     deployments = await record.run_in_session(_members)
     clients = [fleet.client(e.id, e.url) for _, engines in deployments for e in engines]

@@ -21,10 +21,10 @@ from app.deployments.models import Deployment, EngineBackend
 from app.engines.models import Engine, EngineState
 from app.incidents import service as incidents
 from app.incidents.models import Incident, IncidentState
+from app.jobs.async_record import WorkerSessions
 from app.probe.canary import CanarySample
 from app.probe.recorder import CanaryRecorder
 from app.probe.reference import ReferenceCanary
-from app.runner.record import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def _watched(session: Session) -> dict[str, tuple[int, list[str]]]:
 class IncidentProbes:
     """The canary recorders of the incidents being watched (one runner's), ticked by its loop."""
 
-    def __init__(self, record: JobRecord) -> None:
+    def __init__(self, record: WorkerSessions) -> None:
         self.record = record
         self._probes: dict[str, _Probe] = {}
 

@@ -1,13 +1,14 @@
 """The job runner: claims jobs and runs each in its own task, and ticks the scheduled work.
 
     loop -> leases      (claim pending and stranded jobs, renew, release)
-         -> flow        (a pending job, start to end; a `vllm` deployment's: app.backends.vllm.flow)
-         -> recovery    (a job a dead coordinator left; vllm: app.backends.vllm.recovery)
-         -> scheduled   (cleanup outcomes, heartbeat expiry)
+         -> backends    (a pending job's run, or a job a dead coordinator left reconciled, by the
+                         deployment's backend: `app.backends`, picked by the registry)
+         -> scheduled   (heartbeat expiry, self-healing, desired sizes, retention; and each
+                         backend's periodic work)
 
-Every job gets its own `Fleet` over the runner's one agent session (aiohttp: a kept-alive connection
-per agent, shared by jobs, recovery and the cleanup poller), with the coordinator's
-`EPCTL_AGENT_TIMEOUT_S` as each call's deadline.
+The reference backend gives each job its own `Fleet` over the runner's one agent session (aiohttp: a
+kept-alive connection per agent, shared by jobs, recovery, adoption and the cleanup poller), with the
+coordinator's `EPCTL_AGENT_TIMEOUT_S` as each call's deadline.
 """
 
 from __future__ import annotations
@@ -23,22 +24,16 @@ from sqlalchemy.engine import Engine as DbEngine
 
 from app.agents.fleet import Fleet
 from app.agents.transport import AgentSession
-from app.backends.dispatch import backend_of_job
-from app.backends.vllm.flow import run_vllm_job
-from app.backends.vllm.recovery import reconcile_vllm_job
+from app.backends.base import BackendContext, Backends, JobMovedOn, Periodic
+from app.backends.registry import builtin_backends
 from app.coordinators import service as coordinators
-from app.deployments.models import EngineBackend
-from app.launchers.base import DeletedDeployment, Launcher
+from app.core.runner_settings import RunnerSettings
+from app.jobs.async_record import WorkerSessions
+from app.launchers.base import Launcher
 from app.runner.adoption import Adoption, adopt_engines
-from app.runner.flow import Flow
 from app.runner.incident_probe import IncidentProbes
-from app.runner.job import LeaseLost
-from app.runner.launching import launch_spec
 from app.runner.leases import Leases
-from app.runner.record import JobRecord
-from app.runner.recovery import Recovery
-from app.runner.scheduled import Periodic, Retention, Scheduled, scheduled_tasks
-from app.runner.settings import RunnerSettings
+from app.runner.scheduled import Retention, Scheduled, scheduled_tasks
 
 log = logging.getLogger(__name__)
 
@@ -59,45 +54,32 @@ class JobRunner:
         settings: RunnerSettings | None = None,
         new_fleet: Callable[[], Fleet] | None = None,
         retention: Retention | None = None,
+        backends: Callable[[BackendContext], Backends] = builtin_backends,
     ) -> None:
-        """`new_fleet` makes the agent clients of one job (default: HTTP, `agent_timeout_s` per call)."""
+        """`new_fleet` makes the agent clients of one job (default: HTTP, `agent_timeout_s` per call);
+        `backends` makes the backends jobs run through, from what this runner gives them."""
         self.settings = settings or RunnerSettings()
         self.agent_timeout_s = agent_timeout_s
         self._new_fleet = new_fleet
         self._agent_session = AgentSession()
         owner = self.settings.coordinator_id or f"{socket.gethostname()}:{os.getpid()}"
-        self.record = JobRecord(db)
+        self.record = WorkerSessions(db)
         self.leases = Leases(owner, lease_s)
         self.launchers = launchers
-        self.flow = Flow(self.record, self.settings, launchers, owner)
+        self.backends = backends(BackendContext(db, owner, self.settings, launchers, self.new_fleet))
         self.incident_probes = IncidentProbes(self.record)
-        self.recovery = Recovery(self.record, self.settings, launchers)
         self.scheduled = Scheduled(
             [
                 Periodic("presence", coordinators.PRESENCE_INTERVAL_S, self._announce),
                 Periodic("incident-probe", INCIDENT_PROBE_INTERVAL_S, self.incident_probes.tick),
-                *scheduled_tasks(
-                    self.record, self.settings, self.new_fleet, heartbeat_timeout_s, retention, launchers
-                ),
+                *self.backends.periodic(),
+                *scheduled_tasks(self.record, self.settings, heartbeat_timeout_s, retention, launchers),
             ]
         )
         self._running: dict[str, asyncio.Task[None]] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self._adoption_task: asyncio.Task[list[Adoption]] | None = None
         self._stopping = False
-
-    async def release_deleted_deployment(self, deployment: DeletedDeployment) -> None:
-        """Stop the engines of a deployment just deleted, through the launcher that started them (a
-        static pool keeps its own): they would otherwise run on, registering with a deployment that no
-        longer exists. Best effort: the deletion already happened, so a failure is logged."""
-        launcher = self.launchers.get(deployment.launcher)
-        if launcher is None or not deployment.engines:
-            return
-        spec = launch_spec(self.settings, deployment.name, deployment.engine)
-        try:
-            await launcher.release(spec, deployment.engines)
-        except Exception:
-            log.exception("deployment %s deleted: stopping its engines failed", deployment.name)
 
     async def _announce(self) -> None:
         """This coordinator's presence row: agents learn every live coordinator from their heartbeats."""
@@ -158,27 +140,11 @@ class JobRunner:
     async def tick(self) -> None:
         """One pass: claim what can be claimed, spawn its work, run the scheduled tasks that are due."""
         for job_id in await self.record.run_in_session(self.leases.claim_stranded):
-            self._spawn(job_id, self._reconcile)
+            self._spawn(job_id, self.backends.reconcile)
         pending_id = await self.record.run_in_session(self.leases.claim_pending)
         if pending_id is not None:
-            self._spawn(pending_id, self._run)
+            self._spawn(pending_id, self.backends.run)
         await self.scheduled.tick()
-
-    async def _backend(self, job_id: str) -> EngineBackend:
-        return await self.record.run_in_session(lambda s: backend_of_job(s, job_id))
-
-    async def _run(self, job_id: str, fleet: Fleet) -> None:
-        """The flow of the job's backend: epctl's own agents, or a vLLM server's own elastic EP API."""
-        if await self._backend(job_id) is EngineBackend.vllm:
-            await run_vllm_job(self.record.db, job_id, owner=self.leases.owner)
-        else:
-            await self.flow.run(job_id, fleet)
-
-    async def _reconcile(self, job_id: str, fleet: Fleet) -> None:
-        if await self._backend(job_id) is EngineBackend.vllm:
-            await reconcile_vllm_job(self.record.db, job_id, owner=self.leases.owner)
-        else:
-            await self.recovery.reconcile(job_id, fleet)
 
     async def _loop(self) -> None:
         while not self._stopping:
@@ -190,13 +156,12 @@ class JobRunner:
                 log.exception("job runner tick failed")
             await asyncio.sleep(self.settings.poll_interval_s)
 
-    def _spawn(self, job_id: str, work: Callable[[str, Fleet], Awaitable[None]]) -> None:
+    def _spawn(self, job_id: str, work: Callable[[str], Awaitable[None]]) -> None:
         async def guarded() -> None:
             renew = asyncio.create_task(self._renew_lease(job_id, asyncio.current_task()))
             try:
-                async with self.new_fleet() as fleet:
-                    await work(job_id, fleet)
-            except (asyncio.CancelledError, LeaseLost):
+                await work(job_id)
+            except (asyncio.CancelledError, JobMovedOn):
                 pass
             except Exception:
                 log.exception("job %s: runner crashed", job_id)

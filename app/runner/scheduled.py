@@ -1,9 +1,6 @@
-"""Periodic work the runner's loop ticks, each task at its own interval:
+"""Periodic work the runner's loop ticks, each task at its own interval (beside the backends' own,
+`Backend.periodic`, e.g. following the reference engines' background cleanup):
 
-- `cleanup`: follow the background cleanup of retired groups from the agents (`GET /v1/cleanup`) onto
-  the job that retired them (`cleanup_state` pending -> running -> succeeded or failed). A failure is
-  written once, with an event and the outbox event `reconfiguration.cleanup_failed`; it then blocks
-  the deployment's next job until an operator resolves it (`app.jobs.cleanup`).
 - `heartbeats`: engines silent for longer than `EPCTL_HEARTBEAT_TIMEOUT_S` (counted from this
   coordinator's start at the earliest) become `unreachable`, a deployment that loses a member
   `degraded`, each announced as `engine.unreachable` (`app.engines.service.mark_unreachable`); then
@@ -26,48 +23,30 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
-from sqlmodel import Session, select
+from sqlmodel import Session
 
-from app.agents.errors import AgentCallError
-from app.agents.fleet import Fleet
+from app.backends.base import Periodic
 from app.core.clock import utc_now
 from app.core.config import Settings
+from app.core.runner_settings import RunnerSettings
 from app.deployments.health import HealthChange, reconcile_health
-from app.engines.models import Engine, EnginePublic, EngineState
+from app.engines.models import EnginePublic
 from app.engines.service import mark_unreachable
-from app.jobs.models import CleanupState, ReconfigurationJob
-from app.jobs.transitions import append_event
+from app.jobs.async_record import WorkerSessions
+from app.jobs.models import CleanupState
 from app.launchers.base import Launcher
 from app.retention import prune_all
-from app.runner.record import JobRecord
 from app.runner.selfheal import confirm_losses, heal
-from app.runner.settings import RunnerSettings
 from app.runner.stalls import fence_stalled
 from app.scale import desired
-from app.webhooks.models import EventType
-from engine_agent.protocol import CleanupRecord, CleanupStatus
 
 log = logging.getLogger(__name__)
 
 UNSETTLED = (CleanupState.pending.value, CleanupState.running.value)
-
-
-@dataclass
-class Periodic:
-    """One task and how often it runs."""
-
-    name: str
-    interval_s: float
-    run: Callable[[], Awaitable[Any]]
-    last_run: float = field(default=float("-inf"))
-
-    def due(self, now: float) -> bool:
-        return now - self.last_run >= self.interval_s
 
 
 class Scheduled:
@@ -88,9 +67,8 @@ class Scheduled:
 
 
 def scheduled_tasks(
-    record: JobRecord,
+    record: WorkerSessions,
     settings: RunnerSettings,
-    new_fleet: Callable[[], Fleet],
     heartbeat_timeout_s: float,
     retention: Retention | None = None,
     launchers: Mapping[str, Launcher] | None = None,
@@ -112,9 +90,6 @@ def scheduled_tasks(
             await heal(record, launchers, fence_grace_s=heartbeat_timeout_s)
 
     return [
-        Periodic(
-            "cleanup", settings.cleanup_poll_interval_s, lambda: poll_cleanup_outcomes(record, new_fleet)
-        ),
         Periodic("heartbeats", settings.heartbeat_check_interval_s, heartbeats),
         Periodic(
             "desired-size",
@@ -125,7 +100,7 @@ def scheduled_tasks(
     ]
 
 
-async def reconcile_desired_sizes(record: JobRecord, *, ttl_s: float = 86400.0) -> list[str]:
+async def reconcile_desired_sizes(record: WorkerSessions, *, ttl_s: float = 86400.0) -> list[str]:
     """Start the jobs standing intents ask for; the ids of those started."""
     return await record.run_in_session(
         lambda session: [job.id for job in desired.reconcile(session, ttl_s=ttl_s)]
@@ -139,7 +114,7 @@ class Retention:
     settings: Settings
     interval_s: float
 
-    def task(self, record: JobRecord) -> Periodic:
+    def task(self, record: WorkerSessions) -> Periodic:
         async def prune() -> None:
             pruned = await record.run_in_session(lambda session: prune_all(session, self.settings))
             if any(pruned.values()):
@@ -152,7 +127,7 @@ class Retention:
 
 
 async def expire_heartbeats(
-    record: JobRecord,
+    record: WorkerSessions,
     timeout_s: float,
     *,
     watching_since: datetime | None = None,
@@ -180,7 +155,7 @@ async def expire_heartbeats(
 
 
 async def follow_health(
-    record: JobRecord, suspects: dict[str, float], confirm_s: float
+    record: WorkerSessions, suspects: dict[str, float], confirm_s: float
 ) -> list[HealthChange]:
     """Each deployment's status from its engines' heartbeats (`app.deployments.health`)."""
     return await record.run_in_session(lambda s: health_pass(s, suspects, confirm_s))
@@ -195,106 +170,3 @@ def health_pass(session: Session, suspects: dict[str, float], confirm_s: float) 
         else:
             log.warning("deployment %s degraded: %s", change.deployment, change.detail.message)
     return changes
-
-
-# --- cleanup outcomes ---------------------------------------------------------------------------------
-
-
-def outcome_for(job_id: str, status: CleanupStatus) -> tuple[str, CleanupRecord | None]:
-    """One engine's cleanup of `job_id`'s retired groups: (state, its newest record)."""
-    if status.failure is not None and status.failure.job_id == job_id:
-        return CleanupState.failed.value, status.failure
-    newest = next((r for r in status.recent if r.job_id == job_id), None)
-    if newest is not None and newest.ok:
-        return CleanupState.succeeded.value, newest
-    if newest is not None and not newest.ok and status.failure is None:
-        # Its failure was acknowledged, or a retry is queued: running unless the queue is empty.
-        if status.pending_generations:
-            return CleanupState.running.value, newest
-        return CleanupState.acknowledged.value, newest
-    if status.pending_generations:
-        return CleanupState.running.value, None
-    # Nothing recorded and nothing queued: this engine had nothing of that job's to destroy.
-    return CleanupState.succeeded.value, None
-
-
-def _unsettled_jobs(session: Session) -> list[tuple[ReconfigurationJob, list[Engine]]]:
-    jobs = session.exec(
-        select(ReconfigurationJob).where(ReconfigurationJob.cleanup_state.in_(UNSETTLED))  # type: ignore[attr-defined]
-    ).all()
-    found = []
-    for job in jobs:
-        ids = list((job.cleanup or {}).get("engines", []))
-        engines = [
-            e
-            for e in session.exec(select(Engine).where(Engine.id.in_(ids))).all()  # type: ignore[attr-defined]
-            if e.state != EngineState.left.value
-        ]
-        found.append((job, engines))
-    return found
-
-
-async def poll_cleanup_outcomes(record: JobRecord, new_fleet: Callable[[], Fleet]) -> None:
-    """One pass over every job whose cleanup is unsettled."""
-    pending = await record.run_in_session(_unsettled_jobs)
-    if not pending:
-        return
-    async with new_fleet() as fleet:
-        for job, engines in pending:
-            await _poll_one(record, fleet, job, engines)
-
-
-async def _poll_one(
-    record: JobRecord, fleet: Fleet, job: ReconfigurationJob, engines: Sequence[Engine]
-) -> None:
-    clients = [fleet.client(e.id, e.url) for e in engines]
-    results = await fleet.each(clients, lambda c: c.cleanup_status())
-    per_engine: dict[str, dict[str, Any]] = {}
-    failed: tuple[str, CleanupRecord] | None = None
-    states = []
-    for engine_id, result in results.items():
-        if isinstance(result, AgentCallError):
-            # An engine gone (stopped after scale-down) took its groups with it.
-            per_engine[engine_id] = {"state": "unknown", "error": result.message}
-            continue
-        state, newest = outcome_for(job.id, result)
-        states.append(state)
-        per_engine[engine_id] = {"state": state, **({"record": newest.model_dump()} if newest else {})}
-        if state == CleanupState.failed.value and newest is not None and failed is None:
-            failed = (engine_id, newest)
-    if failed is not None:
-        overall = CleanupState.failed.value
-    elif CleanupState.running.value in states:
-        overall = CleanupState.running.value
-    elif CleanupState.acknowledged.value in states:
-        overall = CleanupState.acknowledged.value
-    else:
-        overall = CleanupState.succeeded.value
-    if overall == job.cleanup_state:
-        return
-    cleanup = dict(job.cleanup or {})
-    cleanup["per_engine"] = per_engine
-    if failed is not None:
-        engine_id, failure = failed
-        cleanup.update(
-            failed_engine_id=engine_id,
-            error=failure.error,
-            failed_generation=failure.generation,
-            failed_at=failure.finished_at,
-        )
-        message = f"cleanup of generation {failure.generation} failed on {engine_id}: {failure.error}"
-        outbox: str | None = EventType.cleanup_failed.value
-    else:
-        message = f"cleanup {overall}"
-        outbox = None
-    await record.run_in_session(
-        lambda s: append_event(
-            s,
-            job_id=job.id,
-            kind="cleanup",
-            message=message,
-            data={"cleanup_state": overall, "per_engine": per_engine},
-            changes={"cleanup_state": overall, "cleanup": cleanup},
-            outbox_type=outbox,
-        )
-    )

@@ -34,7 +34,7 @@ timeout: only proof of death shortcuts it.
 
 Each recovery job records `loss_at` (the lost engine's last heartbeat, or when the broken group was
 found), `time_to_detect_ms` (loss to the job's creation) and `time_to_serving_ms` (loss to the job's
-new generation serving: on the survivors, or back at full size), set by `serving_again` at its switch.
+new generation serving: on the survivors, or back at full size), set by the job's flow at its switch.
 """
 
 from __future__ import annotations
@@ -69,12 +69,12 @@ from app.deployments.models import (
 from app.engines.models import Engine, EngineState
 from app.engines.service import mark_unreachable
 from app.incidents import service as incidents
+from app.jobs.async_record import WorkerSessions
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import active_job_id, create_reconfiguration
 from app.jobs.states import JobState
 from app.launchers.base import EngineHandle, Launcher
 from app.runner.reach import largest_reachable_set
-from app.runner.record import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -420,15 +420,6 @@ def _request(
     log.warning("deployment %s: self-heal job %s (%s)", name, job.id, reason)
 
 
-def serving_again(session: Session, job_id: str) -> dict[str, float]:
-    """The job-record change for a self-heal job whose new generation serves now (`time_to_serving_ms`);
-    empty for any other job."""
-    job = session.get(ReconfigurationJob, job_id)
-    if job is None or job.loss_at is None:
-        return {}
-    return {"time_to_serving_ms": round(max(0.0, (utc_now() - job.loss_at).total_seconds() * 1000.0), 1)}
-
-
 def _suspects(session: Session) -> list[tuple[str, str]]:
     """(id, url) of the engines recorded on their deployment's generation, where it is not whole."""
     found: list[tuple[str, str]] = []
@@ -459,7 +450,7 @@ async def process_gone(url: str) -> bool:
 
 
 async def confirm_losses(
-    record: JobRecord, probe: Probe = process_gone, *, follow: Callable[[Session], object] | None = None
+    record: WorkerSessions, probe: Probe = process_gone, *, follow: Callable[[Session], object] | None = None
 ) -> list[str]:
     """Mark `unreachable` now the suspects (see the module doc) whose process is gone; their ids.
     `follow` (the health pass) runs in the same transaction, so the status says why at once."""
@@ -483,7 +474,7 @@ async def confirm_losses(
 
 
 async def heal(
-    record: JobRecord, launchers: Mapping[str, Launcher], *, fence_grace_s: float = FENCE_GRACE_S
+    record: WorkerSessions, launchers: Mapping[str, Launcher], *, fence_grace_s: float = FENCE_GRACE_S
 ) -> Healing:
     """One pass: create the jobs due, then stop the engines written off (a frozen one never returns)."""
     healing = await record.run_in_session(lambda s: plan_healing(s, fence_grace_s=fence_grace_s))

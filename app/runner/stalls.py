@@ -11,7 +11,7 @@ Fenced is not dead: the engine is not stopped. Self-healing re-forms the generat
 (it is written off the generation like a lost engine, `app.runner.selfheal`), and if it comes back
 (heartbeats again, idle) within the heartbeat timeout, the grow-back re-admits it; otherwise it is
 written off for good and stopped then. A thawed engine can never serve the fenced generation: every
-other member left its group, and generations are never reused (`app.runner.fencing`).
+other member left its group, and generations are never reused (`app.backends.reference.fencing`).
 """
 
 from __future__ import annotations

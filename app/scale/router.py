@@ -12,9 +12,9 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from app.api.deps import DatabaseDep, Reader, Scaler, SettingsDep
-from app.api.job_requests import IdempotencyKeyHeader, idempotency_of, point_at_job
 from app.api.params import DeploymentRefPath
 from app.core.problems import problem_responses
+from app.jobs.requests import IdempotencyKeyHeader, idempotency_of, point_at_job
 from app.scale import patches, service
 from app.scale.models import Scale
 

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict
 from pydantic import Field as ApiField
 from sqlmodel import Field, SQLModel
 
+from app.core.auth import TokenRole
 from app.core.clock import utc_now
 from app.core.db import UTCDateTime
 from app.core.shapes import RowShape
-
-
-class TokenRole(StrEnum):
-    admin = "admin"
-    operator = "operator"
-    autoscaler = "autoscaler"
-    viewer = "viewer"
 
 
 class ApiToken(SQLModel, table=True):

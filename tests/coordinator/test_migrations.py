@@ -14,8 +14,8 @@ from alembic.runtime.migration import MigrationContext
 
 from app.core.config import Settings
 from app.core.db import alembic_config, current_revisions, head_revisions, make_engine, migrate_to_head
-from app.core.tables import metadata
 from app.main import start_database
+from app.tables import metadata
 
 # The migrations themselves: on both databases.
 pytestmark = pytest.mark.databases("sqlite", "postgres")

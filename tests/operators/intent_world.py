@@ -20,7 +20,7 @@ import app.hooks.service
 import app.jobs.service
 import app.jobs.transitions
 import app.scale.desired
-from app.core.tables import metadata
+from app.tables import metadata
 from app.deployments.models import Deployment
 from app.hooks.models import HookSource
 from app.hooks.service import Caller

@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from app.backends.reference.record import JobRecord
 from app.core.clock import utc_now
-from app.runner.record import JobRecord
+from app.core.runner_settings import RunnerSettings
 from app.runner.scheduled import reconcile_desired_sizes, scheduled_tasks
-from app.runner.settings import RunnerSettings
 from app.scale import desired
 from app.scale.intents import ScaleIntentRow
 from tests.operators.alertmanager_payloads import alert, payload
@@ -202,7 +202,7 @@ def test_the_runner_reconciles_desired_sizes_as_a_scheduled_task(
     first = signed(anonymous, {"deployment": "d1", "target_dp_size": 3}).json()
     signed(anonymous, {"deployment": "d1", "target_dp_size": 4})
     finish(db_engine, first["job_id"])
-    tasks = scheduled_tasks(JobRecord(db_engine), RunnerSettings(), lambda: None, 15.0)  # type: ignore[arg-type,return-value]
+    tasks = scheduled_tasks(JobRecord(db_engine), RunnerSettings(), 15.0)
     assert "desired-size" in [task.name for task in tasks]
     started = asyncio.run(reconcile_desired_sizes(JobRecord(db_engine)))
     assert len(started) == 1 and jobs(db_engine)[-1].to_dp_size == 4

@@ -11,14 +11,14 @@ from typing import Any
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
+from app.backends.reference.flow import Flow
+from app.backends.reference.record import JobRecord
+from app.backends.reference.recovery import Recovery
+from app.core.runner_settings import RunnerSettings
 from app.deployments.models import Deployment
 from app.engines.models import Engine, EngineState
 from app.jobs.models import JobEvent, ReconfigurationJob
 from app.jobs.service import cancel_job
-from app.runner.flow import Flow
-from app.runner.record import JobRecord
-from app.runner.recovery import Recovery
-from app.runner.settings import RunnerSettings
 from engine_agent.protocol import EngineConfig
 from tests.runner.fakes import FakeAgent, FakeFleet, FakeLauncher
 from tests.support.factories import make_deployment, make_job, register_engines

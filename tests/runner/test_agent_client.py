@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from app import metrics
 from app.agents.client import AgentClient
 from app.agents.errors import AgentDeadlineExceeded, AgentPhaseFailed, AgentProblem, AgentUnreachable
-from app.runner.job import JobFailure
+from app.backends.base import JobFailure
 from engine_agent.protocol import AgentError, ReconfigPhase, ReconfigStatus, Role, Strategy, WarmupPolicy
 from tests.support.served import Serve
 

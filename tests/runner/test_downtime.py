@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.runner.downtime import Interval, job_downtime, union, union_ms
+from app.backends.reference.downtime import Interval, job_downtime, union, union_ms
 from engine_agent.protocol import PauseInterval
 
 

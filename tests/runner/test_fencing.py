@@ -1,5 +1,5 @@
 """Fenced generations, the coordinator's side: a number is granted once, in the database, before any
-agent hears of it, and never handed out again (`app.runner.fencing`)."""
+agent hears of it, and never handed out again (`app.backends.reference.fencing`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from sqlalchemy.engine import Engine as DbEngine
 
+from app.backends.base import JobMovedOn
 from app.jobs.states import JobState
-from app.runner.job import LeaseLost
 from tests.runner.scenario import Scenario, make_scenario
 
 
@@ -43,13 +43,13 @@ def test_a_generation_an_engine_reports_is_never_granted_again(stage: Scenario) 
 
 def test_a_lease_holder_thawed_after_its_job_moved_on_writes_nothing(stage: Scenario) -> None:
     """A coordinator frozen past its lease: meanwhile another one reconciled the job to an end. The
-    thawed holder's next log row is refused (`LeaseLost`), so nothing follows the terminal transition."""
+    thawed holder's next log row is refused (`JobMovedOn`), so nothing follows the terminal transition."""
     job_id = stage.new_job(3)
     stale = asyncio.run(stage.record.load(job_id))  # what the frozen holder knew: pending
     stage.cancel(job_id)
     asyncio.run(stage.run(job_id))  # the job ends (cancelled) under another run
     ended = stage.events(job_id)
     assert stage.job(job_id).state == JobState.cancelled
-    with pytest.raises(LeaseLost):
+    with pytest.raises(JobMovedOn):
         asyncio.run(stage.record.note(stale, "plan", "written by a holder that lost its lease"))
     assert stage.events(job_id) == ended

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session
 
+from app.backends.reference.flow import OnFailure, steps_for
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import JobState
-from app.runner.flow import OnFailure, steps_for
 from engine_agent.protocol import AgentState, CommitMode, Operation, ReconfigPhase, Strategy
 from tests.runner.fakes import INJECTED, FakeAgent
 from tests.runner.scenario import Scenario, fast_settings, make_scenario

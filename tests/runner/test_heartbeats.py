@@ -9,14 +9,14 @@ from datetime import timedelta
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
+from app.backends.reference.record import JobRecord
 from app.core.clock import utc_now
+from app.core.runner_settings import RunnerSettings
 from app.deployments.models import Deployment
 from app.engines.models import Engine
 from app.engines.service import record_heartbeat
 from app.runner.loop import JobRunner
-from app.runner.record import JobRecord
 from app.runner.scheduled import expire_heartbeats, health_pass
-from app.runner.settings import RunnerSettings
 from app.webhooks.models import EventType, OutboxEvent
 from engine_agent.protocol import AgentHeartbeat, AgentState
 from tests.support.factories import make_deployment, register_engines

@@ -8,11 +8,11 @@ import pytest
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session
 
+from app.backends.base import JobFailure
+from app.backends.reference.endings import blame_the_silent
 from app.backends.vllm.checks import FlowFailure
 from app.jobs.states import JobState
 from app.jobs.transitions import append_event
-from app.runner.endings import blame_the_silent
-from app.runner.job import JobFailure
 from tests.runner.fakes import INJECTED
 from tests.runner.scenario import Scenario, make_scenario
 

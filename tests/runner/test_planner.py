@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.runner.planner import (
+from app.backends.reference.planner import (
     DeploymentSpec,
     JobOptions,
     PlanError,

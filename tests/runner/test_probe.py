@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
+from app.backends.reference.flow import Flow
 from app.engines.models import Engine
 from app.jobs.states import JobState
 from app.probe.settings import ProbeSettings
-from app.runner.flow import Flow
 from app.webhooks.models import OutboxEvent
 from engine_agent import tensor_wire
 from tests.runner.scenario import Scenario, make_scenario

@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session
 
+from app.core.runner_settings import HANG_POINTS
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import JobState
 from app.jobs.transitions import transition
-from app.runner.settings import HANG_POINTS
 from engine_agent.protocol import Strategy
 from tests.runner.scenario import Scenario, crashed_at, make_scenario
 

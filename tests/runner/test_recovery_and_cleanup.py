@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
+from app.backends.reference.cleanup import outcome_for
+from app.backends.reference.recovery import plan_from_job
 from app.jobs.models import ReconfigurationJob
-from app.runner.recovery import plan_from_job
-from app.runner.scheduled import outcome_for
 from engine_agent.protocol import CleanupRecord, CleanupState, CleanupStatus
 
 

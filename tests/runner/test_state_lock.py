@@ -11,10 +11,10 @@ import pytest
 from sqlmodel import SQLModel, create_engine
 
 from app.core.config import load_settings
+from app.core.runner_settings import RunnerSettings
 from app.launchers.local import LocalLauncher
 from app.launchers.state_lock import LOCK_FILE, DataDirInUseError, hold_state_dir, holds_state_dir
 from app.runner.lifespan import build_runner
-from app.runner.settings import RunnerSettings
 from tests.support.processes import clean_environment, epctl_command, free_port
 
 HOLD = """
@@ -84,5 +84,5 @@ def test_the_local_launcher_waits_for_an_agent_as_long_as_the_launch_deadline(tm
     db = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
     SQLModel.metadata.create_all(db)
     runner = build_runner(settings, db, RunnerSettings(state_dir=tmp_path, launch_deadline_s=90.0))
-    local = runner.flow.participants.launchers["local"]
+    local = runner.launchers["local"]
     assert isinstance(local, LocalLauncher) and local.ready_timeout_s == 90.0

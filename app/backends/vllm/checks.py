@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from app.backends.base import JobFailure
 from app.backends.vllm.client import VllmAuthRejected, VllmCallError, VllmClient, VllmTimeout
 from app.backends.vllm.discovery import Observation, observe
 from app.backends.vllm.outcomes import ScaleOutcome
@@ -22,8 +23,9 @@ S = JobState
 POLL_S = 0.25
 
 
-class FlowFailure(Exception):
-    """Ends the job in `state` with this error; `degradation` marks the deployment degraded too."""
+class FlowFailure(JobFailure):
+    """The vLLM flow's `JobFailure`: ends the job in `state` with this error (its HTTP status and hint
+    kept, even when null); `degradation` marks the deployment degraded too."""
 
     def __init__(
         self,
@@ -36,7 +38,7 @@ class FlowFailure(Exception):
         hint: str | None = None,
         degradation: Degradation | None = None,
     ) -> None:
-        super().__init__(message)
+        super().__init__(phase, type_, message)
         self.state = state
         self.degradation = degradation
         self.error = JobError(

@@ -27,14 +27,13 @@ from typing import Any
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session
 
+from app.backends.base import JobCancelled, JobMovedOn
 from app.backends.vllm.canary import VllmCanary
 from app.backends.vllm.checks import POLL_S, EngineChecks, FlowFailure
 from app.backends.vllm.client import VllmCallError, VllmClient, VllmTimeout
 from app.backends.vllm.outcomes import ScaleOutcome, outcome_of_answer, outcome_of_error
 from app.backends.vllm.record import (
-    CancelledBeforeCommit,
     Degradation,
-    JobMovedOn,
     Record,
     VllmJob,
     restart_hint,
@@ -43,7 +42,6 @@ from app.backends.vllm.record import (
     set_serving,
 )
 from app.backends.vllm.settings import VllmSettings, load_vllm_settings
-from app.jobs.models import JobError
 from app.jobs.states import JobState
 from app.probe import CanaryRecorder, ProbeFigures, figures_changes, outage_summary
 from app.probe.figures import BASELINE
@@ -100,15 +98,8 @@ class VllmFlow:
             log.info("job %s moved on without this coordinator: %s", job_id, exc)
 
     async def _run(self, job: VllmJob) -> None:
-        if job.cancel_requested:
-            await self.record.move(
-                job,
-                S.cancelled,
-                message="cancelled before it started",
-                changes={"error": _cancelled("pending")},
-            )
+        if not await self.record.start(job, f"claimed by {self.owner}; vLLM at {job.url}"):
             return
-        await self.record.move(job, S.preparing, message=f"claimed by {self.owner}; vLLM at {job.url}")
         if not job.url:
             hint = restart_hint(job.deployment_name, job.launcher)
             await self.end(
@@ -171,7 +162,7 @@ class VllmFlow:
                     message=f"POST /scale_elastic_ep new_data_parallel_size={job.to_size} "
                     f"drain_timeout={job.drain_timeout_s}",
                 )
-            except CancelledBeforeCommit:
+            except JobCancelled:
                 cancelled = True
             if not cancelled:
                 recorder.mark("committing")
@@ -182,7 +173,7 @@ class VllmFlow:
                 job,
                 S.cancelled,
                 message="cancelled on request before the scale call was sent",
-                changes={"error": _cancelled("syncing"), **probe_changes(figures)},
+                changes={"error": JobCancelled("syncing").error, **probe_changes(figures)},
             )
             return
         assert scaled is not None
@@ -195,7 +186,7 @@ class VllmFlow:
         until = time.monotonic() + self.settings.baseline_s
         while True:
             if await self.record.cancel_requested(job):
-                raise CancelledBeforeCommit()
+                raise JobCancelled(job.state.value)
             left = until - time.monotonic()
             if left <= 0:
                 return
@@ -326,12 +317,3 @@ class VllmFlow:
         if "downtime_ms" not in changes and failure.state is S.rolled_back:
             changes["downtime_ms"] = 0.0
         await self.record.move(job, failure.state, message=message, changes=changes, also=health)
-
-
-def _cancelled(phase: str) -> JobError:
-    return JobError(phase=phase, engine_id=None, type="cancelled", message="cancelled on request")
-
-
-async def run_vllm_job(db: DbEngine, job_id: str, *, owner: str) -> None:
-    """The entry point the job runner calls for a job on a `vllm` deployment."""
-    await VllmFlow(db, owner=owner).run(job_id)

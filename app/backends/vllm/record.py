@@ -12,24 +12,15 @@ from typing import Any
 
 from sqlmodel import Session
 
+from app.backends.base import FlowRecord
 from app.core.clock import utc_now
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind, StatusDetail
 from app.deployments.status import set_status
-from app.jobs.async_record import AsyncJobRecord
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import JobState
 from app.jobs.transitions import append_event
 
 RESTART_HINT = "restart the vLLM server"
-
-
-class JobMovedOn(Exception):
-    """The job is no longer where this flow left it (cancelled while pending, claimed by another
-    coordinator): not ours to drive any further."""
-
-
-class CancelledBeforeCommit(Exception):
-    """Cancel was requested before the scale call went out."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +44,6 @@ class VllmJob:
     deployment_name: str
     launcher: str
     state: JobState
-    cancel_requested: bool
     from_size: int
     to_size: int
     to_generation: int
@@ -82,15 +72,9 @@ def restart_hint(deployment_name: str, launcher: str) -> str:
     )
 
 
-class Record(AsyncJobRecord[VllmJob]):
-    """The vLLM flow's writes. A refused move raises `CancelledBeforeCommit` (a cancel that was answered
-    202 is honoured) or `JobMovedOn` (cancelled while pending, claimed by another coordinator)."""
-
-    def cancelled(self, job: VllmJob) -> Exception:
-        return CancelledBeforeCommit()
-
-    def moved_on(self, reason: str) -> Exception:
-        return JobMovedOn(reason)
+class Record(FlowRecord[VllmJob]):
+    """The vLLM flow's writes. A refused move raises `JobCancelled` (a cancel that was answered 202 is
+    honoured) or `JobMovedOn` (cancelled while pending, claimed by another coordinator)."""
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -108,7 +92,6 @@ class Record(AsyncJobRecord[VllmJob]):
                 deployment_name=deployment.name,
                 launcher=deployment.launcher,
                 state=JobState(job.state),
-                cancel_requested=job.cancel_requested,
                 from_size=job.from_dp_size,
                 to_size=job.to_dp_size,
                 to_generation=job.to_generation,

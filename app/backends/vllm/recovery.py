@@ -17,13 +17,13 @@ import time
 
 from sqlalchemy.engine import Engine as DbEngine
 
+from app.backends.base import JobMovedOn
 from app.backends.vllm.checks import POLL_S, EngineChecks, FlowFailure
 from app.backends.vllm.client import VllmCallError, VllmClient
 from app.backends.vllm.discovery import Observation, observe
 from app.backends.vllm.flow import VllmFlow
 from app.backends.vllm.record import (
     Degradation,
-    JobMovedOn,
     VllmJob,
     restart_hint,
     serving_as_scaled,

@@ -24,16 +24,17 @@ from typing import Any
 
 from app.agents.errors import AgentCallError
 from app.agents.fleet import Fleet
+from app.backends.base import JobFailure
+from app.backends.reference.endings import Endings
+from app.backends.reference.fanout import Fanout
+from app.backends.reference.flow import drive_arm
+from app.backends.reference.job import JobRun
+from app.backends.reference.planner import Plan
+from app.backends.reference.record import JobRecord
+from app.core.runner_settings import RunnerSettings
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import TERMINAL_STATES, JobState
 from app.launchers.base import Launcher
-from app.runner.endings import Endings
-from app.runner.fanout import Fanout
-from app.runner.flow import drive_arm
-from app.runner.job import JobFailure, JobRun
-from app.runner.planner import Plan
-from app.runner.record import JobRecord
-from app.runner.settings import RunnerSettings
 from engine_agent.protocol import (
     ENGINES_FINISHING,
     MOVES,

@@ -1,4 +1,5 @@
-"""The `vllm` backend's deployment settings as the API takes and shows them.
+"""A `vllm` deployment's settings as the API takes and shows them (the backend that drives it is
+`app.backends.vllm`).
 
 A vLLM deployment is one vLLM API server (elastic EP runs behind a single API server) that scales its
 own data-parallel size through `POST /scale_elastic_ep`. The API key is write-only: stored with the

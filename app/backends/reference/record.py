@@ -12,18 +12,18 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from app.backends.base import FlowRecord, JobMovedOn
+from app.backends.reference.job import JobRun, progress_percent
+from app.backends.reference.planner import Plan
 from app.core.clock import utc_now
 from app.core.errors import ConflictError
 from app.deployments.health import REASON_GENERATION_SPLIT, SERVING_STATES, announce_degraded
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
 from app.engines.models import Engine, EngineState
-from app.jobs.async_record import AsyncJobRecord
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import JobState
 from app.jobs.transitions import append_event
-from app.runner.job import JobCancelled, JobRun, LeaseLost, progress_percent
-from app.runner.planner import Plan
 from engine_agent.protocol import AgentInfo, CommitMode, EngineConfig, Strategy
 
 # An engine row in one of these states, on the deployment's generation with a rank, is a member: if
@@ -33,15 +33,9 @@ MEMBER_STATES = frozenset(
 )
 
 
-class JobRecord(AsyncJobRecord[JobRun]):
+class JobRecord(FlowRecord[JobRun]):
     """The writes of running jobs, on one database. A refused move raises `JobCancelled` (a pending
-    cancel) or `LeaseLost` (the job moved under us, e.g. an operator cancelled it)."""
-
-    def cancelled(self, job: JobRun) -> Exception:
-        return JobCancelled(job.state.value)
-
-    def moved_on(self, reason: str) -> Exception:
-        return LeaseLost(reason)
+    cancel) or `JobMovedOn` (the job moved under us, e.g. an operator cancelled it)."""
 
     # --- the job ----------------------------------------------------------------------------------
 
@@ -87,7 +81,7 @@ class JobRecord(AsyncJobRecord[JobRun]):
         changes: Mapping[str, Any] | None = None,
     ) -> None:
         """A log row, only while the job is still in the state this run left it in: a holder frozen
-        past its lease, whose job another coordinator moved on meanwhile, writes nothing (`LeaseLost`)."""
+        past its lease, whose job another coordinator moved on meanwhile, writes nothing (`JobMovedOn`)."""
         try:
             await self.run_in_session(
                 lambda s: append_event(
@@ -101,7 +95,7 @@ class JobRecord(AsyncJobRecord[JobRun]):
                 )
             )
         except ConflictError as exc:
-            raise LeaseLost(str(exc)) from exc
+            raise JobMovedOn(str(exc)) from exc
 
     async def progress(self, run: JobRun, step: str, fraction: float = 0.0) -> None:
         """Record progress (an event per new step, or per 10% within one)."""

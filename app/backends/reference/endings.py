@@ -20,15 +20,16 @@ from typing import Any
 
 from sqlmodel import Session
 
-from app.jobs.models import CleanupState, JobError
+from app.backends.base import JobCancelled, JobFailure
+from app.backends.reference.fanout import Fanout
+from app.backends.reference.job import JobRun
+from app.backends.reference.launching import launch_spec
+from app.backends.reference.record import JobRecord, apply_generation, degrade
+from app.core.clock import utc_now
+from app.core.runner_settings import RunnerSettings, hang_for_test
+from app.jobs.models import CleanupState, JobError, ReconfigurationJob
 from app.jobs.states import JobState
 from app.launchers.base import EngineHandle, Launcher
-from app.runner.fanout import Fanout
-from app.runner.job import JobCancelled, JobFailure, JobRun
-from app.runner.launching import launch_spec
-from app.runner.record import JobRecord, apply_generation, degrade
-from app.runner.selfheal import serving_again
-from app.runner.settings import RunnerSettings, hang_for_test
 from engine_agent.protocol import MOVES, ROLLED_BACK, AgentInfo, Operation
 
 log = logging.getLogger(__name__)
@@ -189,3 +190,12 @@ def blame_the_silent(error: JobError, generations: Mapping[str, Mapping[str, Any
             f"{error.type}: {error.message}",
         }
     )
+
+
+def serving_again(session: Session, job_id: str) -> dict[str, float]:
+    """The job-record change for a self-heal job whose new generation serves now (`time_to_serving_ms`);
+    empty for any other job."""
+    job = session.get(ReconfigurationJob, job_id)
+    if job is None or job.loss_at is None:
+        return {}
+    return {"time_to_serving_ms": round(max(0.0, (utc_now() - job.loss_at).total_seconds() * 1000.0), 1)}

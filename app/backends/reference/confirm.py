@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from app.agents.errors import AgentCallError
 from app.agents.fleet import Fleet
-from app.runner.job import JobFailure, JobRun
+from app.backends.base import JobFailure
+from app.backends.reference.job import JobRun
 from engine_agent.protocol import AgentState
 
 CONFIRMED_STATES = frozenset({AgentState.serving, AgentState.paused})

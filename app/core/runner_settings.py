@@ -116,8 +116,9 @@ class RunnerSettings(BaseSettings):
     @model_validator(mode="after")
     def _warn_unfenced(self) -> RunnerSettings:
         if self.switch_deadline_s <= self.pause_lease_s:
-            # The fence (app/runner/fencing.py) needs the coordinator to give up on a commit only after
-            # every pause lease ran out; otherwise a late agent could still complete an abandoned switch.
+            # The fence (app/backends/reference/fencing.py) needs the coordinator to give up on a commit
+            # only after every pause lease ran out; otherwise a late agent could still complete an
+            # abandoned switch.
             log.warning(
                 "EPCTL_RUNNER_SWITCH_DEADLINE_S (%s) <= EPCTL_RUNNER_PAUSE_LEASE_S (%s): a late agent may "
                 "complete a switch the coordinator abandoned",

@@ -1,4 +1,5 @@
-"""One running job as the runner holds it in memory (`JobRun`), and the failures that end it.
+"""One running job as the reference flow holds it in memory (`JobRun`). The failures that end it are
+every backend's (`app.backends.base`).
 
 Pure: no database, no HTTP. The record (`record.py`) writes what is derived here (engine results,
 downtime) onto the job.
@@ -12,17 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from app.agents.client import AgentClient
-from app.core.errors import DomainError
-from app.core.faults import EngineFault
-from app.jobs.models import JobError
+from app.backends.reference.downtime import Downtime, job_downtime
+from app.backends.reference.planner import Plan
 from app.jobs.states import JobState
 from app.launchers.base import EngineHandle
-from app.runner.downtime import Downtime, job_downtime
-from app.runner.planner import Plan
 from engine_agent.protocol import (
     AgentInfo,
     CommitMode,
-    DowntimeOverrun,
     EngineConfig,
     ReconfigStatus,
     Strategy,
@@ -40,47 +37,6 @@ PROGRESS_BANDS: Mapping[str, tuple[float, float]] = {
 
 # The generation a job ended on, for its per-engine results (see `JobRun.engine_results`).
 EndedOn = Literal["new", "old"]
-
-
-class JobFailure(Exception):
-    """Stops a job; `error` is what the job records (phase, engine, type, message; the overrun of a
-    downtime budget)."""
-
-    def __init__(
-        self,
-        phase: str,
-        type_: str,
-        message: str,
-        engine_id: str | None = None,
-        overrun: DowntimeOverrun | None = None,
-    ) -> None:
-        super().__init__(message)
-        given = {"overrun": overrun} if overrun is not None else {}
-        self.error = JobError(phase=phase, engine_id=engine_id, type=type_, message=message, **given)
-
-    @classmethod
-    def from_exception(cls, phase: str, exc: BaseException) -> JobFailure:
-        if isinstance(exc, JobFailure):
-            return exc
-        if isinstance(exc, EngineFault):  # an agent call, a launch, a plan: type, message, engine
-            return cls(phase, exc.type, exc.message, exc.engine_id)
-        if isinstance(exc, DomainError):
-            return cls(phase, exc.code, exc.detail)
-        return cls(phase, "internal-error", f"{exc.__class__.__name__}: {exc}")
-
-
-# What a step may fail with by design (an agent, a launcher, the planner, a refused record change): the
-# job records it; anything else is a bug, recorded as `internal-error` and logged with its traceback.
-EXPECTED_FAILURES = (JobFailure, EngineFault, DomainError)
-
-
-class JobCancelled(JobFailure):
-    def __init__(self, phase: str) -> None:
-        super().__init__(phase, "cancelled", "cancelled on request")
-
-
-class LeaseLost(Exception):
-    """Another coordinator (or an operator) moved the job: stop touching it."""
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """`POST /v1/reconfigurations/{id}/cleanup/retry|acknowledge`: resolve a job's failed background
-cleanup, so its deployment may reconfigure again."""
+cleanup on the reference engine where it failed, so its deployment may reconfigure again."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
 
 from app.api.database import Database
 from app.api.deps import CleanupOperator, DatabaseDep, get_db_engine
 from app.api.params import JobIdPath
+from app.backends.reference import cleanup
 from app.core.problems import problem_responses
-from app.jobs import cleanup, service
+from app.jobs import service
 from app.jobs.models import JobPublic
 
 router = APIRouter(
@@ -35,7 +35,7 @@ async def retry_cleanup(
 ) -> JobPublic:
     """Run the failed cleanup again on the engine where it failed; its outcome is followed as before
     (`cleanup_state` running, then succeeded or failed)."""
-    await cleanup.retry_cleanup(lambda: Session(db, expire_on_commit=False), job_id, actor=principal.name)
+    await cleanup.retry_cleanup(db, job_id, actor=principal.name)
     return await _public(database, job_id)
 
 
@@ -46,7 +46,5 @@ async def acknowledge_cleanup(
     job_id: JobIdPath, db: DbEngineDep, database: DatabaseDep, principal: CleanupOperator
 ) -> JobPublic:
     """Accept the failure as it is (the engine drops the retired groups); the deployment is unblocked."""
-    await cleanup.acknowledge_cleanup(
-        lambda: Session(db, expire_on_commit=False), job_id, actor=principal.name
-    )
+    await cleanup.acknowledge_cleanup(db, job_id, actor=principal.name)
     return await _public(database, job_id)

@@ -20,8 +20,9 @@ from typing import Any
 from app.agents.client import AgentClient
 from app.agents.errors import AgentCallError, AgentDeadlineExceeded, AgentPhaseFailed, AgentUnreachable
 from app.agents.fleet import Fleet
-from app.runner.job import JobCancelled, JobFailure, JobRun, progress_fraction
-from app.runner.settings import RunnerSettings
+from app.backends.base import JobCancelled, JobFailure
+from app.backends.reference.job import JobRun, progress_fraction
+from app.core.runner_settings import RunnerSettings
 from engine_agent.protocol import (
     MAX_WAIT_S,
     TERMINAL_PHASES,

@@ -38,17 +38,18 @@ from typing import Any
 
 from app.agents.client import AgentClient
 from app.agents.fleet import Fleet
+from app.backends.base import EXPECTED_FAILURES, JobCancelled, JobFailure, JobMovedOn
+from app.backends.reference.confirm import confirm_serving
+from app.backends.reference.endings import Endings
+from app.backends.reference.fanout import Fanout, ShouldCancel
+from app.backends.reference.job import JobRun
+from app.backends.reference.launching import Participants
+from app.backends.reference.record import JobRecord, is_member_row
+from app.core.runner_settings import RunnerSettings, hang_for_test
 from app.jobs.states import JobState
 from app.launchers.base import Launcher
 from app.probe.job import JobProbe
 from app.probe.settings import ProbeSettings, load_probe_settings
-from app.runner.confirm import confirm_serving
-from app.runner.endings import Endings
-from app.runner.fanout import Fanout, ShouldCancel
-from app.runner.job import EXPECTED_FAILURES, JobCancelled, JobFailure, JobRun, LeaseLost
-from app.runner.launching import Participants
-from app.runner.record import JobRecord, is_member_row
-from app.runner.settings import RunnerSettings, hang_for_test
 from engine_agent.protocol import (
     COMMITTING,
     MOVES,
@@ -156,15 +157,8 @@ class Flow:
         run = await self.record.load(job_id)
         if run.state != S.pending:
             return
-        if await self.record.cancel_requested(run):
-            await self.record.move(
-                run,
-                S.cancelled,
-                message="cancelled before it started",
-                changes={"error": JobCancelled("pending").error},
-            )
+        if not await self.record.start(run, "claimed by " + self.owner):
             return
-        await self.record.move(run, S.preparing, message="claimed by " + self.owner)
         probe = await self._open_probe(run)
         try:
             await self._steps(run, Fanout(fleet, self.settings), probe)
@@ -182,7 +176,7 @@ class Flow:
                 if probe is not None:
                     probe.mark(step.name.value)
                 await self._perform[step.name](run, fanout, step)
-            except LeaseLost:
+            except JobMovedOn:
                 raise
             except Exception as exc:
                 failure = JobFailure.from_exception(run.state.value, exc)

@@ -12,15 +12,16 @@ from typing import TypeVar
 
 from app.agents.errors import AgentCallError
 from app.agents.fleet import Fleet
+from app.backends.base import JobCancelled, JobFailure
+from app.backends.reference.fencing import grant_generation
+from app.backends.reference.job import JobRun
+from app.backends.reference.planner import DeploymentSpec, JobOptions, make_plan
+from app.backends.reference.record import JobRecord, is_member_row
 from app.coordinators import service as coordinators
+from app.core.runner_settings import RunnerSettings
 from app.deployments.models import Deployment
 from app.engines.models import Engine
 from app.launchers.base import EngineHandle, Launcher, LaunchSpec
-from app.runner.fencing import grant_generation
-from app.runner.job import JobCancelled, JobFailure, JobRun
-from app.runner.planner import DeploymentSpec, JobOptions, make_plan
-from app.runner.record import JobRecord, is_member_row
-from app.runner.settings import RunnerSettings
 from engine_agent.protocol import AgentInfo, AgentState, EngineConfig
 
 T = TypeVar("T")

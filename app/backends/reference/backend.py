@@ -1,0 +1,60 @@
+"""The reference backend: epctl's own agents, driven through the protocol by `flow`, ended after a
+coordinator's death by `recovery`, its background cleanup followed by `cleanup`, and a deleted
+deployment's engines given back to the launcher that started them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from app.backends.base import Backend, BackendContext, Periodic
+from app.backends.reference.cleanup import poll_cleanup_outcomes
+from app.backends.reference.flow import Flow
+from app.backends.reference.launching import launch_spec
+from app.backends.reference.record import JobRecord
+from app.backends.reference.recovery import Recovery
+from app.deployments.models import EngineBackend
+from app.launchers.base import DeletedDeployment
+
+log = logging.getLogger(__name__)
+
+
+class ReferenceBackend(Backend):
+    kind = EngineBackend.reference
+
+    def __init__(self, context: BackendContext) -> None:
+        self.context = context
+        self.record = JobRecord(context.db)
+        self.flow = Flow(self.record, context.settings, context.launchers, context.owner)
+        self.recovery = Recovery(self.record, context.settings, context.launchers)
+
+    async def run(self, job_id: str) -> None:
+        async with self.context.new_fleet() as fleet:
+            await self.flow.run(job_id, fleet)
+
+    async def reconcile(self, job_id: str) -> None:
+        async with self.context.new_fleet() as fleet:
+            await self.recovery.reconcile(job_id, fleet)
+
+    async def deployment_deleted(self, deleted: DeletedDeployment) -> None:
+        """Stop the engines of a deployment just deleted, through the launcher that started them (a
+        static pool keeps its own): they would otherwise run on, registering with a deployment that no
+        longer exists. Best effort: the deletion already happened, so a failure is logged."""
+        launcher = self.context.launchers.get(deleted.launcher)
+        if launcher is None or not deleted.engines:
+            return
+        spec = launch_spec(self.context.settings, deleted.name, deleted.engine)
+        try:
+            await launcher.release(spec, deleted.engines)
+        except Exception:
+            log.exception("deployment %s deleted: stopping its engines failed", deleted.name)
+
+    def periodic(self) -> Sequence[Periodic]:
+        context = self.context
+        return [
+            Periodic(
+                "cleanup",
+                context.settings.cleanup_poll_interval_s,
+                lambda: poll_cleanup_outcomes(self.record, context.new_fleet),
+            )
+        ]

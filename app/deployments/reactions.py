@@ -1,0 +1,29 @@
+"""What the engines' side does when a deployment comes or goes, as the deployments API sees it.
+
+The backends (`app.backends.base.Backends`) implement it: a vLLM deployment's server is observed at its
+creation; a deleted deployment's engines are stopped by the launcher that started them, and its vLLM
+server by the local vLLM launcher. The coordinator's lifespan puts them on the app; the router gets
+them through this dependency, so it needs to know neither the runner nor any backend.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Protocol
+
+from fastapi import Depends, Request
+
+from app.launchers.base import DeletedDeployment
+
+
+class DeploymentReactions(Protocol):
+    async def deployment_created(self, name: str, backend: str) -> None: ...
+
+    async def deployment_deleted(self, deleted: DeletedDeployment) -> None: ...
+
+
+def get_reactions(request: Request) -> DeploymentReactions:
+    reactions: DeploymentReactions = request.app.state.backends
+    return reactions
+
+
+Reactions = Annotated[DeploymentReactions, Depends(get_reactions)]

@@ -20,13 +20,13 @@ import app.hooks.service
 import app.jobs.service
 import app.jobs.transitions
 import app.scale.desired
-from app.tables import metadata
 from app.deployments.models import Deployment
 from app.hooks.models import HookSource
 from app.hooks.service import Caller
 from app.jobs.service import active_job
 from app.jobs.states import JobState
 from app.jobs.transitions import transition
+from app.tables import metadata
 from tests.operators.alertmanager_payloads import alert, payload
 from tests.support.factories import make_deployment, register_engines
 

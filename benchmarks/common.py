@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,6 +39,15 @@ from tests.support.processes import (  # noqa: E402
 from tests.support.waiting import wait_until  # noqa: E402
 
 __all__ = ["Child", "Coordinator", "free_port", "stop_local_agents", "wait_ready_file", "wait_until"]
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+# A benchmark stopped with SIGTERM runs its `finally` blocks: its coordinator and the engines it
+# launched are stopped (engines outlive their coordinator by design, so nobody else would).
+signal.signal(signal.SIGTERM, _exit_on_sigterm)
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 TMP_DIR = RESULTS_DIR / "tmp"  # git-ignored scratch space (SQLite files, logs, ready files)
 PYTHON = sys.executable

@@ -29,6 +29,7 @@ JSON_PATCH = "application/json-patch+json"
 PATCH_TYPES = (MERGE_PATCH, STRATEGIC_MERGE_PATCH, JSON_PATCH)
 WRITABLE = ("/spec/replicas", "/metadata/resourceVersion")
 VERSION_PATH = "/metadata/resourceVersion"
+REQUIRED_SECTIONS = ("apiVersion", "kind", "metadata", "spec")
 
 
 class PatchTestFailed(InvalidRequestError):
@@ -125,6 +126,11 @@ def patched_scale(current: Scale, content_type: str, body: bytes) -> Scale:
     else:
         if not isinstance(patch, dict):
             raise InvalidRequestError("a merge patch of a Scale is a JSON object", code="malformed-patch")
+        removed = sorted(key for key in REQUIRED_SECTIONS if key in patch and patch[key] is None)
+        if removed:  # `null` removes (RFC 7386), but a Scale without these is no Scale
+            raise InvalidRequestError(
+                f"the patch removes {', '.join(removed)}: a Scale always has them", code="malformed-patch"
+            )
         document = merge(document, patch)
     try:
         return Scale.model_validate(document)

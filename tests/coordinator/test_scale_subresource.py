@@ -350,6 +350,13 @@ def test_a_merge_patch_making_an_invalid_scale_is_422(demo: TestClient) -> None:
     )
 
 
+@pytest.mark.parametrize("section", ["metadata", "spec", "kind"])
+def test_a_merge_patch_removing_a_section_of_the_scale_is_422(demo: TestClient, section: str) -> None:
+    patch = {"spec": {"replicas": 0}, section: None}
+    _assert_problem(_patch(demo, patch, "application/strategic-merge-patch+json"), 422, "malformed-patch")
+    assert _job_count(demo) == 0
+
+
 def test_a_scale_write_supersedes_older_autoscaler_intents(demo: TestClient) -> None:
     headers = token_headers(demo, "autoscaler", "keda")
     demo.put("/v1/deployments/demo/scale", json=scale_body(2))  # an active job: the hook defers

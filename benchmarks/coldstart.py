@@ -98,7 +98,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--name", default="coldstart")
     args = parser.parse_args()
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))  # taskset narrows it: the cores this run may use
     report = Report(args.name, parameters={**vars(args), "cores": cores})
     scratch = scratch_dir("coldstart")
     results: dict[str, dict[str, list[float]]] = {}

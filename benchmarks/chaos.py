@@ -43,7 +43,7 @@ import torch
 from common import Report, scratch_dir, stop_local_agents, wait_until  # puts the checkout on the path
 
 from engine_agent import moe
-from tests.e2e.harness import ENGINE, StackCoordinator, SteadyClient, agent_info
+from tests.support.stack import ENGINE, StackCoordinator, SteadyClient, agent_info
 from tests.support.waiting import WaitTimeout
 
 HEARTBEAT_TIMEOUT_S = 3.0

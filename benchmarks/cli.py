@@ -30,7 +30,7 @@ from pathlib import Path
 
 from common import ROOT, Coordinator, Report, scratch_dir, summarize
 
-from tests.cli.support import JobDriver, create_static_deployment, drive_to_success
+from tests.support.job_driver import JobDriver, create_static_deployment, drive_to_success
 from tests.support.processes import epctl_command
 
 TARGET_CPU_S = 0.3

@@ -19,6 +19,9 @@ from tests.support.databases import backends_for
 
 os.environ.setdefault("EPCTL_RUNNER_ENABLED", "false")
 
+# The shared fixtures (a database per test, the in-process app and its client; an app served on a port).
+pytest_plugins = ["tests.support.fixtures", "tests.support.served"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli.support import run_coordinator
+from tests.support.job_driver import run_coordinator
 from tests.support.processes import Coordinator
 
 _names = itertools.count()

@@ -9,7 +9,7 @@ import json
 import httpx
 
 from tests.cli.epctl_runner import epctl
-from tests.cli.support import JobDriver, create_static_deployment
+from tests.support.job_driver import JobDriver, create_static_deployment
 from tests.support.processes import Coordinator
 
 

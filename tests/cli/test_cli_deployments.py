@@ -8,7 +8,7 @@ import json
 import httpx
 
 from tests.cli.epctl_runner import epctl
-from tests.cli.support import create_static_deployment
+from tests.support.job_driver import create_static_deployment
 from tests.support.processes import Coordinator
 
 

@@ -12,7 +12,7 @@ import httpx
 
 from app.cli.main import app as cli_app
 from tests.cli.epctl_runner import epctl, runner
-from tests.cli.support import create_static_deployment
+from tests.support.job_driver import create_static_deployment
 from tests.support.processes import ROOT, Coordinator
 
 

@@ -14,7 +14,7 @@ from app.core.db import make_engine
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
 from tests.cli.epctl_runner import epctl
-from tests.cli.support import create_static_deployment
+from tests.support.job_driver import create_static_deployment
 from tests.support.processes import Coordinator
 
 

@@ -1,6 +1,6 @@
 """`epctl scale` and `epctl jobs` against a real coordinator process (uvicorn, SQLite file), job runner
 off: where a job must move, the test moves it through the state machine against the coordinator's own
-database, as the runner would (`tests.cli.support`). The test with real agents is in
+database, as the runner would (`tests.support.job_driver`). The test with real agents is in
 test_scale_local.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import httpx
 
 from tests.cli.epctl_runner import active_job_id, engine_ids, epctl, in_background, scale_job_id
-from tests.cli.support import JobDriver, create_static_deployment, drive_to_rollback, drive_to_success
+from tests.support.job_driver import JobDriver, create_static_deployment, drive_to_rollback, drive_to_success
 from tests.support.processes import Coordinator
 
 

@@ -7,7 +7,7 @@ from sqlmodel import Session
 
 from app.jobs.transitions import append_event
 from tests.cli.epctl_runner import engine_ids, epctl, scale_job_id
-from tests.cli.support import JobDriver, create_static_deployment, drive_to_success
+from tests.support.job_driver import JobDriver, create_static_deployment, drive_to_success
 from tests.support.processes import Coordinator
 
 

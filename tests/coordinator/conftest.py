@@ -2,8 +2,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.fixtures import *  # noqa: F403
-
 
 @pytest.fixture(autouse=True)
 def _api_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:

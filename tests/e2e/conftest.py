@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from engine_agent import moe
-from tests.e2e.harness import ENGINE, StackCoordinator, infer
 from tests.support.databases import module_database
+from tests.support.stack import ENGINE, StackCoordinator, infer
 
 START_SIZE = 2
 

@@ -7,7 +7,7 @@ import os
 import uuid
 
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import agent_info
+from tests.support.stack import agent_info
 from tests.support.waiting import wait_until
 
 

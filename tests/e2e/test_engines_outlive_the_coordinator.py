@@ -18,8 +18,8 @@ from typing import Any
 
 from app.launchers.local import LocalLauncher
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import SteadyClient, agent_info
-from tests.e2e.invariants import assert_recovered
+from tests.support.invariants import assert_recovered
+from tests.support.stack import SteadyClient, agent_info
 from tests.support.waiting import wait_until
 
 COORDINATOR_ENV = {

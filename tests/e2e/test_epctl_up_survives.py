@@ -23,8 +23,8 @@ import torch
 from app.launchers.local import PIDS_FILE
 from engine_agent import moe
 from engine_agent.protocol import EngineConfig
-from tests.e2e.harness import SteadyClient
 from tests.support.processes import Child, clean_environment, epctl_command, free_port, spawn
+from tests.support.stack import SteadyClient
 from tests.support.waiting import wait_until
 
 # The demo deployment's engine (`epctl up` creates it with the default engine config).

@@ -1,6 +1,6 @@
 """Faults injected into a running scale job (3 -> 2, so every role is there: rank 0 and rank 1 stay,
 rank 2 leaves), with a steady client on the engines. After every fault the same invariants hold
-(`tests/e2e/invariants.py`): every job terminal, the record equal to what the live agents report, no
+(`tests/support/invariants.py`): every job terminal, the record equal to what the live agents report, no
 split brain, no orphan, correct outputs once the deployment is ready again.
 
 How a phase is hit, with the agents' test-only fault switches (`POST /v1/faults`, on the real code
@@ -29,13 +29,13 @@ import pytest
 
 from app.launchers.local import LocalLauncher
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import SteadyClient, agent_info
-from tests.e2e.invariants import assert_recovered
+from tests.support.invariants import assert_recovered
+from tests.support.stack import SteadyClient, agent_info
 from tests.support.waiting import wait_until
 
 SIZE = 3  # from three to two: rank 0 and rank 1 stay, rank 2 leaves
 
-# This module's coordinator, beyond the harness's short deadlines (`tests/e2e/harness.RUNNER_ENV`):
+# This module's coordinator, beyond the harness's short deadlines (`tests/support/stack.RUNNER_ENV`):
 COORDINATOR_ENV = {
     # A job lease far longer than any wait here: a restarted coordinator that waited out its own lease
     # before reconciling its stranded job would fail the test.

@@ -19,8 +19,8 @@ import torch
 
 from app.launchers.local import LocalLauncher, is_agent_process
 from engine_agent import moe
-from tests.e2e.harness import ENGINE, StackCoordinator, SteadyClient, agent_info
 from tests.support.databases import module_database, postgres_schema, postgres_unavailable_reason
+from tests.support.stack import ENGINE, StackCoordinator, SteadyClient, agent_info
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.databases("postgres")

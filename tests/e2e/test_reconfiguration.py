@@ -19,7 +19,7 @@ import pytest
 
 from app.launchers.local import LocalLauncher
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import SteadyClient, agent_info
+from tests.support.stack import SteadyClient, agent_info
 from tests.support.waiting import wait_until
 
 # The client's view and the job's report of one stop must agree within this (the bound).

@@ -8,7 +8,7 @@ import torch
 
 from engine_agent import moe
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import ENGINE, agent_info, infer
+from tests.support.stack import ENGINE, agent_info, infer
 
 
 def test_retiring_a_middle_engine_renumbers_the_rest_and_keeps_outputs_exact(stack: Stack) -> None:

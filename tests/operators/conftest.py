@@ -8,7 +8,6 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from tests.operators import rows
-from tests.support.fixtures import *  # noqa: F403
 
 
 @pytest.fixture

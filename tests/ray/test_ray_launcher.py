@@ -23,9 +23,9 @@ from app.core.db import make_engine
 from app.launchers.base import LaunchSpec
 from app.launchers.ray_launcher import RayLauncher
 from engine_agent import moe
-from tests.e2e.harness import ENGINE, StackCoordinator, infer
 from tests.ray.conftest import RayCluster, import_ray
 from tests.support.databases import sqlite_database
+from tests.support.stack import ENGINE, StackCoordinator, infer
 from tests.support.waiting import wait_until
 
 ray = import_ray()

@@ -1,5 +1,4 @@
-"""Reusable pytest fixtures for coordinator-side tests. Use them from a conftest with
-`from tests.support.fixtures import *  # noqa: F403`.
+"""Reusable pytest fixtures for coordinator-side tests, a plugin of the whole suite (`tests/conftest.py`):
 
 - `database_url`: a migrated database with no rows, this test's alone, on SQLite, and on Postgres too where
   the test is marked `databases("sqlite", "postgres")` (the rule: `tests/support/databases.py`; the

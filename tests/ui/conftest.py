@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.cli.support import (
+from tests.support.job_driver import (
     JobDriver,
     create_static_deployment,
     drive_to_rollback,

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 from playwright.sync_api import expect
 
-from tests.cli.support import JobDriver, engine_results
+from tests.support.job_driver import JobDriver, engine_results
 from tests.support.processes import Coordinator
 from tests.ui.conftest import SeededHistory, screenshot
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from playwright.sync_api import expect
 
-from tests.cli.support import JobDriver, create_static_deployment
+from tests.support.job_driver import JobDriver, create_static_deployment
 from tests.ui.conftest import SeededHistory
 
 

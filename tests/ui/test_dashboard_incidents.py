@@ -14,7 +14,7 @@ from app.core.db import make_engine
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
 from app.incidents import service as incidents
-from tests.cli.support import create_static_deployment
+from tests.support.job_driver import create_static_deployment
 from tests.support.processes import Coordinator
 from tests.ui.conftest import screenshot
 

@@ -8,7 +8,7 @@ from playwright.sync_api import expect
 from sqlmodel import Session
 
 from app.jobs.transitions import append_event
-from tests.cli.support import JobDriver
+from tests.support.job_driver import JobDriver
 from tests.ui.conftest import SeededHistory
 
 

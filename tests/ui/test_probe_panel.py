@@ -14,7 +14,7 @@ from playwright.sync_api import expect
 from sqlmodel import Session
 
 from app.jobs.transitions import append_event
-from tests.cli.support import JobDriver, create_static_deployment, drive_to_success
+from tests.support.job_driver import JobDriver, create_static_deployment, drive_to_success
 from tests.support.processes import Coordinator
 from tests.ui.conftest import SeededHistory, screenshot
 

@@ -2,7 +2,7 @@
 
 The real vLLM server and the stand-in run in the vLLM venv (`.venv-vllm`, made by `scripts/vllm-env`,
 which `scripts/test` runs). Without it those tests skip, saying so; the API and unit tests here run
-anyway. Coordinators are real uvicorn processes with the job runner on (`tests/e2e/harness.py`, on the
+anyway. Coordinators are real uvicorn processes with the job runner on (`tests/support/stack.py`, on the
 harness of `tests/support/processes.py`).
 """
 
@@ -17,9 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.harness import StackCoordinator
-from tests.support.fixtures import *  # noqa: F403
 from tests.support.processes import ROOT, free_port, spawn
+from tests.support.stack import StackCoordinator
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 SCRIPTS = Path(__file__).resolve().parent

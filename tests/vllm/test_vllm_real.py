@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.harness import StackCoordinator
 from tests.support.databases import module_database
+from tests.support.stack import StackCoordinator
 from tests.support.waiting import wait_until
 from tests.vllm.conftest import run_job, start_coordinator
 

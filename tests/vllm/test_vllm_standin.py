@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import StackCoordinator
 from tests.support.databases import module_database
+from tests.support.stack import StackCoordinator
 from tests.support.waiting import wait_until
 from tests.vllm.conftest import (
     StandIn,

@@ -1,1 +1,0 @@
-from tests.support.fixtures import *  # noqa: F403

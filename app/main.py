@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session
 
 from app import metrics
+from app.agents.transport import use_agent_ca
 from app.api import docs, health
 from app.api.database import Database
 from app.api.deps import PrincipalCache
@@ -121,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         resolved = settings or load_settings()  # ConfigError here stops start-up with its message
         if settings is None:
             configure_logging(resolved.log_format)
+        use_agent_ca(str(resolved.agent_ca_file) if resolved.agent_ca_file else None)
         engine, generated = start_database(resolved)
         if generated is not None:
             announce_admin_token(generated)

@@ -89,7 +89,13 @@ def serve(
         announce_admin_token(generated)
     # log_config=None: uvicorn's loggers go through the handler configure_logging set up.
     config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_level="info", log_config=None
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        log_config=None,
+        ssl_certfile=settings.tls_cert_file,
+        ssl_keyfile=settings.tls_key_file,
     )
     server = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled

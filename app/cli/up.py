@@ -128,7 +128,15 @@ async def _run(settings: Settings, engines: int | None, sock: socket.socket) -> 
     token, first = await asyncio.to_thread(_session_admin_token, settings)
     app = create_app(settings)
     server = _server_class()(
-        uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", log_config=None)
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            log_config=None,
+            ssl_certfile=settings.tls_cert_file,
+            ssl_keyfile=settings.tls_key_file,
+        )
     )
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     setup = asyncio.create_task(_set_up(server, app, settings, engines, token, first))
@@ -153,9 +161,14 @@ async def _set_up(
         await asyncio.sleep(0.05)
     import httpx  # the coordinator runs in this process: its imports are paid anyway
 
-    url = f"http://{settings.host}:{settings.port}"
+    from engine_agent.tls import client_context
+
+    url = settings.base_url
     headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30.0) as api:
+    # Over HTTPS its own certificate is checked like an agent's (the operator's CA signs both).
+    ca_file = str(settings.agent_ca_file) if settings.agent_ca_file else None
+    verify = client_context(ca_file)
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30.0, verify=verify) as api:
         deployment = await _demo_deployment(api)
         if deployment["active_job_id"]:
             # A job the previous run left: this coordinator reconciles it; whatever its outcome, the

@@ -48,6 +48,7 @@ from datetime import datetime
 import httpx
 from sqlmodel import Session, col, select
 
+from app.agents.transport import agent_ssl_context
 from app.core.clock import utc_now
 from app.core.errors import DomainError
 from app.deployments.health import (
@@ -439,7 +440,7 @@ Probe = Callable[[str], Awaitable[bool]]  # an engine URL -> whether its process
 
 async def process_gone(url: str) -> bool:
     """True when nothing listens at `url` (connection refused); a slow or frozen engine is not gone."""
-    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as client:
+    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, verify=agent_ssl_context()) as client:
         try:
             await client.get(f"{url.rstrip('/')}/healthz")
         except httpx.ConnectError:

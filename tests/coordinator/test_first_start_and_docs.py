@@ -15,7 +15,7 @@ from app.cli.up import _session_admin_token, admin_token_file
 from app.core.config import ConfigError, Settings, load_settings
 from app.core.db import make_engine
 from app.tokens.models import ApiToken, TokenRole
-from app.tokens.service import authenticate, ensure_first_admin, revoke_token
+from app.tokens.service import authenticate, create_token, ensure_first_admin, revoke_token
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +48,7 @@ def test_the_env_admin_token_is_honoured_after_a_revoke_and_a_restart(database_u
     try:
         with Session(engine) as session:
             ensure_first_admin(session, env_secret=secret)
+            create_token(session, name="second-admin", role=TokenRole.admin)  # the last is never revoked
             revoke_token(session, ref="admin-env")
             assert authenticate(session, secret=secret) is None
             ensure_first_admin(session, env_secret=secret)  # the restart

@@ -65,9 +65,11 @@ def up(
 ) -> None:
     """Run the coordinator (SQLite) and a local deployment `demo` of reference engines."""
     from app.core.config import ConfigError, load_settings
+    from app.core.private_files import keep_new_files_private
     from app.launchers.state_lock import DataDirInUseError
     from engine_agent.logs import configure_logging
 
+    keep_new_files_private()  # the database, token files, pid records and agent logs it writes: 0600
     overrides: dict[str, object] = {"host": "127.0.0.1", "port": port}
     if data_dir is not None:
         overrides["data_dir"] = data_dir

@@ -35,6 +35,16 @@ def test_min_above_max_is_422_problem(client: TestClient) -> None:
     assert client.get("/v1/deployments").json()["count"] == 0
 
 
+def test_top_k_above_the_expert_count_is_422_problem(client: TestClient) -> None:
+    engine = {"num_logical_experts": 4, "top_k": 5}
+    response = client.post("/v1/deployments", json={"name": "x", "engine": engine})
+    assert response.status_code == 422 and response.json()["code"] == "validation-error"
+    assert "top_k (5) must not exceed num_logical_experts (4)" in response.text
+    assert client.get("/v1/deployments").json()["count"] == 0
+    engine["top_k"] = 4  # every expert: still a valid layer
+    assert client.post("/v1/deployments", json={"name": "x", "engine": engine}).status_code == 201
+
+
 def test_names_must_be_slugs(client: TestClient) -> None:
     assert client.post("/v1/deployments", json={"name": "Not A Slug"}).status_code == 422
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -443,10 +444,20 @@ async def process_gone(url: str) -> bool:
     async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, verify=agent_ssl_context()) as client:
         try:
             await client.get(f"{url.rstrip('/')}/healthz")
-        except httpx.ConnectError:
-            return True
+        except httpx.ConnectError as exc:
+            # A TLS handshake that failed (a certificate not the operator's CA's) reached a listener.
+            return not _tls_failure(exc)
         except httpx.HTTPError:
             return False  # the heartbeat timeout decides
+    return False
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
     return False
 
 

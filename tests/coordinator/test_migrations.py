@@ -111,7 +111,9 @@ def test_0016_cuts_stored_token_prefixes_to_four_characters_of_the_secret(empty_
                 )
         command.upgrade(config, "head")
         with engine.connect() as connection:
-            rows = dict(connection.execute(sa.text("SELECT id, token_prefix FROM api_tokens")).all())
+            rows: dict[str, str] = dict(
+                connection.execute(sa.text("SELECT id, token_prefix FROM api_tokens")).all()
+            )
         assert rows == {"tok_1": "epctl_abcd", "tok_2": "0123"}
     finally:
         engine.dispose()

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session
 
 from app import metrics
+from app.agents.transport import use_agent_ca
 from app.api import docs, health
 from app.api.database import Database
 from app.api.deps import PrincipalCache
@@ -26,6 +27,7 @@ from app.backends.vllm.router import router as vllm_engine_router
 from app.core.config import Settings, load_settings
 from app.core.db import alembic_config, make_engine, start_lock
 from app.core.limits import Limits, RequestLimits
+from app.core.private_files import keep_new_files_private
 from app.core.problems import install_problem_handlers, problem_responses
 from app.dashboard.router import router as dashboard_router
 from app.deployments.router import router as deployments_router
@@ -121,6 +123,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         resolved = settings or load_settings()  # ConfigError here stops start-up with its message
         if settings is None:
             configure_logging(resolved.log_format)
+            keep_new_files_private()
+        use_agent_ca(str(resolved.agent_ca_file) if resolved.agent_ca_file else None)
         engine, generated = start_database(resolved)
         if generated is not None:
             announce_admin_token(generated)

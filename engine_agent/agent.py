@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from engine_agent import build_info, moe, step_graphs
+from engine_agent import build_info, moe, step_graphs, tls
 from engine_agent.coordinators import CoordinatorSet
 from engine_agent.engine import ReferenceEngine
 from engine_agent.groups import GroupAbandoned, start_store_server
@@ -91,6 +91,7 @@ class AgentMetrics:
 class Agent:
     def __init__(self, settings: AgentSettings, url: str) -> None:
         self.settings = settings
+        tls.use_peer_ca(settings.tls_ca_file)
         self.url = url
         self.pid = os.getpid()
         self.engine_id = settings.resolved_engine_id(self.pid)
@@ -273,7 +274,7 @@ class Agent:
         headers = {"Authorization": f"Bearer {self.settings.token}"} if self.settings.token else {}
         registered = False
         warned = False
-        with httpx.Client(timeout=5.0, headers=headers) as client:
+        with httpx.Client(timeout=5.0, headers=headers, verify=tls.peer_context()) as client:
             while not self._stop.is_set():
                 for base in coordinators.in_order():
                     try:

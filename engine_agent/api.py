@@ -48,7 +48,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         resolved = settings or AgentSettings()
-        advertised = url or resolved.url or f"http://{resolved.advertised_host()}:{resolved.port}"
+        advertised = url or resolved.served_url(resolved.port)
         factory = agent_factory or Agent
         agent = await asyncio.to_thread(factory, resolved, advertised)
         app.state.agent = agent

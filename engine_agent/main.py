@@ -73,6 +73,14 @@ def _parser() -> argparse.ArgumentParser:
         "--enable-fault-injection", action="store_true", help="accept POST /v1/faults (tests only)"
     )
     p.add_argument("--ready-file", help="write the bound URL here once HTTP is served")
+    # Unset options keep their EPCTL_AGENT_TLS_* variables (a launcher's environment passes them on).
+    p.add_argument("--tls-cert-file", default=argparse.SUPPRESS, help="serve HTTPS with this PEM certificate")
+    p.add_argument("--tls-key-file", default=argparse.SUPPRESS, help="the certificate's PEM private key")
+    p.add_argument(
+        "--tls-ca-file",
+        default=argparse.SUPPRESS,
+        help="PEM CA bundle that https:// coordinators and peers must chain to (default: system trust)",
+    )
     p.add_argument("--log-level", default="warning")
     p.add_argument(
         "--log-format",
@@ -114,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
         )
-    url = settings.url or f"http://{settings.advertised_host()}:{port}"
+    url = settings.served_url(port)
     set_process_fields(engine_id=settings.resolved_engine_id(os.getpid()), deployment=settings.deployment)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -127,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             # Longer than any client's keep-alive expiry (the coordinator's is 2 s): an idle
             # connection must never be closed here just as the client reuses it for a phase call.
             timeout_keep_alive=75,
+            ssl_certfile=settings.tls_cert_file,
+            ssl_keyfile=settings.tls_key_file,
         )
     )
 

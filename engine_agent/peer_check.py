@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from engine_agent.protocol import StoreAddress
+from engine_agent.tls import peer_context
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,10 @@ def unresponsive_members(members: Sequence[tuple[str, str]], timeout_s: float = 
 
     def answers(url: str) -> bool:
         try:
-            return httpx.get(f"{url.rstrip('/')}/healthz", timeout=timeout_s).status_code == 200
+            return (
+                httpx.get(f"{url.rstrip('/')}/healthz", timeout=timeout_s, verify=peer_context()).status_code
+                == 200
+            )
         except httpx.HTTPError:
             return False
 

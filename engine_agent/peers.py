@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from engine_agent.protocol import GenerationBroken
+from engine_agent.tls import peer_context
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def _send_all(urls: list[str], notice: GenerationBroken) -> None:
     if not urls:
         return
     body = notice.model_dump(mode="json")
-    with httpx.Client(timeout=NOTICE_TIMEOUT_S) as client:
+    with httpx.Client(timeout=NOTICE_TIMEOUT_S, verify=peer_context()) as client:
 
         def send(url: str) -> None:
             try:

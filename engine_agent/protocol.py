@@ -42,9 +42,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from engine_agent.choreography import ACCEPTS as ACCEPTS
 from engine_agent.choreography import ARMED_ONWARD as ARMED_ONWARD
@@ -163,6 +163,15 @@ class EngineConfig(BaseModel):
     @classmethod
     def _buckets_sorted(cls, buckets: list[int]) -> list[int]:
         return graph_buckets(buckets)
+
+    @model_validator(mode="after")
+    def _top_k_within_experts(self) -> Self:
+        # A token is routed to top_k distinct logical experts: there must be that many.
+        if self.top_k > self.num_logical_experts:
+            raise ValueError(
+                f"top_k ({self.top_k}) must not exceed num_logical_experts ({self.num_logical_experts})"
+            )
+        return self
 
     @property
     def expert_nbytes(self) -> int:

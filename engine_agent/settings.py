@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine_agent.netif import ipv4_of
 from engine_agent.protocol import EngineConfig, Platform
+from engine_agent.tls import checked_ca_file, checked_server_pair, scheme
 
 
 class AgentSettings(EngineConfig, BaseSettings):
@@ -30,7 +31,18 @@ class AgentSettings(EngineConfig, BaseSettings):
     )
     port: int = Field(0, ge=0, le=65535, description="0: pick a free port")
     url: str | None = Field(
-        None, description="the URL peers and the coordinator use; default http://host:port"
+        None,
+        description="the URL peers and the coordinator use; default http://host:port (https:// with a "
+        "TLS certificate)",
+    )
+    tls_cert_file: str | None = Field(
+        None, description="serve HTTPS with this PEM certificate (chain); needs tls_key_file"
+    )
+    tls_key_file: str | None = Field(None, description="the PEM private key of tls_cert_file")
+    tls_ca_file: str | None = Field(
+        None,
+        description="PEM CA bundle the coordinator's and peers' https:// certificates must chain to "
+        "(default: the system's trust store)",
     )
     engine_id: str | None = Field(None, description="default: agent-<host>-<pid>")
     platform: Platform = Platform.cpu
@@ -85,6 +97,8 @@ class AgentSettings(EngineConfig, BaseSettings):
             raise ValueError(f"platform cpu runs on device cpu, not {self.device}")
         if self.platform != Platform.cpu and self.device is not None and not self.device.startswith("cuda"):
             raise ValueError(f"platform {self.platform} needs a cuda:N device (ROCm uses the same name)")
+        checked_server_pair(self.tls_cert_file, self.tls_key_file, "--tls-cert-file/--tls-key-file")
+        checked_ca_file(self.tls_ca_file, "--tls-ca-file")
         if self.coordinator and not self.deployment:
             raise ValueError("--coordinator needs --deployment")
         if self.cuda_graphs == "on" and (self.platform == Platform.cpu or self.grouped_step == "off"):
@@ -105,6 +119,10 @@ class AgentSettings(EngineConfig, BaseSettings):
 
     def coordinator_urls(self) -> list[str]:
         return [url.strip() for url in (self.coordinator or "").split(",") if url.strip()]
+
+    def served_url(self, port: int) -> str:
+        """The URL to advertise: `url`, else http(s)://host:port."""
+        return self.url or f"{scheme(self.tls_cert_file)}://{self.advertised_host()}:{port}"
 
     def device_name(self) -> str:
         if self.device:

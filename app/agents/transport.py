@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
@@ -19,6 +20,7 @@ from yarl import URL
 from app import metrics
 from app.agents.errors import AgentDeadlineExceeded, AgentProblem, AgentUnreachable, problem_type
 from engine_agent.protocol import Operation
+from engine_agent.tls import client_context
 
 # The agent's HTTP paths (engine_agent/main.py serves them); a reconfiguration call's is the protocol's.
 PATH_HEALTH = "/healthz"
@@ -61,6 +63,21 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
+_agent_ca_file: str | None = None
+
+
+def use_agent_ca(ca_file: str | None) -> None:
+    """The CA bundle `https://` agents are verified against from now on (the coordinator's
+    `agent_ca_file`, set once as its app is built); None: the system's trust store."""
+    global _agent_ca_file
+    _agent_ca_file = ca_file
+
+
+def agent_ssl_context() -> ssl.SSLContext:
+    """The client context every call to an `https://` agent verifies its certificate with (built once
+    per CA bundle; a plain `http://` agent never uses it)."""
+    return client_context(_agent_ca_file)
+
 
 @dataclass(frozen=True)
 class AgentAnswer:
@@ -96,6 +113,7 @@ class AgentSession:
                     keepalive_timeout=KEEPALIVE_S,
                     # Agents are addressed by IP in practice; a name resolved once serves a job.
                     ttl_dns_cache=60,
+                    ssl=agent_ssl_context(),
                 ),
                 # Per call (`ClientTimeout` on each request); the session itself imposes none.
                 timeout=aiohttp.ClientTimeout(total=None),

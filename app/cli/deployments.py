@@ -134,6 +134,8 @@ def _desired_cell(desired: dict[str, Any]) -> str:
     return str(desired["dp_size"])
 
 
+LIST_PAGE_SIZE = 200  # the API's largest page
+
 _COLUMNS = [
     "NAME",
     "DP size",
@@ -208,13 +210,19 @@ def show_deployment(deployment: dict[str, Any]) -> None:
 def list_deployments(
     url: UrlOption = DEFAULT_URL, token: TokenOption = None, as_json: JsonOption = False
 ) -> None:
-    """List deployments."""
+    """List deployments (every page)."""
+    data: list[dict[str, Any]] = []
     with api_errors(), connect(url, token) as api:
-        result = api.get("/v1/deployments")
+        params: dict[str, Any] = {"limit": LIST_PAGE_SIZE}
+        while True:
+            page = api.get("/v1/deployments", **params)
+            data += page.get("data", [])
+            if not page.get("next_cursor"):
+                break
+            params["cursor"] = page["next_cursor"]
     if as_json:
-        print_json(result)
+        print_json({"data": data, "count": len(data)})
         return
-    data = result.get("data", [])
     if not data:
         stdout.print("No deployments.")
         return

@@ -57,10 +57,12 @@ def serve(
     from sqlalchemy.exc import SQLAlchemyError
 
     from app.core.config import ConfigError, load_settings
+    from app.core.private_files import keep_new_files_private
     from app.launchers.state_lock import DataDirInUseError
     from app.main import announce_admin_token, create_app, start_database
     from engine_agent.logs import configure_logging
 
+    keep_new_files_private()  # the database, token files, pid records and logs it writes: 0600
     overrides: dict[str, object] = {}
     if host is not None:
         overrides["host"] = host
@@ -89,7 +91,13 @@ def serve(
         announce_admin_token(generated)
     # log_config=None: uvicorn's loggers go through the handler configure_logging set up.
     config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_level="info", log_config=None
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        log_config=None,
+        ssl_certfile=settings.tls_cert_file,
+        ssl_keyfile=settings.tls_key_file,
     )
     server = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled

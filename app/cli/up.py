@@ -65,9 +65,11 @@ def up(
 ) -> None:
     """Run the coordinator (SQLite) and a local deployment `demo` of reference engines."""
     from app.core.config import ConfigError, load_settings
+    from app.core.private_files import keep_new_files_private
     from app.launchers.state_lock import DataDirInUseError
     from engine_agent.logs import configure_logging
 
+    keep_new_files_private()  # the database, token files, pid records and agent logs it writes: 0600
     overrides: dict[str, object] = {"host": "127.0.0.1", "port": port}
     if data_dir is not None:
         overrides["data_dir"] = data_dir
@@ -128,7 +130,15 @@ async def _run(settings: Settings, engines: int | None, sock: socket.socket) -> 
     token, first = await asyncio.to_thread(_session_admin_token, settings)
     app = create_app(settings)
     server = _server_class()(
-        uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", log_config=None)
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            log_config=None,
+            ssl_certfile=settings.tls_cert_file,
+            ssl_keyfile=settings.tls_key_file,
+        )
     )
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     setup = asyncio.create_task(_set_up(server, app, settings, engines, token, first))
@@ -153,9 +163,14 @@ async def _set_up(
         await asyncio.sleep(0.05)
     import httpx  # the coordinator runs in this process: its imports are paid anyway
 
-    url = f"http://{settings.host}:{settings.port}"
+    from engine_agent.tls import client_context
+
+    url = settings.base_url
     headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30.0) as api:
+    # Over HTTPS its own certificate is checked like an agent's (the operator's CA signs both).
+    ca_file = str(settings.agent_ca_file) if settings.agent_ca_file else None
+    verify = client_context(ca_file)
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30.0, verify=verify) as api:
         deployment = await _demo_deployment(api)
         if deployment["active_job_id"]:
             # A job the previous run left: this coordinator reconciles it; whatever its outcome, the

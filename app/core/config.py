@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine_agent.tls import checked_ca_file, checked_server_pair, scheme
+
 SQLITE_PREFIX = "sqlite://"
 POSTGRES_PREFIX = "postgresql+psycopg://"
 
@@ -45,6 +47,16 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    # TLS where traffic crosses machines (docs/operations/cluster.md#tls).
+    tls_cert_file: Path | None = Field(
+        None, description="serve HTTPS with this PEM certificate (chain); needs tls_key_file"
+    )
+    tls_key_file: Path | None = Field(None, description="the PEM private key of tls_cert_file")
+    agent_ca_file: Path | None = Field(
+        None,
+        description="PEM CA bundle that https:// agents' certificates must chain to (default: the "
+        "system's trust store); plain http:// agents are called without TLS",
+    )
     auto_migrate: bool = Field(True, description="upgrade the database to head at start-up")
     db_busy_timeout_ms: int = Field(5000, ge=0, description="SQLite: how long a writer waits for the lock")
     agent_timeout_s: float = Field(5.0, gt=0, description="deadline of one coordinator -> agent call")
@@ -173,6 +185,12 @@ class Settings(BaseSettings):
         return secrets
 
     @model_validator(mode="after")
+    def _loadable_tls(self) -> Settings:
+        checked_server_pair(self.tls_cert_file, self.tls_key_file, "EPCTL_TLS_CERT_FILE/EPCTL_TLS_KEY_FILE")
+        checked_ca_file(self.agent_ca_file, "EPCTL_AGENT_CA_FILE")
+        return self
+
+    @model_validator(mode="after")
     def _default_database(self) -> Settings:
         if not self.database_url:
             self.database_url = f"sqlite:///{self.data_dir / 'epctl.db'}"
@@ -196,6 +214,11 @@ class Settings(BaseSettings):
         if self.retention_idempotency_s < self.idempotency_in_flight_timeout_s:
             raise ValueError("retention_idempotency_s must be at least idempotency_in_flight_timeout_s")
         return self
+
+    @property
+    def base_url(self) -> str:
+        """The URL this coordinator serves at (https when it has a certificate)."""
+        return f"{scheme(self.tls_cert_file)}://{self.host}:{self.port}"
 
     @property
     def is_sqlite(self) -> bool:

@@ -20,6 +20,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Dialect, Engine, make_url
 from sqlmodel import create_engine
 
+from app.core.private_files import private_sqlite_file
+
 
 def _migrations_dir() -> Path:
     """The Alembic tree: `migrations/` beside `app/` in a checkout, `app/migrations` in an installed wheel
@@ -66,7 +68,7 @@ def make_engine(
     pool = {"pool_size": pool_size, "max_overflow": max_overflow, "pool_timeout": pool_timeout_s}
     if url.get_backend_name() == "sqlite":
         if url.database and url.database != ":memory:":
-            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+            private_sqlite_file(Path(url.database))
         memory = not url.database or url.database == ":memory:"
         engine = create_engine(
             url,

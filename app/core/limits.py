@@ -20,11 +20,17 @@ response starts (so an open event stream does not hold a place). Work per reques
 the event loop never juggles hundreds of half-done requests at once, so each of its turns stays short
 and `/healthz` (which skips the gate) answers promptly under any load. Past `max_waiting_requests`
 waiting, a request is answered 503 with Retry-After at once.
+
+A request whose client disconnects before its answer starts is stopped (cancelled) wherever it is:
+waiting at the gate, waiting for a database slot (`app.api.database`), or between a handler's steps;
+a database call already running in its worker thread finishes, and nothing after it runs. Counted in
+`epctl_requests_abandoned`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import weakref
@@ -47,6 +53,11 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 PROBLEM_MEDIA_TYPE = b"application/problem+json"
 HEALTH_BODY = b'{"status":"ok"}'
 
+ABANDONED = Counter(
+    "epctl_requests_abandoned",
+    "Requests whose client disconnected before their answer started: their work stopped there.",
+    registry=REGISTRY,
+)
 REFUSED = Counter(
     "epctl_requests_refused",
     "Requests refused by the input limits before parsing or authentication, by reason.",
@@ -218,7 +229,38 @@ class RequestLimits:
             except LimitExceeded as refused:
                 await _refuse(scope, send, refused)
                 return
+        # The body is read: the server's next message is the client's disconnect. A request whose client
+        # left before its answer started is stopped where it is (waiting for a place, or for a database
+        # slot, or between a handler's steps): nobody would read what it makes.
+        client_gone = asyncio.Event()
+        answered = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.start":
+                answered = True
+            await send(message)
+
+        work = asyncio.ensure_future(self._admitted(scope, _after_body(body, client_gone), tracked_send))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(receive, client_gone))
+        try:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done() and not answered:
+                work.cancel()
+                ABANDONED.inc()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+                return
+            await work
+        finally:
+            watcher.cancel()
+            if not work.done():
+                work.cancel()
+
+    async def _admitted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app, once the gate admits the request (a 503 problem when too many wait already)."""
         gate = self.gate
+        limits = self.limits
         if not await gate.enter(limits):
             await _refuse(
                 scope, send, LimitExceeded(503, "overloaded", "too many requests are waiting; retry")
@@ -234,11 +276,34 @@ class RequestLimits:
             await send(message)
 
         try:
-            await self.app(scope, receive if body is None else _replay(body, receive), send_and_leave)
+            await self.app(scope, receive, send_and_leave)
         finally:
             if inside:
                 inside = False
                 gate.leave()
+
+
+async def _wait_for_disconnect(receive: Receive, client_gone: asyncio.Event) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            client_gone.set()
+            return
+
+
+def _after_body(body: bytes | None, client_gone: asyncio.Event) -> Receive:
+    """The app's `receive`: the body read already (empty when none), then the disconnect when it comes."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body or b"", "more_body": False}
+        await client_gone.wait()
+        return {"type": "http.disconnect"}
+
+    return replay
 
 
 def _check_url(scope: Scope, limits: Limits) -> None:
@@ -279,19 +344,6 @@ async def _read_body(scope: Scope, receive: Receive, limits: Limits) -> bytes | 
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()  # after the body: wait for the disconnect, as the server would
-
-    return replay
 
 
 async def _refuse(scope: Scope, send: Send, refused: LimitExceeded) -> None:

@@ -340,7 +340,10 @@ class DeploymentPublic(RowShape):
 
 class DeploymentList(BaseModel):
     data: list[DeploymentPublic]
-    count: int
+    count: int = ApiField(description="every deployment, over all pages")
+    next_cursor: str | None = ApiField(
+        None, description="pass as `cursor` for the next page; none: last page"
+    )
 
 
 def ray_settings_of(row: Deployment) -> RaySettings | None:

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from collections.abc import Sequence
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
 from sqlmodel import Session
 
 from app.api.deps import Admin, DatabaseDep, Reader
 from app.api.params import DeploymentRefPath
 from app.core.problems import problem_responses
-from app.deployments import service
+from app.deployments import listing, service
 from app.deployments.models import (
     Deployment,
     DeploymentCreate,
@@ -17,20 +20,31 @@ from app.deployments.models import (
 from app.deployments.reactions import Reactions
 from app.engines import service as engine_service
 from app.jobs import service as jobs
+from app.jobs.active import active_job_ids
 from app.launchers.base import DeletedDeployment, EngineHandle
-from app.scale.desired import desired_public
+from app.scale.desired import desired_publics
 from engine_agent.protocol import EngineConfig
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"], responses=problem_responses(401, 403, 422))
 
 
 def _public(session: Session, deployment: Deployment) -> DeploymentPublic:
-    return DeploymentPublic.of(
-        deployment,
-        active_job_id=jobs.active_job_id(session, deployment_id=deployment.id),
-        desired=desired_public(session, deployment),
-        conditions=engine_service.conditions(session, deployment_id=deployment.id),
-    )
+    return _publics(session, [deployment])[0]
+
+
+def _publics(session: Session, deployments: Sequence[Deployment]) -> list[DeploymentPublic]:
+    """The API shape of many deployments in a fixed number of queries (a deployment where an autoscaler
+    intent stands is assessed on its own: few are, at any time)."""
+    ids = [d.id for d in deployments]
+    active = active_job_ids(session, ids)
+    desired = desired_publics(session, deployments)
+    conditions = engine_service.conditions_of(session, ids)
+    return [
+        DeploymentPublic.of(
+            d, active_job_id=active.get(d.id), desired=desired[d.id], conditions=conditions.get(d.id, [])
+        )
+        for d in deployments
+    ]
 
 
 @router.post("", name="create", status_code=status.HTTP_201_CREATED, responses=problem_responses(409))
@@ -48,10 +62,20 @@ async def create_deployment(
 
 
 @router.get("", name="list")
-async def list_deployments(db: DatabaseDep, _: Reader) -> DeploymentList:
+async def list_deployments(
+    db: DatabaseDep,
+    _: Reader,
+    limit: Annotated[int, Query(ge=1, le=listing.MAX_PAGE_SIZE)] = listing.DEFAULT_PAGE_SIZE,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> DeploymentList:
+    """By name, `limit` per page; pass `next_cursor` back as `cursor` for the next page. `count` is
+    every deployment's. A page is read in a fixed number of queries, whatever its size."""
+
     def work(session: Session) -> DeploymentList:
-        rows = service.list_deployments(session)
-        return DeploymentList(data=[_public(session, row) for row in rows], count=len(rows))
+        page = listing.list_page(session, limit=limit, cursor=cursor)
+        return DeploymentList(
+            data=_publics(session, page.rows), count=page.count, next_cursor=page.next_cursor
+        )
 
     return await db.run(work)
 

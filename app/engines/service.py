@@ -268,20 +268,32 @@ def mark_unreachable(
 
 def conditions(session: Session, *, deployment_id: str) -> list[Condition]:
     """The deployment's members the coordinator cannot hear while their group steps."""
+    return conditions_of(session, [deployment_id]).get(deployment_id, [])
+
+
+def conditions_of(session: Session, deployment_ids: Collection[str]) -> dict[str, list[Condition]]:
+    """`conditions` of each of these deployments that has any, by id (one query for any number)."""
+    if not deployment_ids:
+        return {}
     lost = session.exec(
-        select(Engine).where(Engine.deployment_id == deployment_id, col(Engine.link_lost_at).is_not(None))
+        select(Engine)
+        .where(col(Engine.deployment_id).in_(list(deployment_ids)), col(Engine.link_lost_at).is_not(None))
+        .order_by(col(Engine.id))
     ).all()
-    return [
-        Condition(
-            type="engine-unreachable-from-coordinator",
-            engine_id=engine.id,
-            since=engine.link_lost_at,
-            message=f"{engine.id} is not heard by the coordinator, but its group steps: its control "
-            "link is lost, the engine serves; no self-heal, and jobs wait until it is heard again",
+    found: dict[str, list[Condition]] = {}
+    for engine in lost:
+        if engine.link_lost_at is None:
+            continue
+        found.setdefault(engine.deployment_id, []).append(
+            Condition(
+                type="engine-unreachable-from-coordinator",
+                engine_id=engine.id,
+                since=engine.link_lost_at,
+                message=f"{engine.id} is not heard by the coordinator, but its group steps: its control "
+                "link is lost, the engine serves; no self-heal, and jobs wait until it is heard again",
+            )
         )
-        for engine in lost
-        if engine.link_lost_at is not None
-    ]
+    return found
 
 
 def _peers_vouch(session: Session, engine: Engine, fresh_since: datetime) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import aiohttp
 
+from app.agents.transport import agent_ssl_context
 from app.probe.canary import CanaryResult
 from engine_agent import tensor_wire
 
@@ -21,7 +22,8 @@ class ReferenceCanary:
     async def send(self, target: str) -> CanaryResult:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+                connector=aiohttp.TCPConnector(limit=0, ssl=agent_ssl_context()),
+                timeout=aiohttp.ClientTimeout(total=None),
             )
         try:
             url = f"{target}/v1/infer"

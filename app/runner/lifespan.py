@@ -70,7 +70,7 @@ def build_runner(
     state_dir = runner_settings.state_dir or settings.data_dir
     updates: dict[str, object] = {"state_dir": state_dir}
     if not runner_settings.public_url:
-        updates["public_url"] = f"http://{settings.host}:{settings.port}"
+        updates["public_url"] = settings.base_url
     if not runner_settings.agent_token:
         updates["agent_token"] = ensure_agent_token(db, Path(state_dir))
     if not runner_settings.coordinator_id and holds_state_dir(Path(state_dir)):

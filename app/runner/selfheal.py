@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -48,6 +49,7 @@ from datetime import datetime
 import httpx
 from sqlmodel import Session, col, select
 
+from app.agents.transport import agent_ssl_context
 from app.core.clock import utc_now
 from app.core.errors import DomainError
 from app.deployments.health import (
@@ -439,13 +441,23 @@ Probe = Callable[[str], Awaitable[bool]]  # an engine URL -> whether its process
 
 async def process_gone(url: str) -> bool:
     """True when nothing listens at `url` (connection refused); a slow or frozen engine is not gone."""
-    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as client:
+    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, verify=agent_ssl_context()) as client:
         try:
             await client.get(f"{url.rstrip('/')}/healthz")
-        except httpx.ConnectError:
-            return True
+        except httpx.ConnectError as exc:
+            # A TLS handshake that failed (a certificate not the operator's CA's) reached a listener.
+            return not _tls_failure(exc)
         except httpx.HTTPError:
             return False  # the heartbeat timeout decides
+    return False
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
     return False
 
 

@@ -15,7 +15,7 @@ the deployment's newest job of any source), a pending `/scale` write (acted on f
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -359,8 +359,21 @@ def reconcile(
     return started
 
 
-def desired_public(session: Session, deployment: Deployment, now: datetime | None = None) -> DesiredSize:
-    if not intents.recent(session, deployment.id, now or utc_now()):
+def desired_publics(session: Session, deployments: Sequence[Deployment]) -> dict[str, DesiredSize]:
+    """`desired_public` of many deployments, by id: one query finds those where something stands (most
+    have nothing), and only those are assessed."""
+    now = utc_now()
+    standing = intents.with_recent(session, [d.id for d in deployments], now)
+    return {
+        d.id: desired_public(session, d, now, known_standing=True) if d.id in standing else DesiredSize()
+        for d in deployments
+    }
+
+
+def desired_public(
+    session: Session, deployment: Deployment, now: datetime | None = None, *, known_standing: bool = False
+) -> DesiredSize:
+    if not known_standing and not intents.recent(session, deployment.id, now or utc_now()):
         return DesiredSize()  # nothing stands (one query: most deployments, most of the time)
     assessment = assess(session, deployment, now)
     pending = assessment.pending

@@ -19,7 +19,7 @@ intent per deployment.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from enum import StrEnum
 
@@ -153,6 +153,21 @@ def recent(session: Session, deployment_id: str, since: datetime) -> list[ScaleI
             .order_by(col(ScaleIntentRow.created_at), col(ScaleIntentRow.id))
         ).all()
     )
+
+
+def with_recent(session: Session, deployment_ids: Collection[str], since: datetime) -> set[str]:
+    """Which of these deployments have an intent `recent` would list (one query for any number)."""
+    if not deployment_ids:
+        return set()
+    rows = session.exec(
+        select(ScaleIntentRow.deployment_id)
+        .where(
+            col(ScaleIntentRow.deployment_id).in_(list(deployment_ids)),
+            sa.or_(col(ScaleIntentRow.ended_at).is_(None), col(ScaleIntentRow.ended_at) > since),
+        )
+        .distinct()
+    ).all()
+    return set(rows)
 
 
 def end(intent: ScaleIntentRow, code: EndCode, *, by: str | None, now: datetime) -> bool:

@@ -38,12 +38,13 @@ async def list_tokens(db: DatabaseDep, _: TokenAdmin) -> TokenList:
     return await db.run(work)
 
 
-@router.delete("/{token_id}", name="revoke", responses=problem_responses(404))
+@router.delete("/{token_id}", name="revoke", responses=problem_responses(404, 409))
 async def revoke_token(
     token_id: TokenRefPath, db: DatabaseDep, cache: PrincipalCacheDep, _: TokenAdmin
 ) -> TokenPublic:
     """Revoked tokens stay listed (with `revoked_at`) and are refused from now on (by every coordinator
-    within `EPCTL_AUTH_CACHE_S`). Accepts id or name."""
+    within `EPCTL_AUTH_CACHE_S`). Accepts id or name. The last live admin token cannot be revoked
+    (409 `last-admin-token`): create another first."""
     revoked = await db.run(
         lambda session: TokenPublic.model_validate(service.revoke_token(session, ref=token_id))
     )

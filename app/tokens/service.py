@@ -13,10 +13,10 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, NotFoundError
 from app.core.ids import new_id
-from app.tokens.models import ApiToken, TokenRole
+from app.tokens.models import SECRET_MARKER, ApiToken, TokenRole, shown_prefix
 
 TOKEN_ID_PREFIX = "tok"
-SECRET_PREFIX = "epctl_"
+SECRET_PREFIX = SECRET_MARKER
 FIRST_ADMIN_NAME = "admin"
 ENV_ADMIN_NAME = "admin-env"
 # Reads must not turn into writes on every request; last_used_at is refreshed at most this often.
@@ -45,7 +45,7 @@ def create_token(
         name=name,
         role=role.value,
         token_hash=hash_token(secret),
-        token_prefix=secret[:12],
+        token_prefix=shown_prefix(secret),
         created_by=created_by,
     )
     session.add(token)
@@ -70,8 +70,25 @@ def get_token(session: Session, *, ref: str) -> ApiToken:
     return token
 
 
+class LastAdminTokenError(ConflictError):
+    code = "last-admin-token"
+
+
 def revoke_token(session: Session, *, ref: str) -> ApiToken:
+    """Revoke a token; never the last live admin token (nobody could manage tokens after it)."""
     token = get_token(session, ref=ref)
+    if token.revoked_at is None and token.role == TokenRole.admin.value:
+        # Locked (Postgres) so that two revocations at once cannot each leave the other the last one.
+        admins = session.exec(
+            select(ApiToken.id)
+            .where(ApiToken.role == TokenRole.admin.value, col(ApiToken.revoked_at).is_(None))
+            .with_for_update()
+        ).all()
+        if list(admins) == [token.id]:
+            raise LastAdminTokenError(
+                f"{token.name!r} is the last live admin token: create another admin token first",
+                token=token.name,
+            )
     if token.revoked_at is None:
         token.revoked_at = utc_now()
         session.add(token)
@@ -124,7 +141,7 @@ def _ensure_env_admin(session: Session, env_secret: str) -> None:
     previous = session.exec(select(ApiToken).where(ApiToken.name == ENV_ADMIN_NAME)).first()
     if previous is not None:  # EPCTL_ADMIN_TOKEN changed: the new value replaces the old one
         previous.token_hash = wanted
-        previous.token_prefix = env_secret[:12]
+        previous.token_prefix = shown_prefix(env_secret)
         previous.revoked_at = None
         previous.role = TokenRole.admin.value
         session.add(previous)

@@ -17,6 +17,7 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import NotFoundError
 from app.core.ids import new_id
+from app.core.sealing import seal, unseal
 from app.core.shapes import RowShape
 from app.core.urls import checked_http_url
 from app.webhooks import signing
@@ -153,7 +154,7 @@ def create_subscription(session: Session, data: WebhookCreate) -> WebhookCreated
     row = WebhookSubscription(
         id=new_id(SUBSCRIPTION_ID_PREFIX),
         url=data.url,
-        secret=secret,
+        secret=seal(secret),
         event_types=[t.value for t in data.event_types],
         description=data.description,
         active=True,
@@ -204,11 +205,12 @@ def rotate_secret(session: Session, subscription_id: str, *, overlap_s: float = 
         row.previous_secret_expires_at = now + timedelta(seconds=overlap_s)
     else:
         row.previous_secret, row.previous_secret_expires_at = None, None
-    row.secret = signing.generate_secret()
+    secret = signing.generate_secret()
+    row.secret = seal(secret)
     row.updated_at = now
     session.add(row)
     session.commit()
-    return WebhookCreated.of(row, secret=row.secret)
+    return WebhookCreated.of(row, secret=secret)
 
 
 def delete_subscription(session: Session, subscription_id: str) -> None:
@@ -288,10 +290,16 @@ def list_deliveries(
 
 def signing_secrets(row: WebhookSubscription, now: datetime) -> list[str]:
     """The secrets that sign an attempt now: the current one, then the replaced one until its overlap ends."""
-    secrets = [row.secret]
+    secrets = [opened_secret(row.secret)]
     if row.previous_secret and row.previous_secret_expires_at and row.previous_secret_expires_at > now:
-        secrets.append(row.previous_secret)
+        secrets.append(opened_secret(row.previous_secret))
     return secrets
+
+
+def opened_secret(stored: str) -> str:
+    """A stored signing secret in clear: sealed (`app.core.sealing`) since issue 25, or a bare `whsec_`
+    written before, read as it is (it is sealed at its next rotation)."""
+    return stored if stored.startswith(signing.SECRET_PREFIX) else unseal(stored)
 
 
 def subscription_wants(subscription: WebhookSubscription, event_type: str) -> bool:

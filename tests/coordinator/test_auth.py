@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -91,3 +92,34 @@ def test_first_start_without_env_token_generates_one_admin_token_printed_once(
     with TestClient(create_app(settings), headers={"Authorization": f"Bearer {secret}"}) as client:
         assert client.get("/v1/tokens").status_code == 200
     assert "epctl_" not in capfd.readouterr().err
+
+
+def test_the_last_live_admin_token_cannot_be_revoked(client: TestClient) -> None:
+    refused = client.delete("/v1/tokens/admin-env")
+    assert refused.status_code == 409 and refused.json()["code"] == "last-admin-token"
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert client.get("/v1/deployments").status_code == 200  # still in
+    token_headers(client, "viewer", "not-an-admin")  # a live token of another role does not count
+    assert client.delete("/v1/tokens/admin-env").status_code == 409
+    second = token_headers(client, "admin", "second-admin")
+    assert client.delete("/v1/tokens/admin-env").json()["revoked_at"] is not None
+    refused = client.delete("/v1/tokens/second-admin", headers=second)
+    assert refused.status_code == 409 and refused.json()["code"] == "last-admin-token"
+
+
+def test_the_token_list_shows_at_most_four_characters_of_a_secret(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EPCTL_RUNNER_ENABLED", "false")
+    env_secret = "0123456789abcdef"  # as short as allowed (16)
+    settings = Settings(
+        database_url=database_url, data_dir=tmp_path / "d", admin_token=env_secret, auto_migrate=False
+    )
+    with TestClient(create_app(settings)) as client:
+        headers = {"Authorization": f"Bearer {env_secret}"}
+        created = client.post("/v1/tokens", json={"name": "ci", "role": "viewer"}, headers=headers).json()
+        shown = {
+            t["name"]: t["token_prefix"] for t in client.get("/v1/tokens", headers=headers).json()["data"]
+        }
+    assert shown["admin-env"] == "0123"
+    assert shown["ci"] == created["token_prefix"] == created["token"][: len("epctl_") + 4]

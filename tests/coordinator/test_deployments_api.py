@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from tests.support.fixtures import token_headers
@@ -33,6 +34,16 @@ def test_min_above_max_is_422_problem(client: TestClient) -> None:
     assert response.status_code == 422
     assert response.headers["content-type"] == "application/problem+json"
     assert client.get("/v1/deployments").json()["count"] == 0
+
+
+def test_top_k_above_the_expert_count_is_422_problem(client: TestClient) -> None:
+    engine = {"num_logical_experts": 4, "top_k": 5}
+    response = client.post("/v1/deployments", json={"name": "x", "engine": engine})
+    assert response.status_code == 422 and response.json()["code"] == "validation-error"
+    assert "top_k (5) must not exceed num_logical_experts (4)" in response.text
+    assert client.get("/v1/deployments").json()["count"] == 0
+    engine["top_k"] = 4  # every expert: still a valid layer
+    assert client.post("/v1/deployments", json={"name": "x", "engine": engine}).status_code == 201
 
 
 def test_names_must_be_slugs(client: TestClient) -> None:
@@ -118,3 +129,50 @@ def test_a_behaviour_out_of_bounds_is_422_and_changes_nothing(
         client.get("/v1/deployments/hpa").json()["autoscale_behavior"]["scale_down"]["stabilization_window_s"]
         == 300
     )
+
+
+def test_the_list_is_paginated_by_name_like_the_job_list(client: TestClient) -> None:
+    names = [f"d{i:02d}" for i in (4, 0, 3, 1, 2)]
+    for name in names:
+        assert client.post("/v1/deployments", json={"name": name}).status_code == 201
+    seen: list[str] = []
+    params: dict[str, Any] = {"limit": 2}
+    pages = 0
+    while True:
+        page = client.get("/v1/deployments", params=params).json()
+        pages += 1
+        assert page["count"] == 5 and len(page["data"]) <= 2
+        seen += [d["name"] for d in page["data"]]
+        if page["next_cursor"] is None:
+            break
+        params["cursor"] = page["next_cursor"]
+    assert seen == sorted(names) and pages == 3
+    refused = client.get("/v1/deployments", params={"cursor": "not a cursor!"})
+    assert refused.status_code == 422 and refused.json()["code"] == "invalid-cursor"
+    assert client.get("/v1/deployments", params={"limit": 201}).status_code == 422
+
+
+def test_a_page_is_read_in_the_same_number_of_queries_however_many_deployments(client: TestClient) -> None:
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "api_tokens" not in statement:  # the caller's token lookup (cached, or not) is not the list's
+            statements.append(statement)
+
+    def queries_for_one_page() -> int:
+        statements.clear()
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", count)
+        try:
+            assert client.get("/v1/deployments", params={"limit": 200}).status_code == 200
+        finally:
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", count)
+        return len(statements)
+
+    for i in range(3):
+        client.post("/v1/deployments", json={"name": f"few-{i}"})
+    few = queries_for_one_page()
+    for i in range(30):
+        client.post("/v1/deployments", json={"name": f"many-{i}"})
+    assert client.get("/v1/deployments").json()["count"] == 33
+    many = queries_for_one_page()
+    assert many == few <= 6, statements

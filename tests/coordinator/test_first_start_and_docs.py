@@ -4,6 +4,7 @@ without a third-party origin, a Content-Security-Policy on `/ui`, a self-contain
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from app.cli.up import _session_admin_token, admin_token_file
 from app.core.config import ConfigError, Settings, load_settings
 from app.core.db import make_engine
 from app.tokens.models import ApiToken, TokenRole
-from app.tokens.service import authenticate, ensure_first_admin, revoke_token
+from app.tokens.service import authenticate, create_token, ensure_first_admin, revoke_token
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +49,7 @@ def test_the_env_admin_token_is_honoured_after_a_revoke_and_a_restart(database_u
     try:
         with Session(engine) as session:
             ensure_first_admin(session, env_secret=secret)
+            create_token(session, name="second-admin", role=TokenRole.admin)  # the last is never revoked
             revoke_token(session, ref="admin-env")
             assert authenticate(session, secret=secret) is None
             ensure_first_admin(session, env_secret=secret)  # the restart
@@ -102,3 +104,22 @@ def test_the_readme_is_self_contained() -> None:
         if "://" not in target:
             assert (ROOT / target).exists(), f"README links to {target}, which is not in the repository"
     assert not re.search(r"^\s*open \$", readme, re.M), "`open` is macOS-only"
+
+
+def test_the_sqlite_file_is_created_0600_and_an_older_readable_one_made_so(tmp_path: Path) -> None:
+    old = os.umask(0o022)  # a permissive umask: the mode must not depend on it
+    try:
+        fresh = tmp_path / "fresh" / "epctl.db"
+        engine = make_engine(f"sqlite:///{fresh}")
+        with engine.connect() as connection:
+            connection.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+            connection.commit()
+        engine.dispose()
+        older = tmp_path / "older.db"
+        older.touch(mode=0o644)
+        (tmp_path / "older.db-wal").touch(mode=0o644)
+        make_engine(f"sqlite:///{older}").dispose()
+    finally:
+        os.umask(old)
+    for path in (fresh, *fresh.parent.glob("epctl.db-*"), older, tmp_path / "older.db-wal"):
+        assert path.stat().st_mode & 0o777 == 0o600, path

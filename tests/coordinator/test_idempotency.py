@@ -68,3 +68,21 @@ def test_keys_are_scoped_to_the_token(client: TestClient, db_engine: Engine) -> 
         record = session.exec(select(IdempotencyRecord)).one()
         token = session.exec(select(ApiToken).where(ApiToken.id == record.scope)).one()
     assert token.role == "admin"
+
+
+@pytest.mark.parametrize("key", ["", " ", "\t"])
+def test_an_empty_key_is_422_problem_and_makes_no_job(client: TestClient, key: str) -> None:
+    _deployment(client)
+    for send in (
+        lambda: _post(client, key),
+        lambda: client.put(
+            "/v1/deployments/demo/scale",
+            json={"spec": {"replicas": 3}},
+            headers={"Idempotency-Key": key},
+        ),
+    ):
+        response = send()
+        assert response.status_code == 422, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["code"] == "validation-error"
+    assert client.get("/v1/reconfigurations").json()["count"] == 0

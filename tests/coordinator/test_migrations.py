@@ -93,3 +93,27 @@ def _start_after(settings: Settings, gate: Any, results: Any) -> None:
         results.put(("ok", generated))
     except Exception as exc:
         results.put(("failed", f"{type(exc).__name__}: {exc}"[:300]))
+
+
+def test_0016_cuts_stored_token_prefixes_to_four_characters_of_the_secret(empty_database_url: str) -> None:
+    config = alembic_config(empty_database_url)
+    command.upgrade(config, "0014")
+    engine = make_engine(empty_database_url)
+    try:
+        with engine.begin() as connection:
+            for token_id, prefix in (("tok_1", "epctl_abcdef"), ("tok_2", "0123456789ab")):
+                connection.execute(
+                    sa.text(
+                        "INSERT INTO api_tokens (id, name, role, token_hash, token_prefix, created_at) "
+                        "VALUES (:id, :id, 'admin', :id, :prefix, CURRENT_TIMESTAMP)"
+                    ),
+                    {"id": token_id, "prefix": prefix},
+                )
+        command.upgrade(config, "head")
+        with engine.connect() as connection:
+            rows: dict[str, str] = dict(
+                connection.execute(sa.text("SELECT id, token_prefix FROM api_tokens")).all()
+            )
+        assert rows == {"tok_1": "epctl_abcd", "tok_2": "0123"}
+    finally:
+        engine.dispose()

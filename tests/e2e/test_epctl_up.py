@@ -39,6 +39,16 @@ def test_epctl_up_serves_two_engines_prints_a_token_and_ctrl_c_stops_every_agent
         records = json.loads((tmp_path / "data" / PIDS_FILE).read_text())
         pids = [entry["pid"] for entry in records.values()]
         assert len(pids) == 2
+        # Everything it wrote (the database and its -wal/-shm, token files, pid records, agent logs and
+        # ready files) is the user's alone.
+        written = list((tmp_path / "data").rglob("*"))
+        assert any(path.name == "epctl.db" for path in written) and any(p.suffix == ".log" for p in written)
+        loose = {
+            str(path): oct(path.stat().st_mode & 0o777)
+            for path in written
+            if path.stat().st_mode & 0o077 and not path.is_symlink()
+        }
+        assert loose == {}, loose
 
         up.popen.send_signal(signal.SIGINT)
         up.popen.wait(timeout=30)

@@ -351,9 +351,11 @@ def start_agents(
     engine_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = 60.0,
+    per_agent_env: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[StartedAgent]:
     """Start one agent per id at once (they import torch in parallel), then wait until every one serves
-    HTTP. On any failure every one of them is stopped before the error propagates."""
+    HTTP. On any failure every one of them is stopped before the error propagates. `per_agent_env`:
+    more variables for some agents, by id."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     launched: list[tuple[str, Path, Child]] = []
     try:
@@ -361,7 +363,8 @@ def start_agents(
             ready = workdir / f"{engine_id}.ready"
             ready.unlink(missing_ok=True)
             argv = agent_argv(engine_id, ready, flags=flags, engine_args=engine_args)
-            child = spawn(f"agent {engine_id}", argv, workdir / f"{engine_id}.log", env=environment)
+            own = {**environment, **(per_agent_env or {}).get(engine_id, {})}
+            child = spawn(f"agent {engine_id}", argv, workdir / f"{engine_id}.log", env=own)
             launched.append((engine_id, ready, child))
         return [
             StartedAgent(engine_id, wait_ready_file(ready, child, ready_timeout_s), child)

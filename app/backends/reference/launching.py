@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import shlex
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
@@ -25,6 +26,8 @@ from app.launchers.base import EngineHandle, Launcher, LaunchSpec
 from engine_agent.protocol import AgentInfo, AgentState, EngineConfig
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 PHASE = "preparing"
 # How often a launch in progress checks for a cancel (seconds).
@@ -139,6 +142,8 @@ class Participants:
             if isinstance(result, AgentCallError):
                 if is_member_row(row, deployment) and deployment.generation > 0:
                     raise JobFailure.from_exception(PHASE, result)
+                # An idle engine that does not answer (down, or its certificate not the operator's CA's).
+                log.warning("idle engine %s skipped: %s", row.id, result)
                 continue
             infos.append(result)
         return infos

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from engine_agent.engine_options import engine_args
-from tests.e2e.harness import ENGINE, StackCoordinator
 from tests.support.certs import TestCA
 from tests.support.processes import start_agents
+from tests.support.stack import ENGINE, StackCoordinator
 from tests.support.waiting import wait_until
 
 

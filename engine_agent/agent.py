@@ -92,6 +92,7 @@ class Agent:
     def __init__(self, settings: AgentSettings, url: str) -> None:
         self.settings = settings
         self.url = url
+        self.keys = settings.agent_keys()  # who may call us, and what we send to peers
         self.pid = os.getpid()
         self.engine_id = settings.resolved_engine_id(self.pid)
         self.config = settings.engine_config()
@@ -196,7 +197,7 @@ class Agent:
         notice = GenerationBroken(
             generation=active.generation, reason=str(exc)[:2000], reporter=self.engine_id
         )
-        notify_peers([url for _, url in others], notice)
+        notify_peers([url for _, url in others], notice, headers=self.keys.peer_headers())
 
     def _on_pause(self, pause_ms: float) -> None:
         if pause_ms > 0:

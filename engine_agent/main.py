@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--enable-fault-injection", action="store_true", help="accept POST /v1/faults (tests only)"
     )
+    p.add_argument(
+        "--insecure-no-agent-key",
+        action="store_true",
+        help="development only: serve the control routes to anyone (the key is EPCTL_AGENT_KEY, "
+        "from the environment only: argv is public)",
+    )
     p.add_argument("--ready-file", help="write the bound URL here once HTTP is served")
     p.add_argument("--log-level", default="warning")
     p.add_argument(

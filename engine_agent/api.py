@@ -66,6 +66,8 @@ def create_app(
         resolved = settings or AgentSettings()
         advertised = url or resolved.url or f"http://{resolved.advertised_host()}:{resolved.port}"
         factory = agent_factory or Agent
+        if (refusal := resolved.missing_key()) is not None:
+            raise RuntimeError(refusal)
         if resolved.key is None:
             log.warning(
                 "started with --insecure-no-agent-key: anyone who reaches %s can pause, abort or "

@@ -42,6 +42,15 @@ class Plane(StrEnum):
     data = "data"
 
 
+# A refusal's problem code, by plane and whether a key was given at all.
+REFUSAL_CODES = {
+    (Plane.control, True): "agent-key-required",
+    (Plane.control, False): "agent-key-invalid",
+    (Plane.data, True): "data-key-required",
+    (Plane.data, False): "data-key-invalid",
+}
+
+
 def digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
@@ -138,7 +147,7 @@ class AgentKeys:
         )
         raise ProblemError(
             401,
-            f"{plane.value}-key-{'required' if key is None else 'invalid'}",
+            REFUSAL_CODES[plane, key is None],
             f"this route needs the deployment's {plane.value} key as Authorization: Bearer <key>",
             headers=WWW_AUTHENTICATE,
         )

@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
         )
+    if (refusal := settings.missing_key()) is not None:
+        parser.error(refusal)
     url = settings.url or f"http://{settings.advertised_host()}:{port}"
     set_process_fields(engine_id=settings.resolved_engine_id(os.getpid()), deployment=settings.deployment)
     server = uvicorn.Server(

@@ -102,12 +102,6 @@ class AgentSettings(EngineConfig, BaseSettings):
             secret = getattr(self, name)
             if secret is not None and len(secret.get_secret_value().strip()) < MIN_KEY_CHARS:
                 raise ValueError(f"EPCTL_AGENT_{name.upper()} must be at least {MIN_KEY_CHARS} characters")
-        if self.key is None and not self.insecure_no_agent_key:
-            raise ValueError(
-                "no agent key: set EPCTL_AGENT_KEY (the deployment's, `epctl deployments agent-key NAME`), "
-                "or start with --insecure-no-agent-key (development only: anyone who reaches the agent "
-                "can then pause, abort or reconfigure it)"
-            )
         if self.coordinator and not self.deployment:
             raise ValueError("--coordinator needs --deployment")
         if self.cuda_graphs == "on" and (self.platform == Platform.cpu or self.grouped_step == "off"):
@@ -122,6 +116,16 @@ class AgentSettings(EngineConfig, BaseSettings):
         a setting with no option keeps its EPCTL_AGENT_* variable or default)."""
         given = {name: value for name, value in vars(options).items() if name in cls.model_fields}
         return cls(**{**given, **overrides})
+
+    def missing_key(self) -> str | None:
+        """Why this agent must not start (no key, and not started insecure on purpose), or None."""
+        if self.key is None and not self.insecure_no_agent_key:
+            return (
+                "no agent key: set EPCTL_AGENT_KEY (the deployment's, `epctl deployments agent-key NAME`), "
+                "or start with --insecure-no-agent-key (development only: anyone who reaches the agent "
+                "can then pause, abort or reconfigure it)"
+            )
+        return None
 
     def agent_keys(self) -> AgentKeys:
         def clear(secret: SecretStr | None) -> str | None:

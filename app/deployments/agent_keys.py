@@ -65,9 +65,10 @@ def new_agent_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-def give_new_key(deployment: Deployment) -> None:
-    """At creation: a fresh key, sealed."""
-    deployment.agent_key = seal(new_agent_key())
+def give_new_key(deployment: Deployment, chosen: str | None = None) -> None:
+    """At creation: every deployment's agent plane has its own key (the operator's `chosen` one, or a
+    fresh one), sealed."""
+    deployment.agent_key = seal(chosen or new_agent_key())
 
 
 def agent_keys_of(deployment: Deployment, *, now: datetime | None = None) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
 from pydantic import Field as ApiField
 from sqlmodel import Field, SQLModel
 
@@ -213,6 +213,13 @@ class DeploymentCreate(DeploymentLimits):
         default_factory=ScalingBehavior, description=AUTOSCALE_BEHAVIOR_DESCRIPTION
     )
     autoscale_paused: bool = ApiField(False, strict=True, description=AUTOSCALE_PAUSED_DESCRIPTION)
+    agent_key: SecretStr | None = ApiField(
+        None,
+        min_length=32,
+        max_length=256,
+        description="the agent plane's key, write-only (never shown back): for static agents already "
+        "given one; default: the coordinator makes one (`POST .../agent-key` shows it once)",
+    )
 
     @model_validator(mode="after")
     def _backend_settings_match(self) -> DeploymentCreate:

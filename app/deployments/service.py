@@ -68,7 +68,7 @@ def create_deployment(session: Session, *, data: DeploymentCreate) -> Deployment
         status=status,
         status_detail=detail,
     )
-    give_new_key(deployment)  # every deployment's agent plane has its own key
+    give_new_key(deployment, data.agent_key.get_secret_value() if data.agent_key else None)
     session.add(deployment)
     try:
         session.commit()

@@ -109,7 +109,11 @@ def start_agents(
     )
     return [
         AgentProcess(
-            a.engine_id, a.url, a.child.popen, a.child.log_path, httpx.Client(base_url=a.url, timeout=30, headers=processes.AGENT_KEY_HEADERS)
+            a.engine_id,
+            a.url,
+            a.child.popen,
+            a.child.log_path,
+            httpx.Client(base_url=a.url, timeout=30, headers=processes.AGENT_KEY_HEADERS),
         )
         for a in started
     ]

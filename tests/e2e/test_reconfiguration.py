@@ -19,7 +19,7 @@ import pytest
 
 from app.launchers.local import LocalLauncher
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import SteadyClient, agent_info
+from tests.e2e.harness import SteadyClient, agent_http, agent_info
 from tests.support.waiting import wait_until
 
 # The client's view and the job's report of one stop must agree within this (the issue's bound).
@@ -42,7 +42,7 @@ def client_for(stack: Stack) -> SteadyClient:
 
 def hang_prepare_on(url: str, step: str = "transfer") -> None:
     """Fault injection: this agent's next prepare stops at `step` until aborted."""
-    response = httpx.post(f"{url}/v1/faults", json={"hang_prepare_at_step": step}, timeout=5)
+    response = agent_http.post(f"{url}/v1/faults", json={"hang_prepare_at_step": step}, timeout=5)
     assert response.status_code == 200, response.text
 
 
@@ -50,7 +50,7 @@ def wait_agent_at(url: str, job_id: str, step: str | None = None, timeout_s: flo
     """Until the agent runs `job_id` (at prepare step `step`, if given)."""
 
     def there() -> bool:
-        status = httpx.get(f"{url}/v1/reconfig", timeout=5)
+        status = agent_http.get(f"{url}/v1/reconfig", timeout=5)
         body = status.json() if status.status_code == 200 else {}
         return body.get("job_id") == job_id and (step is None or body.get("step") == step)
 
@@ -219,7 +219,7 @@ def test_a_cleanup_failure_shows_on_its_job_blocks_the_next_and_retry_clears_it(
     coordinator = stack.coordinator
     failing = stack.base[1]
     failing_id = agent_info(failing)["engine_id"]
-    response = httpx.post(f"{failing}/v1/faults", json={"fail_next_cleanup": True}, timeout=5)
+    response = agent_http.post(f"{failing}/v1/faults", json={"fail_next_cleanup": True}, timeout=5)
     assert response.status_code == 200
     job = stack.scale_to(3)
     assert job["state"] == "succeeded", job["error"]
@@ -239,7 +239,7 @@ def test_a_cleanup_failure_shows_on_its_job_blocks_the_next_and_retry_clears_it(
 
 def test_an_acknowledged_cleanup_failure_unblocks_the_deployment(stack: Stack) -> None:
     coordinator = stack.coordinator
-    response = httpx.post(f"{stack.base[0]}/v1/faults", json={"fail_next_cleanup": True}, timeout=5)
+    response = agent_http.post(f"{stack.base[0]}/v1/faults", json={"fail_next_cleanup": True}, timeout=5)
     assert response.status_code == 200
     job = stack.scale_to(3)
     assert job["state"] == "succeeded", job["error"]
@@ -349,7 +349,7 @@ def test_a_switch_failing_part_way_fails_the_job_and_degrades_the_deployment(sta
         launched = stack.scale_to(1, name)
         assert launched["state"] == "succeeded", launched["error"]
         (failing,) = coordinator.members(launched)
-        response = httpx.post(f"{failing['url']}/v1/faults", json={"fail_next_switch": True}, timeout=5)
+        response = agent_http.post(f"{failing['url']}/v1/faults", json={"fail_next_switch": True}, timeout=5)
         assert response.status_code == 200
         before = coordinator.deployment(name)
         job = stack.scale_to(2, name)

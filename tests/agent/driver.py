@@ -97,6 +97,7 @@ def start_agents(
     platform: str = "cpu",
     device: str | None = None,
     ready_timeout_s: float = 60.0,
+    env: dict[str, str] | None = None,
 ) -> list[AgentProcess]:
     """Start `count` agent processes at once (the harness's) and wait until every one serves HTTP."""
     flags = {"platform": platform, "log_level": "info", **({"device": device} if device else {})}
@@ -106,6 +107,7 @@ def start_agents(
         flags=flags,
         engine_args=[*engine_args(config), *extra_args],
         ready_timeout_s=ready_timeout_s,
+        env=env,
     )
     return [
         AgentProcess(

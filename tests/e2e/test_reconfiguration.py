@@ -7,6 +7,7 @@ there), so any test runs alone or in any order.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -123,6 +124,64 @@ def test_scaling_2_4_3_2_serves_correctly_and_reports_the_downtime_the_client_sa
         # the new group can take 100+ ms (seen: 165 ms gap for a 13 ms stop, client p90 40 ms).
         bound = GAP_SLACK_MS + GAP_SLACK_RATIO * reported
         assert seen >= reported - bound, (reported, seen)
+
+
+def test_anonymous_calls_to_the_agents_are_refused_and_neither_serving_nor_a_job_notices(
+    stack: Stack,
+) -> None:
+    """The issue's attacks, with no credential, against the live deployment's agents: the broken
+    notice, a pause with an hour's lease, an abort, and the read of its internals; then aborts and
+    broken notices fired at every engine while a real 2 -> 3 job runs. All refused (401), every
+    request of a steady client answered outside the job's commit window, the job succeeds."""
+    client = client_for(stack)
+    answers: list[tuple[str, int]] = []
+    try:
+        client.wait_serving()
+        generation = int(stack.coordinator.deployment()["generation"])
+        for url in stack.base:
+            for method, path, body in (
+                ("GET", "/v1/info", None),
+                ("POST", "/v1/generation/broken", {"generation": generation, "reason": "anonymous"}),
+                ("POST", "/v1/reconfig/pause", {"job_id": "x", "lease_s": 3600}),
+                ("POST", "/v1/reconfig/abort", {"job_id": "x"}),
+            ):
+                answer = httpx.request(method, f"{url}{path}", json=body, timeout=5)
+                answers.append((f"{method} {path}", answer.status_code))
+        job_id = stack.coordinator.scale(3)
+        done = threading.Event()
+
+        def attack() -> None:
+            while not done.is_set():
+                for engine in stack.coordinator.engines():
+                    for path, body in (
+                        ("/v1/reconfig/abort", {"job_id": job_id}),
+                        ("/v1/generation/broken", {"generation": generation, "reason": "anonymous"}),
+                    ):
+                        with contextlib.suppress(httpx.TransportError):  # a joiner still starting
+                            answer = httpx.post(f"{engine['url']}{path}", json=body, timeout=5)
+                            answers.append((path, answer.status_code))
+
+        attacker = threading.Thread(target=attack, daemon=True)
+        attacker.start()
+        try:
+            job = stack.coordinator.wait_job(job_id)
+        finally:
+            done.set()
+            attacker.join(timeout=30)
+        client.wait_serving()
+    finally:
+        client.stop()
+    assert job["state"] == "succeeded", job
+    assert len(answers) > 8 and {status for _, status in answers} == {401}, answers[:10]
+    window = downtime_window(job)
+    outside = [
+        s
+        for s in client.failures()
+        if window is None
+        or not (s.sent_at <= window[1] + WINDOW_MARGIN_S and s.done_at >= window[0] - WINDOW_MARGIN_S)
+    ]
+    assert outside == [], f"client requests failed outside the commit window: {outside[:3]}"
+    stack.assert_outputs_correct([m["url"] for m in stack.coordinator.members(job)])
 
 
 def test_every_phase_has_a_start_and_an_end_and_progress_reaches_100(stack: Stack) -> None:

@@ -6,12 +6,12 @@ The coordinator must send it, so it is kept sealed (`app.core.sealing`: encrypte
 coordinator launches get it through their environment (`EPCTL_AGENT_KEY`); static agents from the
 operator, who reads it once (`reveal`: `epctl deployments agent-key NAME`). A rotation makes a new key,
 keeps the previous one for an overlap (sent as a fallback, accepted by agents) and pushes the new key to
-every live agent of the deployment, authenticated with the old one (`push_rotation`).
+every live agent of the deployment, authenticated with the old one (`agent_key_push`: this module
+calls no agent, so the record may import it).
 """
 
 from __future__ import annotations
 
-import logging
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,16 +19,12 @@ from datetime import datetime, timedelta
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
-from app.agents.client import AgentClient
-from app.agents.errors import AgentCallError
 from app.core.clock import utc_now
 from app.core.errors import ConflictError
 from app.core.sealing import seal, unseal
 from app.deployments.models import Deployment
 from app.engines.models import Engine, EngineState
 from engine_agent.protocol import MAX_KEY_OVERLAP_S
-
-log = logging.getLogger(__name__)
 
 KEY_PREFIX = "epak_"
 DEFAULT_OVERLAP_S = 3600.0
@@ -142,21 +138,6 @@ def rotate(session: Session, deployment: Deployment, body: AgentKeyRotate) -> Ro
         overlap_s=body.overlap_s,
         engines=tuple((row.id, row.url) for row in rows),
     )
-
-
-async def push_rotation(rotation: Rotation) -> AgentKeyPublic:
-    """Tell every live agent the new key (with the old one); say which could not be told."""
-    pushed: list[str] = []
-    failed: dict[str, str] = {}
-    for engine_id, url in rotation.engines:
-        async with AgentClient(engine_id, url, keys=rotation.old_keys) as client:
-            try:
-                await client.rotate_key(rotation.new_key, rotation.overlap_s)
-                pushed.append(engine_id)
-            except AgentCallError as exc:
-                log.warning("agent key rotation: engine %s not told: %s", engine_id, exc)
-                failed[engine_id] = str(exc)[:300]
-    return rotation.public.model_copy(update={"pushed_to": pushed, "not_pushed": failed})
 
 
 def _public(deployment: Deployment, *, key: str | None = None) -> AgentKeyPublic:

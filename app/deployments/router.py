@@ -7,6 +7,7 @@ from app.api.deps import Admin, DatabaseDep, Reader
 from app.api.params import DeploymentRefPath
 from app.core.problems import problem_responses
 from app.deployments import agent_keys, service
+from app.deployments.agent_key_push import push_rotation
 from app.deployments.agent_keys import AgentKeyPublic, AgentKeyRotate
 from app.deployments.models import (
     Deployment,
@@ -117,4 +118,4 @@ async def rotate_agent_key(
     rotation = await db.run(
         lambda session: agent_keys.rotate(session, service.get_deployment(session, ref=name), request)
     )
-    return await agent_keys.push_rotation(rotation)
+    return await push_rotation(rotation)

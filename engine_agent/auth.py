@@ -168,14 +168,16 @@ def _keys(request: Request) -> AgentKeys:
     return keys
 
 
-def require_control_key(
+# Both dependencies are coroutines: a plain function would run in the thread pool, a thread hop on
+# every call (pause, switch and arm included, inside the commit window); the check takes microseconds.
+async def require_control_key(
     request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_CONTROL_SCHEME)]
 ) -> None:
     """A route dependency: the deployment's agent key (current, or previous within its overlap)."""
     _keys(request).check(request, Plane.control)
 
 
-def require_data_key(
+async def require_data_key(
     request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_DATA_SCHEME)]
 ) -> None:
     """A route dependency for `/v1/infer`: the data key (or the control key) when one is set."""

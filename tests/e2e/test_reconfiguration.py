@@ -184,6 +184,23 @@ def test_anonymous_calls_to_the_agents_are_refused_and_neither_serving_nor_a_job
     stack.assert_outputs_correct([m["url"] for m in stack.coordinator.members(job)])
 
 
+def test_a_rotated_agent_key_reaches_the_live_agents_and_the_next_job_uses_it(stack: Stack) -> None:
+    """The rotation pushes the new key to every live engine; a job after it runs on the new key (its
+    joiner launched with both), and the harness's old key still opens the agents for the overlap."""
+    rotated = stack.coordinator.api.post("/v1/deployments/demo/agent-key/rotate", json={"overlap_s": 3600})
+    assert rotated.status_code == 200, rotated.text
+    body = rotated.json()
+    live = {e["id"] for e in stack.coordinator.engines() if e["state"] != "left"}
+    assert set(body["pushed_to"]) == live and body["not_pushed"] == {}, body
+    job = stack.scale_to(3)
+    assert job["state"] == "succeeded", job
+    new = {"Authorization": f"Bearer {body['key']}"}
+    for member in stack.coordinator.members(job):
+        assert httpx.get(f"{member['url']}/v1/info", headers=new, timeout=5).status_code == 200
+        assert agent_http.get(f"{member['url']}/v1/info").status_code == 200  # the overlap
+        assert httpx.get(f"{member['url']}/v1/info", timeout=5).status_code == 401
+
+
 def test_every_phase_has_a_start_and_an_end_and_progress_reaches_100(stack: Stack) -> None:
     job = stack.scale_to(3)
     assert job["state"] == "succeeded", job

@@ -7,6 +7,7 @@ metric, and no agent listener on a wildcard address (`ss -ltn`)."""
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import subprocess
@@ -21,7 +22,7 @@ import torch
 
 from engine_agent import moe
 from tests.agent.driver import SMALL, AgentProcess, Driver, random_tokens, start_agents, stop_agents
-from tests.support.processes import AGENT_KEY
+from tests.support.processes import AGENT_KEY, PYTHON
 
 DATA_KEY = "epdk_test_" + secrets.token_urlsafe(16)
 WRONG_KEY = "epak_wrong_" + secrets.token_urlsafe(16)
@@ -259,3 +260,17 @@ def test_no_agent_listens_on_a_wildcard_address(plane: Plane) -> None:
         assert len(listeners) >= 2, listeners  # HTTP and the store at least
         wild = [a for a in listeners if a.startswith(("0.0.0.0:", "[::]:", "*:"))]
         assert wild == [], f"{agent.engine_id} listens on {wild}"
+
+
+def test_an_agent_without_a_key_refuses_to_start() -> None:
+    """Unless started with --insecure-no-agent-key (development), which the message names."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("EPCTL_AGENT_")}
+    result = subprocess.run(
+        [PYTHON, "-m", "engine_agent.main", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "no agent key: set EPCTL_AGENT_KEY" in result.stderr and "--insecure-no-agent-key" in result.stderr

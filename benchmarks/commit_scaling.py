@@ -57,7 +57,7 @@ from engine_agent.protocol import (
     TransferBackend,
     WarmupPolicy,
 )
-from tests.support.processes import StartedAgent, start_agents
+from tests.support.processes import AGENT_KEY, StartedAgent, start_agents
 
 CONFIG = EngineConfig(
     num_logical_experts=16, num_redundant_experts=0, hidden_size=64, intermediate_size=128, top_k=2, seed=3
@@ -173,7 +173,7 @@ async def measure(
 ) -> dict[tuple[int, str], dict[str, list[float]]]:
     samples: dict[tuple[int, str], dict[str, list[float]]] = {}
     rng = random.Random(9)
-    async with Fleet(timeout_s=30.0) as fleet:
+    async with Fleet(timeout_s=30.0, keys=(AGENT_KEY,)) as fleet:
         fanout = Fanout(fleet, RunnerSettings())
         store = (await fleet.client(agents[0].engine_id, agents[0].url).info()).store
         fleetwide = Fleetwide(agents, fanout, store)

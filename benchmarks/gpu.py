@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 import sys
 import time
 import uuid
@@ -41,6 +42,9 @@ from common import (
     summarize,
     wait_ready_file,
 )
+
+# The agent key of the agent this benchmark starts (EPCTL_AGENT_KEY), sent on every call to it.
+AGENT_KEY = "epak_bench_" + secrets.token_urlsafe(24)
 
 
 def microbenchmarks(args: argparse.Namespace, device_name: str, platform: str) -> dict[str, Any]:
@@ -246,7 +250,7 @@ async def drive_agent(url: str, args: argparse.Namespace) -> dict[str, Any]:
     from engine_agent.protocol import TransferBackend
 
     out: dict[str, Any] = {"jobs": []}
-    async with AgentClient("gpu-0", url, timeout_s=60.0) as client:
+    async with AgentClient("gpu-0", url, timeout_s=60.0, keys=(AGENT_KEY,)) as client:
         info = await client.info()
         backend = (
             TransferBackend.nixl if TransferBackend.nixl in info.transfer_backends else TransferBackend.gloo
@@ -357,7 +361,7 @@ def run_agent(
             "--cuda-graphs", mode if on_gpu else "off",
             "--cuda-graph-buckets", ",".join(map(str, args.graph_buckets)),
         ]  # fmt: skip
-        agent = group.start("agent", argv_agent)
+        agent = group.start("agent", argv_agent, env={"EPCTL_AGENT_KEY": AGENT_KEY})
         url = wait_ready_file(ready, agent, timeout_s=300)
         driven = asyncio.run(drive_agent(url, args))
     driven["cuda_graphs"] = mode

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 import socket
 import sys
 import time
@@ -50,6 +51,10 @@ STAGES = [  # (name, from mark, to mark); "client_start"/"client_end" come from 
 
 # ---------------------------------------------------------------------------------------------------
 # the agent side: hooks around the infer path
+
+
+# The agent key of the agent this benchmark starts (EPCTL_AGENT_KEY), sent on every call to it.
+AGENT_KEY = "epak_bench_" + secrets.token_urlsafe(24)
 
 
 def run_traced_agent(argv: list[str]) -> int:
@@ -359,13 +364,13 @@ def measure_agent(
             "--intermediate-size", str(args.intermediate), "--top-k", str(args.top_k), "--dtype", args.dtype,
             "--grouped-step", args.grouped_step, "--cuda-graphs", mode,
         ]  # fmt: skip
-        agent = group.start("agent", argv_agent)
+        agent = group.start("agent", argv_agent, env={"EPCTL_AGENT_KEY": AGENT_KEY})
         url = wait_ready_file(ready, agent, timeout_s=300)
 
         async def run() -> dict[str, tuple[str, float, float]]:
             from app.agents.client import AgentClient
 
-            async with AgentClient("infer-path-0", url, timeout_s=60.0) as client:
+            async with AgentClient("infer-path-0", url, timeout_s=60.0, keys=(AGENT_KEY,)) as client:
                 info = await client.info()
                 await gpu.reconfigure(
                     client, info, generation=1, old=False, strategy="background", policy="eager",

@@ -93,6 +93,7 @@ class Agent:
         self.settings = settings
         tls.use_peer_ca(settings.tls_ca_file)
         self.url = url
+        self.keys = settings.agent_keys()  # who may call us, and what we send to peers
         self.pid = os.getpid()
         self.engine_id = settings.resolved_engine_id(self.pid)
         self.config = settings.engine_config()
@@ -197,7 +198,7 @@ class Agent:
         notice = GenerationBroken(
             generation=active.generation, reason=str(exc)[:2000], reporter=self.engine_id
         )
-        notify_peers([url for _, url in others], notice)
+        notify_peers([url for _, url in others], notice, headers=self.keys.peer_headers())
 
     def _on_pause(self, pause_ms: float) -> None:
         if pause_ms > 0:

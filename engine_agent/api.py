@@ -7,20 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from engine_agent.agent import Agent
+from engine_agent.auth import require_control_key, require_data_key
 from engine_agent.problems import install_problem_handlers, problem_response
 from engine_agent.reconfig import Conflict, InvalidRequest
 from engine_agent.routes import cleanup, faults, generation, health, infer, info, reconfig
+from engine_agent.routes import keys as keys_route
 from engine_agent.settings import AgentSettings
 
 log = logging.getLogger(__name__)
+
+FAULT_INJECTION_ENV = "EPCTL_AGENT_ENABLE_FAULT_INJECTION"
 
 
 async def _conflict(request: Request, exc: Exception) -> JSONResponse:
@@ -36,21 +41,42 @@ def _operation_id(route: APIRoute) -> str:
     return f"{route.tags[0]}-{route.name}" if route.tags else route.name
 
 
+def _fault_injection_wanted(settings: AgentSettings | None) -> bool:
+    if settings is not None:
+        return settings.enable_fault_injection
+    return os.environ.get(FAULT_INJECTION_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def create_app(
     settings: AgentSettings | None = None,
     *,
     url: str | None = None,
     agent_factory: Callable[[AgentSettings, str], Agent] | None = None,
+    fault_injection: bool | None = None,
 ) -> FastAPI:
     """The agent's ASGI app. Nothing starts until the app's lifespan runs (serving it): building the
-    app (for the OpenAPI document, or at import of engine_agent.main) is cheap."""
+    app (for the OpenAPI document, or at import of engine_agent.main) is cheap.
+
+    Every route but `/healthz`, `/metrics` and `/v1/infer` needs the agent key (`engine_agent.auth`);
+    `/v1/infer` needs the data key when one is set. The test-only `/v1/faults` exists only with
+    `fault_injection` (default: the settings' `enable_fault_injection`): otherwise it is a 404."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         resolved = settings or AgentSettings()
         advertised = url or resolved.served_url(resolved.port)
         factory = agent_factory or Agent
+        if (refusal := resolved.missing_key()) is not None:
+            raise RuntimeError(refusal)
+        if resolved.key is None:
+            log.warning(
+                "started with --insecure-no-agent-key: anyone who reaches %s can pause, abort or "
+                "reconfigure this engine (development only)",
+                advertised,
+            )
         agent = await asyncio.to_thread(factory, resolved, advertised)
+        agent.keys.register(agent.metrics.registry)
+        app.state.keys = agent.keys
         app.state.agent = agent
         log.info("agent %s serving at %s (store %s)", agent.engine_id, advertised, agent.store_address)
         try:
@@ -68,6 +94,11 @@ def create_app(
     install_problem_handlers(app)
     app.add_exception_handler(Conflict, _conflict)
     app.add_exception_handler(InvalidRequest, _invalid)
-    for routes in (health, info, infer, generation, reconfig, cleanup, faults):
-        app.include_router(routes.router)
+    app.include_router(health.router)  # open: liveness and metrics (no secret in either)
+    app.include_router(infer.router, dependencies=[Depends(require_data_key)])
+    control = [Depends(require_control_key)]
+    for routes in (info, generation, reconfig, cleanup, keys_route):
+        app.include_router(routes.router, dependencies=control)
+    if fault_injection if fault_injection is not None else _fault_injection_wanted(settings):
+        app.include_router(faults.router, dependencies=control)
     return app

@@ -22,6 +22,7 @@ the device once, with the same deadline (`CommGroup.wait_device`).
 from __future__ import annotations
 
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -53,10 +54,32 @@ class GroupRendezvousTimeout(CollectiveTimeout):
 
 
 def start_store_server(host: str, timeout_s: float) -> dist.TCPStore:
-    """The agent's own TCPStore server (port 0: the host picks a free one)."""
-    return dist.TCPStore(
-        host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+    """The agent's own TCPStore server on `host` only (port 0: the host picks a free one).
+
+    TCPStore given a host still listens on every interface (`*:port`): its server ignores the host.
+    So the listening socket is made here, bound to the data address, and handed over
+    (`master_listen_fd`, which the libuv backend accepts). TCPStore has no authentication: anyone who
+    reaches this port can read and write keys, so the data network must be private (docs/agent.md);
+    each generation's keys sit under the job's unguessable `store_prefix` besides."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, 0))
+    listener.listen(4096)
+    store = dist.TCPStore(
+        host,
+        listener.getsockname()[1],
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+        master_listen_fd=listener.fileno(),
+        use_libuv=True,
     )
+    _LISTENERS.append(listener)  # the store serves on this descriptor: it must stay open
+    return store
+
+
+_LISTENERS: list[socket.socket] = []
 
 
 def connect_store(address: StoreAddress, timeout_s: float) -> dist.TCPStore:
@@ -68,10 +91,10 @@ def prefixed(store: dist.Store, prefix: str) -> dist.PrefixStore:
     return dist.PrefixStore(prefix, store)
 
 
-def generation_prefix(generation: int, job_id: str) -> str:
+def generation_prefix(generation: int, job_id: str, secret: str = "") -> str:
     """Keys of one attempt at one generation: a retried job for the same generation never sees the
-    stale keys of a failed one."""
-    return f"gen{generation}/{job_id}/"
+    stale keys of a failed one; `secret` (the job's `store_prefix`, random) makes them unguessable."""
+    return f"gen{generation}/{job_id}/{secret}/" if secret else f"gen{generation}/{job_id}/"
 
 
 @dataclass

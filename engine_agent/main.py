@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--enable-fault-injection", action="store_true", help="accept POST /v1/faults (tests only)"
     )
+    p.add_argument(
+        "--insecure-no-agent-key",
+        action="store_true",
+        help="development only: serve the control routes to anyone (the key is EPCTL_AGENT_KEY, "
+        "from the environment only: argv is public)",
+    )
     p.add_argument("--ready-file", help="write the bound URL here once HTTP is served")
     # Unset options keep their EPCTL_AGENT_TLS_* variables (a launcher's environment passes them on).
     p.add_argument("--tls-cert-file", default=argparse.SUPPRESS, help="serve HTTPS with this PEM certificate")
@@ -122,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
         )
+    if (refusal := settings.missing_key()) is not None:
+        parser.error(refusal)
     url = settings.served_url(port)
     set_process_fields(engine_id=settings.resolved_engine_id(os.getpid()), deployment=settings.deployment)
     server = uvicorn.Server(

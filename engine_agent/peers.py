@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -25,19 +25,24 @@ NOTICE_TIMEOUT_S = 2.0  # one peer's answer: a dead or frozen one must not hold 
 MAX_PARALLEL_NOTICES = 16
 
 
-def notify_peers(urls: Sequence[str], notice: GenerationBroken) -> threading.Thread:
+def notify_peers(
+    urls: Sequence[str], notice: GenerationBroken, *, headers: Mapping[str, str] | None = None
+) -> threading.Thread:
     """Send `notice` to every URL, concurrently, in a background thread (best effort: a peer that does
-    not answer is dead or frozen, and leaves at its own deadline)."""
-    thread = threading.Thread(target=_send_all, args=(list(urls), notice), name="peer-notice", daemon=True)
+    not answer is dead or frozen, and leaves at its own deadline). `headers`: the deployment's agent
+    key (peers refuse an anonymous notice)."""
+    thread = threading.Thread(
+        target=_send_all, args=(list(urls), notice, dict(headers or {})), name="peer-notice", daemon=True
+    )
     thread.start()
     return thread
 
 
-def _send_all(urls: list[str], notice: GenerationBroken) -> None:
+def _send_all(urls: list[str], notice: GenerationBroken, headers: dict[str, str]) -> None:
     if not urls:
         return
     body = notice.model_dump(mode="json")
-    with httpx.Client(timeout=NOTICE_TIMEOUT_S, verify=peer_context()) as client:
+    with httpx.Client(timeout=NOTICE_TIMEOUT_S, headers=headers, verify=peer_context()) as client:
 
         def send(url: str) -> None:
             try:

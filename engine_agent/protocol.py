@@ -40,11 +40,12 @@ Every machine-readable code (`AgentError.type`, a problem's `code`) is kebab-cas
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Collection
 from enum import StrEnum
 from typing import Literal, Self
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
 from engine_agent.choreography import ACCEPTS as ACCEPTS
 from engine_agent.choreography import ARMED_ONWARD as ARMED_ONWARD
@@ -64,6 +65,11 @@ from engine_agent.choreography import calls_for as calls_for
 PROTOCOL_VERSION = 1
 
 MAX_WAIT_S = 30.0  # the longest one long-poll (or action POST with wait_s) is held open
+# Bounds of the agent's own inputs (an agent refuses more with 422, as the coordinator does for its
+# fields): a pause lease is what a caller can hold serving stopped for; deadlines a job can set.
+MAX_PAUSE_LEASE_S = 300.0
+MAX_JOB_TIMEOUT_S = 3600.0
+MAX_SERVING_COLLECTIVE_S = 600.0
 LONG_POLL_HEADER = "Epctl-Wait-Max-S"  # on reconfig answers of an agent that supports wait_s
 
 
@@ -197,17 +203,18 @@ class Member(BaseModel):
 
 
 class Timeouts(BaseModel):
-    rendezvous_s: float = Field(30.0, gt=0)
-    collective_s: float = Field(30.0, gt=0)
+    rendezvous_s: float = Field(30.0, gt=0, le=MAX_JOB_TIMEOUT_S)
+    collective_s: float = Field(30.0, gt=0, le=MAX_JOB_TIMEOUT_S)
     serving_collective_s: float = Field(
         5.0,
         gt=0,
+        le=MAX_SERVING_COLLECTIVE_S,
         description="deadline of one serving collective once every member of the generation stepped on "
         "it (the first step after a switch or resume waits up to `collective_s`); a peer that stalls "
         "longer breaks the generation",
     )
-    transfer_s: float = Field(120.0, gt=0)
-    pause_lease_s: float = Field(10.0, gt=0)
+    transfer_s: float = Field(120.0, gt=0, le=MAX_JOB_TIMEOUT_S)
+    pause_lease_s: float = Field(10.0, gt=0, le=MAX_PAUSE_LEASE_S)
 
 
 class PrepareRequest(BaseModel):
@@ -228,6 +235,12 @@ class PrepareRequest(BaseModel):
         default_factory=list, description="per MoE layer, the old generation's placement; empty: one layer"
     )
     store: StoreAddress
+    store_prefix: str = Field(
+        default_factory=lambda: secrets.token_hex(16),
+        pattern=r"^[0-9a-f]{0,64}$",
+        description="the job's unguessable part of its rendezvous keys' prefix (random per job; the same "
+        "request goes to every participant)",
+    )
     warmup_policy: WarmupPolicy
     strategy: Strategy = Strategy.background
     transfer_backend: TransferBackend
@@ -256,7 +269,9 @@ class JobRef(BaseModel):
 
 class PauseRequest(BaseModel):
     job_id: str
-    lease_s: float | None = Field(None, gt=0, description="overrides the prepare request's pause lease")
+    lease_s: float | None = Field(
+        None, gt=0, le=MAX_PAUSE_LEASE_S, description="overrides the prepare request's pause lease"
+    )
 
 
 class ArmRequest(BaseModel):
@@ -269,8 +284,12 @@ class ArmRequest(BaseModel):
     fails with `arm-timeout` (downtime 0). The answer's end phase is `committed`."""
 
     job_id: str
-    deadline_s: float = Field(gt=0, le=3600, description="how long to wait for every member to arm")
-    lease_s: float | None = Field(None, gt=0, description="overrides the prepare request's pause lease")
+    deadline_s: float = Field(
+        gt=0, le=MAX_JOB_TIMEOUT_S, description="how long to wait for every member to arm"
+    )
+    lease_s: float | None = Field(
+        None, gt=0, le=MAX_PAUSE_LEASE_S, description="overrides the prepare request's pause lease"
+    )
     max_downtime_ms: int | None = Field(
         None,
         ge=1,
@@ -515,3 +534,19 @@ class GenerationBroken(BaseModel):
 
 class GenerationBrokenAnswer(BaseModel):
     abandoned: bool = Field(description="false when this engine serves another generation (or none)")
+
+
+MAX_KEY_OVERLAP_S = 7 * 86400.0
+
+
+class AgentKeyRotation(BaseModel):
+    """The coordinator's push of a rotated agent key (`POST /v1/agent-key`)."""
+
+    key: SecretStr = Field(min_length=16, max_length=256, description="the new agent key")
+    overlap_s: float = Field(
+        gt=0, le=MAX_KEY_OVERLAP_S, description="how long the key current until now stays accepted"
+    )
+
+
+class AgentKeyRotated(BaseModel):
+    overlap_s: float

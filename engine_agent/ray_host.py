@@ -7,8 +7,11 @@ reports the agent's URL once it serves, and stops it on request.
 
 - The agent's output is the actor's own stdout/stderr, so Ray keeps it with the actor's log
   (`ray logs actor --id <actor id>`, or the dashboard's actor page).
-- The bearer token comes in as a constructor argument and reaches the agent through its environment
-  (`EPCTL_TOKEN`): never on a command line, never in Ray's runtime_env (which Ray displays).
+- The bearer token and the deployment's agent keys come in as constructor arguments and reach the
+  agent through its environment (`EPCTL_TOKEN`, `EPCTL_AGENT_KEY`, `EPCTL_AGENT_KEY_PREVIOUS`): never on
+  a command line (any local user reads it), never in Ray's runtime_env (the dashboard and `ray list
+  actors --detail` display it). Constructor arguments travel in the actor's creation task, which Ray
+  serializes into its object store and does not display.
 - The actor and its agent live and die together: Ray kills the child when the actor dies (killed,
   node lost), and the actor exits when its serving agent does, so Ray's view of the actor is the
   engine's. An agent that exits before it serves is reported by `wait_ready` (with its exit code).
@@ -61,6 +64,8 @@ class AgentHost:
         agent_args: list[str],
         *,
         token: str | None = None,
+        agent_key: str | None = None,
+        agent_key_previous: str | None = None,
         host: str | None = None,
         executable: list[str] | None = None,
     ) -> None:
@@ -71,9 +76,11 @@ class AgentHost:
         self.ready_file = self.run_dir / "ready"
         self.url: str | None = None
         self.stopping = False
-        env = {k: v for k, v in os.environ.items() if k != "EPCTL_TOKEN"}
-        if token:
-            env["EPCTL_TOKEN"] = token
+        private = ("EPCTL_TOKEN", "EPCTL_AGENT_KEY", "EPCTL_AGENT_KEY_PREVIOUS")
+        env = {k: v for k, v in os.environ.items() if k not in private}
+        for name, value in zip(private, (token, agent_key, agent_key_previous), strict=True):
+            if value:
+                env[name] = value
         command = [
             *(executable or agent_executable()),
             "--host",

@@ -6,11 +6,12 @@ import argparse
 import socket
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine_agent.auth import MIN_KEY_CHARS, AgentKeys
 from engine_agent.netif import ipv4_of
-from engine_agent.protocol import EngineConfig, Platform
+from engine_agent.protocol import MAX_PAUSE_LEASE_S, EngineConfig, Platform
 from engine_agent.tls import checked_ca_file, checked_server_pair, scheme
 
 
@@ -66,10 +67,22 @@ class AgentSettings(EngineConfig, BaseSettings):
         "is gone unless a coordinator answers; unset (the default), never exit for want of a coordinator",
     )
 
-    enable_fault_injection: bool = False
+    enable_fault_injection: bool = Field(
+        False, description="register the test-only /v1/faults route (absent otherwise: 404)"
+    )
+    # The keys (engine_agent/auth.py): from the environment only, never the command line (argv is
+    # public): EPCTL_AGENT_KEY, EPCTL_AGENT_KEY_PREVIOUS (during a rotation), EPCTL_AGENT_DATA_KEY.
+    key: SecretStr | None = Field(None, description="the deployment's agent key (control routes)")
+    key_previous: SecretStr | None = Field(None, description="the previous agent key, during a rotation")
+    data_key: SecretStr | None = Field(None, description="required by /v1/infer when set (off by default)")
+    insecure_no_agent_key: bool = Field(
+        False, description="development only: serve the control routes without a key"
+    )
     ready_file: str | None = None
     store_timeout_s: float = Field(30.0, gt=0)
-    pause_lease_s: float = Field(10.0, gt=0, description="lease after a pause caused by a peer, with no job")
+    pause_lease_s: float = Field(
+        10.0, gt=0, le=MAX_PAUSE_LEASE_S, description="lease after a pause caused by a peer, with no job"
+    )
     torch_threads: int = Field(
         1,
         ge=1,
@@ -99,6 +112,10 @@ class AgentSettings(EngineConfig, BaseSettings):
             raise ValueError(f"platform {self.platform} needs a cuda:N device (ROCm uses the same name)")
         checked_server_pair(self.tls_cert_file, self.tls_key_file, "--tls-cert-file/--tls-key-file")
         checked_ca_file(self.tls_ca_file, "--tls-ca-file")
+        for name in ("key", "key_previous", "data_key"):
+            secret = getattr(self, name)
+            if secret is not None and len(secret.get_secret_value().strip()) < MIN_KEY_CHARS:
+                raise ValueError(f"EPCTL_AGENT_{name.upper()} must be at least {MIN_KEY_CHARS} characters")
         if self.coordinator and not self.deployment:
             raise ValueError("--coordinator needs --deployment")
         if self.cuda_graphs == "on" and (self.platform == Platform.cpu or self.grouped_step == "off"):
@@ -113,6 +130,27 @@ class AgentSettings(EngineConfig, BaseSettings):
         a setting with no option keeps its EPCTL_AGENT_* variable or default)."""
         given = {name: value for name, value in vars(options).items() if name in cls.model_fields}
         return cls(**{**given, **overrides})
+
+    def missing_key(self) -> str | None:
+        """Why this agent must not start (no key, and not started insecure on purpose), or None."""
+        if self.key is None and not self.insecure_no_agent_key:
+            return (
+                "no agent key: set EPCTL_AGENT_KEY (the deployment's, `epctl deployments agent-key NAME`), "
+                "or start with --insecure-no-agent-key (development only: anyone who reaches the agent "
+                "can then pause, abort or reconfigure it)"
+            )
+        return None
+
+    def agent_keys(self) -> AgentKeys:
+        def clear(secret: SecretStr | None) -> str | None:
+            return secret.get_secret_value().strip() if secret is not None else None
+
+        return AgentKeys(
+            clear(self.key),
+            previous=clear(self.key_previous),
+            data_key=clear(self.data_key),
+            insecure=self.insecure_no_agent_key,
+        )
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig.model_validate(self.model_dump(include=set(EngineConfig.model_fields)))

@@ -21,7 +21,7 @@ def _coordinator() -> dict[str, Any]:
 def _agent() -> dict[str, Any]:
     from engine_agent.main import create_app
 
-    return create_app().openapi()
+    return create_app(fault_injection=True).openapi()  # the test-only route documented, marked so
 
 
 DOCUMENTS: dict[str, Callable[[], dict[str, Any]]] = {

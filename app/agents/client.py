@@ -12,8 +12,9 @@ an answer) is polled instead.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 from pydantic import BaseModel
 
@@ -27,6 +28,7 @@ from app.agents.errors import (
 from app.agents.transport import (
     DEFAULT_CALL_TIMEOUT_S,
     PATH_ABORT,
+    PATH_AGENT_KEY,
     PATH_ARM,
     PATH_CLEANUP,
     PATH_CLEANUP_ACKNOWLEDGE,
@@ -50,6 +52,8 @@ from engine_agent.protocol import (
     LONG_POLL_HEADER,
     MAX_WAIT_S,
     AgentInfo,
+    AgentKeyRotated,
+    AgentKeyRotation,
     ArmRequest,
     CleanupStatus,
     FaultInjection,
@@ -76,8 +80,9 @@ class AgentClient(AgentTransport):
         http: AgentSession | None = None,
         timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         token: str | None = None,
+        keys: Sequence[str] = (),
     ) -> None:
-        super().__init__(engine_id, base_url, http=http, timeout_s=timeout_s, token=token)
+        super().__init__(engine_id, base_url, http=http, timeout_s=timeout_s, token=token, keys=keys)
         # Whether the agent holds answers for `wait_s` (None: not known yet). Learnt from its answers.
         self.long_poll: bool | None = None
         # The agent's answer to the last reconfiguration step sent to it (a waiter can start from it).
@@ -92,6 +97,13 @@ class AgentClient(AgentTransport):
     async def info(self, *, timeout_s: float | None = None) -> AgentInfo:
         answer = await self._exchange("GET", PATH_INFO, timeout_s=timeout_s)
         return self._parse_answer(AgentInfo, answer, "info")
+
+    async def rotate_key(self, key: str, overlap_s: float) -> AgentKeyRotated:
+        """Push a rotated agent key (sent with the key current until now)."""
+        AgentKeyRotation.model_validate({"key": key, "overlap_s": overlap_s})  # the agent's own bounds
+        payload = json.dumps({"key": key, "overlap_s": overlap_s}).encode()
+        answer = await self._exchange("POST", PATH_AGENT_KEY, body=payload)
+        return self._parse_answer(AgentKeyRotated, answer, "agent-key")
 
     async def reconfig(self, *, timeout_s: float | None = None) -> ReconfigStatus | None:
         """The agent's current (or last) reconfiguration; None if it has never run one."""

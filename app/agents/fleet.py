@@ -4,7 +4,7 @@ one `AgentClient` per engine."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 from app.agents.client import AgentClient
@@ -20,9 +20,14 @@ class Fleet:
     one it opens and closes its own."""
 
     def __init__(
-        self, *, timeout_s: float = DEFAULT_CALL_TIMEOUT_S, session: AgentSession | None = None
+        self,
+        *,
+        timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        session: AgentSession | None = None,
+        keys: Sequence[str] = (),
     ) -> None:
         self.timeout_s = timeout_s
+        self.keys = tuple(keys)  # agent keys for clients made without their own
         self._http = session if session is not None else AgentSession()
         self._owns_http = session is None
         self._clients: dict[str, AgentClient] = {}
@@ -37,10 +42,12 @@ class Fleet:
         if self._owns_http:
             await self._http.aclose()
 
-    def client(self, engine_id: str, url: str) -> AgentClient:
+    def client(self, engine_id: str, url: str, keys: Sequence[str] | None = None) -> AgentClient:
+        """`keys`: the deployment's agent keys, current first (default: the fleet's `keys`)."""
+        wanted = tuple(self.keys if keys is None else keys)
         existing = self._clients.get(engine_id)
-        if existing is None or existing.base_url != url.rstrip("/"):
-            existing = AgentClient(engine_id, url, http=self._http, timeout_s=self.timeout_s)
+        if existing is None or existing.base_url != url.rstrip("/") or existing.keys != wanted:
+            existing = AgentClient(engine_id, url, http=self._http, timeout_s=self.timeout_s, keys=wanted)
             self._clients[engine_id] = existing
         return existing
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 from urllib.parse import urlencode
@@ -38,6 +38,7 @@ PATH_CLEANUP_RETRY = "/v1/cleanup/retry"
 PATH_CLEANUP_ACKNOWLEDGE = "/v1/cleanup/acknowledge"
 PATH_FAULTS = "/v1/faults"
 PATH_INFER = "/v1/infer"
+PATH_AGENT_KEY = "/v1/agent-key"
 
 # The `operation` label of `epctl_agent_calls` for each path (a small, fixed set).
 OPERATIONS = {
@@ -50,6 +51,7 @@ OPERATIONS = {
     PATH_CLEANUP_ACKNOWLEDGE: "cleanup_acknowledge",
     PATH_FAULTS: "faults",
     PATH_INFER: "infer",
+    PATH_AGENT_KEY: "agent_key",
 }
 
 DEFAULT_CALL_TIMEOUT_S = 5.0
@@ -158,14 +160,23 @@ class AgentTransport:
         http: AgentSession | None = None,
         timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         token: str | None = None,
+        keys: Sequence[str] = (),
     ) -> None:
+        """`keys`: the deployment's agent keys, current first (then the previous one, during a
+        rotation's overlap: tried once on a 401 from an agent not told of the new key yet)."""
         self.engine_id = engine_id
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.keys = tuple(keys)
         self._http = http if http is not None else AgentSession()
         self._owns_http = http is None
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        credential = self.keys[0] if self.keys else token
+        self._headers = {"Authorization": f"Bearer {credential}"} if credential else {}
         self._json_headers = {**JSON_HEADERS, **self._headers}
+        self._fallbacks = [
+            ({"Authorization": f"Bearer {key}"}, {**JSON_HEADERS, "Authorization": f"Bearer {key}"})
+            for key in self.keys[1:]
+        ]
 
     async def __aenter__(self) -> Self:
         return self
@@ -234,13 +245,12 @@ class AgentTransport:
             target += "?" + urlencode(params, safe=",")
         try:
             async with asyncio.timeout(timeout):
-                async with self._http.get().request(
-                    method,
-                    URL(target, encoded=True),
-                    data=body,
-                    headers=self._json_headers if body is not None else self._headers or None,
-                ) as response:
-                    answer = AgentAnswer(response.status, response.headers, await response.read())
+                headers = self._json_headers if body is not None else self._headers or None
+                answer = await self._send(method, target, body, headers)
+                for plain, with_json in self._fallbacks:
+                    if answer.status_code != 401:
+                        break
+                    answer = await self._send(method, target, body, with_json if body is not None else plain)
         except TimeoutError as exc:  # before ClientError: aiohttp's own timeouts are both
             raise AgentDeadlineExceeded(
                 self.engine_id, f"{method} {path}: no answer within {timeout:.1f}s"
@@ -257,6 +267,14 @@ class AgentTransport:
             type_, message = problem_type(problem, answer.status_code)
             raise AgentProblem(self.engine_id, answer.status_code, type_, f"{method} {path}: {message}")
         return answer
+
+    async def _send(
+        self, method: str, target: str, body: bytes | None, headers: Mapping[str, str] | None
+    ) -> AgentAnswer:
+        async with self._http.get().request(
+            method, URL(target, encoded=True), data=body, headers=headers
+        ) as response:
+            return AgentAnswer(response.status, response.headers, await response.read())
 
     def _json(self, method: str, path: str, answer: AgentAnswer) -> Any:
         if not answer.content:

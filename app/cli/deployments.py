@@ -424,6 +424,41 @@ def delete(
         stdout.print(f"Deleted deployment [bold]{name}[/].")
 
 
+@app.command("agent-key")
+def agent_key(
+    name: Annotated[str, typer.Argument(help="Deployment name.")],
+    rotate: Annotated[
+        bool, typer.Option("--rotate", help="Make a new key, tell the live agents, print it.")
+    ] = False,
+    overlap_s: Annotated[
+        float | None,
+        typer.Option(
+            "--overlap-s", help="With --rotate: how long the previous key stays valid (default 3600)."
+        ),
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Print the deployment's agent key, once (admin): static agents need it as EPCTL_AGENT_KEY."""
+    with api_errors(), connect(url, token) as api:
+        if rotate:
+            body = {"overlap_s": overlap_s} if overlap_s is not None else None
+            view = api.post(f"/v1/deployments/{name}/agent-key/rotate", body)
+        else:
+            view = api.post(f"/v1/deployments/{name}/agent-key")
+    if as_json:
+        print_json(view)
+        return
+    print(view["key"])  # alone on stdout: `export EPCTL_AGENT_KEY=$(epctl deployments agent-key NAME)`
+    if view.get("previous_valid_until"):
+        typer.echo(f"the previous key stays valid until {view['previous_valid_until']}", err=True)
+    if view.get("pushed_to"):
+        typer.echo(f"told: {', '.join(view['pushed_to'])}", err=True)
+    for engine_id, why in (view.get("not_pushed") or {}).items():
+        typer.echo(f"NOT told (restart it with the new key): {engine_id}: {why}", err=True)
+
+
 @app.command("engine")
 def engine(
     name: Annotated[str, typer.Argument(help="Deployment name (backend vllm).")],

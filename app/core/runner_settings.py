@@ -15,7 +15,12 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.core.config import ConfigError
-from engine_agent.protocol import TransferBackend
+from engine_agent.protocol import (
+    MAX_JOB_TIMEOUT_S,
+    MAX_PAUSE_LEASE_S,
+    MAX_SERVING_COLLECTIVE_S,
+    TransferBackend,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +59,23 @@ class RunnerSettings(BaseSettings):
         "withdraws its arm, nothing pauses and the job rolls back",
     )
     abort_deadline_s: float = Field(10.0, gt=0)
-    pause_lease_s: float = Field(10.0, gt=0, description="a paused agent resumes by itself after this")
-    rendezvous_s: float = Field(30.0, gt=0)
-    collective_s: float = Field(30.0, gt=0)
+    # Within the agents' own bounds (engine_agent/protocol.py): an agent refuses more (422).
+    pause_lease_s: float = Field(
+        10.0, gt=0, le=MAX_PAUSE_LEASE_S, description="a paused agent resumes by itself after this"
+    )
+    rendezvous_s: float = Field(30.0, gt=0, le=MAX_JOB_TIMEOUT_S)
+    collective_s: float = Field(30.0, gt=0, le=MAX_JOB_TIMEOUT_S)
     serving_collective_s: float = Field(
         5.0,
         gt=0,
+        le=MAX_SERVING_COLLECTIVE_S,
         description="deadline of one serving collective once every member of a generation stepped on it "
         "(a peer that stalls longer breaks the generation and the others leave it). Far above a step "
         "(milliseconds) and a busy host's stall (a few hundred ms), so a slow step is never taken for a "
         "lost peer; below the heartbeat timeout, so the survivors of a frozen engine have left its group "
         "by the time it is written off. A peer that died is left at once (its peers' notice), not at this",
     )
-    transfer_s: float = Field(120.0, gt=0)
+    transfer_s: float = Field(120.0, gt=0, le=MAX_JOB_TIMEOUT_S)
     cleanup_poll_interval_s: float = Field(0.5, gt=0)
     heartbeat_check_interval_s: float = Field(
         1.0, gt=0, description="how often to look for engines whose heartbeats stopped"

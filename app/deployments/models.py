@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
 from pydantic import Field as ApiField
 from sqlmodel import Field, SQLModel
 
@@ -155,6 +155,13 @@ class Deployment(SQLModel, table=True):
     autoscale_behavior: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     autoscale_paused: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
     scale_version: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # The agent plane's key (`app.deployments.agent_keys`), sealed (`app.core.sealing`): the
+    # coordinator sends it on every agent call, so it is kept sealed rather than hashed. The previous
+    # one is still sent (and accepted by agents) until `agent_key_previous_until`.
+    agent_key: str | None = Field(default=None, max_length=1024)
+    agent_key_previous: str | None = Field(default=None, max_length=1024)
+    agent_key_previous_until: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    agent_key_shown_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
 
@@ -206,6 +213,13 @@ class DeploymentCreate(DeploymentLimits):
         default_factory=ScalingBehavior, description=AUTOSCALE_BEHAVIOR_DESCRIPTION
     )
     autoscale_paused: bool = ApiField(False, strict=True, description=AUTOSCALE_PAUSED_DESCRIPTION)
+    agent_key: SecretStr | None = ApiField(
+        None,
+        min_length=32,
+        max_length=256,
+        description="the agent plane's key, write-only (never shown back): for static agents already "
+        "given one; default: the coordinator makes one (`POST .../agent-key` shows it once)",
+    )
 
     @model_validator(mode="after")
     def _backend_settings_match(self) -> DeploymentCreate:

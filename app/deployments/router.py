@@ -9,7 +9,9 @@ from sqlmodel import Session
 from app.api.deps import Admin, DatabaseDep, Reader
 from app.api.params import DeploymentRefPath
 from app.core.problems import problem_responses
-from app.deployments import listing, service
+from app.deployments import agent_keys, listing, service
+from app.deployments.agent_key_push import push_rotation
+from app.deployments.agent_keys import AgentKeyPublic, AgentKeyRotate
 from app.deployments.models import (
     Deployment,
     DeploymentCreate,
@@ -119,3 +121,25 @@ async def delete_deployment(name: DeploymentRefPath, db: DatabaseDep, _: Admin, 
         return deleted
 
     await backends.deployment_deleted(await db.run(work))
+
+
+@router.post("/{name}/agent-key", name="reveal-agent-key", responses=problem_responses(404, 409))
+async def reveal_agent_key(name: DeploymentRefPath, db: DatabaseDep, _: Admin) -> AgentKeyPublic:
+    """The deployment's agent key, shown once (409 `agent-key-already-shown` afterwards: rotate to see
+    a new one). Static agents need it as `EPCTL_AGENT_KEY`; agents the coordinator launches get it
+    from the coordinator."""
+    return await db.run(lambda session: agent_keys.reveal(session, service.get_deployment(session, ref=name)))
+
+
+@router.post("/{name}/agent-key/rotate", name="rotate-agent-key", responses=problem_responses(404))
+async def rotate_agent_key(
+    name: DeploymentRefPath, db: DatabaseDep, _: Admin, body: AgentKeyRotate | None = None
+) -> AgentKeyPublic:
+    """A new agent key, shown in this answer only. Every live agent of the deployment is told it at
+    once (`pushed_to`; `not_pushed` lists those that could not be, to restart with the new key); the
+    previous key stays accepted for `overlap_s`."""
+    request = body or AgentKeyRotate()
+    rotation = await db.run(
+        lambda session: agent_keys.rotate(session, service.get_deployment(session, ref=name), request)
+    )
+    return await push_rotation(rotation)

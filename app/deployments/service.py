@@ -12,6 +12,7 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, InvalidRequestError, NotFoundError
 from app.core.ids import new_id
+from app.deployments.agent_keys import give_new_key
 from app.deployments.autoscaling import ScalingBehavior
 from app.deployments.models import (
     Deployment,
@@ -67,6 +68,7 @@ def create_deployment(session: Session, *, data: DeploymentCreate) -> Deployment
         status=status,
         status_detail=detail,
     )
+    give_new_key(deployment, data.agent_key.get_secret_value() if data.agent_key else None)
     session.add(deployment)
     try:
         session.commit()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.core.faults import EngineFault
 from engine_agent.protocol import EngineConfig
@@ -32,6 +32,10 @@ class LaunchSpec:
     coordinator_url: str | None = None
     token: str | None = None  # the bearer token agents register with
     extra_args: tuple[str, ...] = ()
+    # The deployment's agent key (and the previous one during a rotation's overlap): agents get them
+    # through their environment (EPCTL_AGENT_KEY, EPCTL_AGENT_KEY_PREVIOUS), never a command line.
+    agent_key: str | None = field(default=None, repr=False)
+    agent_key_previous: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -76,15 +76,22 @@ def agent_command(
 
 
 AGENT_TOKEN_ENV = "EPCTL_TOKEN"
+AGENT_KEY_ENV = "EPCTL_AGENT_KEY"  # engine_agent.auth reads these two
+AGENT_KEY_PREVIOUS_ENV = "EPCTL_AGENT_KEY_PREVIOUS"
 
 
 def agent_environment(spec: LaunchSpec, base: dict[str, str] | None = None) -> dict[str, str]:
     """The agent's environment: ours, with its bearer token in EPCTL_TOKEN (readable only by the same
     user, unlike argv) or without one when the spec has none."""
     env = dict(os.environ if base is None else base)
-    env.pop(AGENT_TOKEN_ENV, None)
+    for name in (AGENT_TOKEN_ENV, AGENT_KEY_ENV, AGENT_KEY_PREVIOUS_ENV):
+        env.pop(name, None)  # never the coordinator's own (or a stale) one
     if spec.coordinator_url and spec.token:
         env[AGENT_TOKEN_ENV] = spec.token
+    if spec.agent_key:
+        env[AGENT_KEY_ENV] = spec.agent_key
+    if spec.agent_key_previous:
+        env[AGENT_KEY_PREVIOUS_ENV] = spec.agent_key_previous
     return env
 
 

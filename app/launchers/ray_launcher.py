@@ -235,7 +235,13 @@ class RayLauncher(Launcher):
             if runtime_env:
                 options["runtime_env"] = runtime_env
             batch.actors[engine_id] = actor_class.options(**options).remote(
-                engine_id, agent_args(batch.spec, settings), token=batch.spec.token, host=settings.agent_host
+                engine_id,
+                agent_args(batch.spec, settings),
+                token=batch.spec.token,
+                # Constructor arguments, not runtime_env (Ray displays that): see engine_agent.ray_host.
+                agent_key=batch.spec.agent_key,
+                agent_key_previous=batch.spec.agent_key_previous,
+                host=settings.agent_host,
             )
         handles = [self._wait_ready(ray, batch, engine_id, give_up) for engine_id in batch.engine_ids]
         if batch.abandoned:

@@ -28,10 +28,13 @@ T = TypeVar("T")
 
 
 class JobProbe:
-    def __init__(self, settings: ProbeSettings, hidden_size: int, targets: Mapping[str, str]) -> None:
-        """`targets`: engine id -> agent URL of the engines that serve when the job starts."""
+    def __init__(
+        self, settings: ProbeSettings, hidden_size: int, targets: Mapping[str, str], key: str | None = None
+    ) -> None:
+        """`targets`: engine id -> agent URL of the engines that serve when the job starts; `key`: the
+        deployment's agent key (for agents that require a data key on `/v1/infer`)."""
         self.targets = dict(targets)
-        self._canary = ReferenceCanary(hidden_size)
+        self._canary = ReferenceCanary(hidden_size, key)
         interval = settings.interval_for(len(self.targets))
         self.recorder = CanaryRecorder(
             self._canary,
@@ -49,13 +52,13 @@ class JobProbe:
 
     @classmethod
     async def open(
-        cls, settings: ProbeSettings, hidden_size: int, targets: Mapping[str, str]
+        cls, settings: ProbeSettings, hidden_size: int, targets: Mapping[str, str], key: str | None = None
     ) -> JobProbe | None:
         """A started probe (after its baseline), or None when the probe is off or cannot start."""
         if not settings.enabled:
             return None
         try:
-            probe = cls(settings, hidden_size, targets)
+            probe = cls(settings, hidden_size, targets, key)
             probe.recorder.set_targets(list(probe.targets.values()))
             probe._thread.start()
             await probe._on_probe_loop(probe.recorder.start())

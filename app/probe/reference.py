@@ -14,9 +14,13 @@ from engine_agent import tensor_wire
 class ReferenceCanary:
     """Implements `app.probe.Canary` for reference-engine agents (the target is an agent's URL)."""
 
-    def __init__(self, hidden_size: int) -> None:
+    def __init__(self, hidden_size: int, key: str | None = None) -> None:
+        """`key`: the deployment's agent key, which `/v1/infer` also accepts where the agents require
+        a data key (without one it is open, and the key is sent all the same)."""
         self._body = tensor_wire.encode("float32", (1, hidden_size), bytes(4 * hidden_size))
         self._headers = {"content-type": tensor_wire.MEDIA_TYPE, "accept": tensor_wire.MEDIA_TYPE}
+        if key:
+            self._headers["authorization"] = f"Bearer {key}"
         self._session: aiohttp.ClientSession | None = None
 
     async def send(self, target: str) -> CanaryResult:

@@ -29,6 +29,7 @@ from sqlmodel import Session
 from app.agents.errors import AgentCallError, AgentUnreachable
 from app.agents.fleet import Fleet
 from app.core.clock import utc_now
+from app.deployments.agent_keys import agent_keys_of
 from app.deployments.health import SERVING_STATES, deployments_without_a_job, reconcile_health
 from app.deployments.models import Deployment
 from app.engines.models import Engine, EngineState
@@ -80,7 +81,11 @@ def _members(session: Session) -> list[tuple[Deployment, list[Engine]]]:
 async def adopt_engines(record: WorkerSessions, fleet: Fleet) -> list[Adoption]:
     """Ask every recorded member, then bring the record in line in one transaction (see module doc)."""
     deployments = await record.run_in_session(_members)
-    clients = [fleet.client(e.id, e.url) for _, engines in deployments for e in engines]
+    clients = [
+        fleet.client(e.id, e.url, agent_keys_of(deployment))
+        for deployment, engines in deployments
+        for e in engines
+    ]
     answers = await fleet.each(clients, lambda c: c.info()) if clients else {}
     adoptions = [_judge(deployment, engines, answers) for deployment, engines in deployments]
     if any(not a.adopted for a in adoptions):

@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
+from app.deployments.agent_keys import agent_keys_of
 from app.deployments.models import Deployment, EngineBackend
 from app.engines.models import Engine, EngineState
 from app.incidents import service as incidents
@@ -43,7 +44,7 @@ class _Probe:
     started: float
 
 
-def _watched(session: Session) -> dict[str, tuple[int, list[str]]]:
+def _watched(session: Session) -> dict[str, tuple[int, list[str], str | None]]:
     """Incident id -> (the deployment's hidden size, the engines' URLs to probe), for the incidents of
     reference deployments still waiting for their first answer."""
     recent = utc_now() - timedelta(seconds=AFTER_RESOLVED_S)
@@ -56,13 +57,14 @@ def _watched(session: Session) -> dict[str, tuple[int, list[str]]]:
             (col(Incident.state) == IncidentState.open.value) | (col(Incident.updated_at) >= recent),
         )
     ).all()
-    watched: dict[str, tuple[int, list[str]]] = {}
+    watched: dict[str, tuple[int, list[str], str | None]] = {}
     for incident, deployment in rows:
         urls = session.exec(
             select(Engine.url).where(Engine.deployment_id == deployment.id, col(Engine.state).not_in(GONE))
         ).all()
         hidden = int((deployment.engine_config or {}).get("hidden_size", 64))
-        watched[incident.id] = (hidden, list(urls))
+        keys = agent_keys_of(deployment)
+        watched[incident.id] = (hidden, list(urls), keys[0] if keys else None)
     return watched
 
 
@@ -78,10 +80,10 @@ class IncidentProbes:
         for incident_id in list(self._probes):
             if incident_id not in watched:
                 await self._stop(incident_id)
-        for incident_id, (hidden, urls) in watched.items():
+        for incident_id, (hidden, urls, key) in watched.items():
             probe = self._probes.get(incident_id)
             if probe is None:
-                canary = ReferenceCanary(hidden)
+                canary = ReferenceCanary(hidden, key)
                 recorder = CanaryRecorder(canary, interval_s=INTERVAL_S, timeout_s=CANARY_TIMEOUT_S)
                 probe = self._probes[incident_id] = _Probe(recorder, canary, time.monotonic())
                 await recorder.start()

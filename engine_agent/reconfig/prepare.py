@@ -91,7 +91,8 @@ class Builder:
             where = f"{request.store.host}:{request.store.port}"
             raise ReconfigError("store-unreachable", f"rendezvous store {where}: {exc}") from exc
         job.store = groups.prefixed(
-            job.store_client, groups.generation_prefix(request.generation, request.job_id)
+            job.store_client,
+            groups.generation_prefix(request.generation, request.job_id, request.store_prefix),
         )
 
     def _agree(self, job: Job) -> None:

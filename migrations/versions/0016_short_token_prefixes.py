@@ -1,7 +1,7 @@
 """short token prefixes: of a token's secret at most 4 characters (after the epctl_ marker) are kept
 
 Revision ID: 0016
-Revises: 0014 (re-chained onto 0015 at merge)
+Revises: 0015 (re-chained onto 0015 at merge)
 Create Date: 2026-12-02 13:50:00
 
 """
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0016"
-down_revision: str | None = "0014"
+down_revision: str | None = "0015"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

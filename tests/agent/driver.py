@@ -97,6 +97,7 @@ def start_agents(
     platform: str = "cpu",
     device: str | None = None,
     ready_timeout_s: float = 60.0,
+    env: dict[str, str] | None = None,
 ) -> list[AgentProcess]:
     """Start `count` agent processes at once (the harness's) and wait until every one serves HTTP."""
     flags = {"platform": platform, "log_level": "info", **({"device": device} if device else {})}
@@ -106,10 +107,15 @@ def start_agents(
         flags=flags,
         engine_args=[*engine_args(config), *extra_args],
         ready_timeout_s=ready_timeout_s,
+        env=env,
     )
     return [
         AgentProcess(
-            a.engine_id, a.url, a.child.popen, a.child.log_path, httpx.Client(base_url=a.url, timeout=30)
+            a.engine_id,
+            a.url,
+            a.child.popen,
+            a.child.log_path,
+            httpx.Client(base_url=a.url, timeout=30, headers=processes.AGENT_KEY_HEADERS),
         )
         for a in started
     ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.processes import PYTHON, clean_environment, start_agents
+from tests.support.processes import AGENT_KEY_HEADERS, PYTHON, clean_environment, start_agents
 
 
 def test_json_log_lines_carry_the_engine_and_the_deployment(tmp_path: Path) -> None:
@@ -49,7 +49,8 @@ def test_a_client_that_leaves_mid_body_costs_no_traceback(tmp_path: Path) -> Non
         head = "POST /v1/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
         raw.sendall(head.encode() + b'content-length: 100000\r\n\r\n{"tokens": [[0.1')
         time.sleep(0.5)
-    assert httpx.get(f"{agent.url}/v1/info", timeout=10).status_code == 200  # still serving
+    answer = httpx.get(f"{agent.url}/v1/info", timeout=10, headers=AGENT_KEY_HEADERS)
+    assert answer.status_code == 200  # still serving
     agent.child.stop()
     log = agent.child.log_path.read_text()
     assert "Traceback" not in log and "ClientDisconnect" not in log, log[-3000:]

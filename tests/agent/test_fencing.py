@@ -10,8 +10,6 @@ import signal
 import time
 from collections.abc import Callable
 
-import httpx
-
 from engine_agent.protocol import AgentState, ReconfigPhase
 from tests.agent.driver import AgentProcess, Driver, assert_serves_reference
 from tests.agent.test_agent_failures import start_job
@@ -36,7 +34,7 @@ def test_an_agent_thawed_after_its_pause_lease_never_completes_the_queued_switch
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             # The switch reaches the frozen engine's socket and waits there, as in a real freeze.
             queued = pool.submit(
-                httpx.post, f"{frozen.url}/v1/reconfig/switch", json={"job_id": job_id}, timeout=30
+                frozen.client.post, "/v1/reconfig/switch", json={"job_id": job_id}, timeout=30
             )
             time.sleep(LEASE_S * 2)  # frozen past its lease (the fault, not an assertion)
             os.kill(frozen.process.pid, signal.SIGCONT)

@@ -14,13 +14,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
 import torch
 
 from engine_agent import moe
 from tests.support.databases import module_database
-from tests.support.stack import ENGINE, StackCoordinator, infer
+from tests.support.stack import ENGINE, StackCoordinator, agent_http, infer
 
 START_SIZE = 2
 
@@ -74,7 +73,7 @@ class Stack:
             (e for e in coordinator.engines() if e["state"] == "serving"), key=lambda e: e["dp_rank"]
         )
         for engine in serving:  # disarm whatever a failed test left armed
-            httpx.post(f"{engine['url']}/v1/faults", json={}, timeout=5).raise_for_status()
+            agent_http.post(f"{engine['url']}/v1/faults", json={}, timeout=5).raise_for_status()
         self.base = [e["url"] for e in serving[:2]]
         return self
 

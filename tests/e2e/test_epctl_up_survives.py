@@ -260,8 +260,10 @@ def test_a_restarted_epctl_up_ends_the_job_its_crash_stranded_and_keeps_the_depl
     api = httpx.Client(
         base_url=f"http://127.0.0.1:{up_env.port}", headers={"Authorization": f"Bearer {token}"}, timeout=30
     )
+    key = api.post("/v1/deployments/demo/agent-key").json()["key"]  # `epctl up` made it: shown once
+    agents = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=5)
     for engine in api.get("/v1/engines", params={"deployment": "demo", "state": "serving"}).json()["data"]:
-        httpx.post(f"{engine['url']}/v1/faults", json={"hang_prepare_at_step": "agree"}).raise_for_status()
+        agents.post(f"{engine['url']}/v1/faults", json={"hang_prepare_at_step": "agree"}).raise_for_status()
     created = api.post("/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 3})
     assert created.status_code == 202, created.text
     job_id = created.json()["id"]

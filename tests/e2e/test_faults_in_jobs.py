@@ -30,7 +30,7 @@ import pytest
 from app.launchers.local import LocalLauncher
 from tests.e2e.conftest import Stack
 from tests.support.invariants import assert_recovered
-from tests.support.stack import SteadyClient, agent_info
+from tests.support.stack import SteadyClient, agent_http, agent_info
 from tests.support.waiting import wait_until
 
 SIZE = 3  # from three to two: rank 0 and rank 1 stay, rank 2 leaves
@@ -93,7 +93,7 @@ def members(stack: Stack, name: str) -> list[dict[str, Any]]:
 
 
 def inject(url: str, **faults: Any) -> None:
-    response = httpx.post(f"{url}/v1/faults", json=faults, timeout=5)
+    response = agent_http.post(f"{url}/v1/faults", json=faults, timeout=5)
     assert response.status_code == 200, response.text
 
 
@@ -101,7 +101,7 @@ def wait_agent_step(url: str, job_id: str, step: str, timeout_s: float = 60.0) -
     """Until the agent runs `job_id` at `step` (held there by `hang_prepare_at_step`)."""
 
     def there() -> dict[str, Any] | None:
-        body = httpx.get(f"{url}/v1/reconfig", timeout=5).json()
+        body = agent_http.get(f"{url}/v1/reconfig", timeout=5).json()
         return body if body.get("job_id") == job_id and body.get("step") == step else None
 
     return wait_until(there, timeout_s=timeout_s, what=f"{url} at {step} of job {job_id}")

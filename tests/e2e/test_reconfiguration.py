@@ -7,6 +7,7 @@ there), so any test runs alone or in any order.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -19,7 +20,7 @@ import pytest
 
 from app.launchers.local import LocalLauncher
 from tests.e2e.conftest import Stack
-from tests.support.stack import SteadyClient, agent_info
+from tests.support.stack import SteadyClient, agent_http, agent_info
 from tests.support.waiting import wait_until
 
 # The client's view and the job's report of one stop must agree within this (the issue's bound).
@@ -42,7 +43,7 @@ def client_for(stack: Stack) -> SteadyClient:
 
 def hang_prepare_on(url: str, step: str = "transfer") -> None:
     """Fault injection: this agent's next prepare stops at `step` until aborted."""
-    response = httpx.post(f"{url}/v1/faults", json={"hang_prepare_at_step": step}, timeout=5)
+    response = agent_http.post(f"{url}/v1/faults", json={"hang_prepare_at_step": step}, timeout=5)
     assert response.status_code == 200, response.text
 
 
@@ -50,7 +51,7 @@ def wait_agent_at(url: str, job_id: str, step: str | None = None, timeout_s: flo
     """Until the agent runs `job_id` (at prepare step `step`, if given)."""
 
     def there() -> bool:
-        status = httpx.get(f"{url}/v1/reconfig", timeout=5)
+        status = agent_http.get(f"{url}/v1/reconfig", timeout=5)
         body = status.json() if status.status_code == 200 else {}
         return body.get("job_id") == job_id and (step is None or body.get("step") == step)
 
@@ -123,6 +124,81 @@ def test_scaling_2_4_3_2_serves_correctly_and_reports_the_downtime_the_client_sa
         # the new group can take 100+ ms (seen: 165 ms gap for a 13 ms stop, client p90 40 ms).
         bound = GAP_SLACK_MS + GAP_SLACK_RATIO * reported
         assert seen >= reported - bound, (reported, seen)
+
+
+def test_anonymous_calls_to_the_agents_are_refused_and_neither_serving_nor_a_job_notices(
+    stack: Stack,
+) -> None:
+    """The issue's attacks, with no credential, against the live deployment's agents: the broken
+    notice, a pause with an hour's lease, an abort, and the read of its internals; then aborts and
+    broken notices fired at every engine while a real 2 -> 3 job runs. All refused (401), every
+    request of a steady client answered outside the job's commit window, the job succeeds."""
+    client = client_for(stack)
+    answers: list[tuple[str, int]] = []
+    try:
+        client.wait_serving()
+        generation = int(stack.coordinator.deployment()["generation"])
+        for url in stack.base:
+            for method, path, body in (
+                ("GET", "/v1/info", None),
+                ("POST", "/v1/generation/broken", {"generation": generation, "reason": "anonymous"}),
+                ("POST", "/v1/reconfig/pause", {"job_id": "x", "lease_s": 3600}),
+                ("POST", "/v1/reconfig/abort", {"job_id": "x"}),
+            ):
+                answer = httpx.request(method, f"{url}{path}", json=body, timeout=5)
+                answers.append((f"{method} {path}", answer.status_code))
+        job_id = stack.coordinator.scale(3)
+        done = threading.Event()
+
+        def attack() -> None:
+            while not done.is_set():
+                for engine in stack.coordinator.engines():
+                    for path, body in (
+                        ("/v1/reconfig/abort", {"job_id": job_id}),
+                        ("/v1/generation/broken", {"generation": generation, "reason": "anonymous"}),
+                    ):
+                        with contextlib.suppress(httpx.TransportError):  # a joiner still starting
+                            answer = httpx.post(f"{engine['url']}{path}", json=body, timeout=5)
+                            answers.append((path, answer.status_code))
+
+        attacker = threading.Thread(target=attack, daemon=True)
+        attacker.start()
+        try:
+            job = stack.coordinator.wait_job(job_id)
+        finally:
+            done.set()
+            attacker.join(timeout=30)
+        client.wait_serving()
+    finally:
+        client.stop()
+    assert job["state"] == "succeeded", job
+    assert len(answers) > 8 and {status for _, status in answers} == {401}, answers[:10]
+    window = downtime_window(job)
+    outside = [
+        s
+        for s in client.failures()
+        if window is None
+        or not (s.sent_at <= window[1] + WINDOW_MARGIN_S and s.done_at >= window[0] - WINDOW_MARGIN_S)
+    ]
+    assert outside == [], f"client requests failed outside the commit window: {outside[:3]}"
+    stack.assert_outputs_correct([m["url"] for m in stack.coordinator.members(job)])
+
+
+def test_a_rotated_agent_key_reaches_the_live_agents_and_the_next_job_uses_it(stack: Stack) -> None:
+    """The rotation pushes the new key to every live engine; a job after it runs on the new key (its
+    joiner launched with both), and the harness's old key still opens the agents for the overlap."""
+    rotated = stack.coordinator.api.post("/v1/deployments/demo/agent-key/rotate", json={"overlap_s": 3600})
+    assert rotated.status_code == 200, rotated.text
+    body = rotated.json()
+    live = {e["id"] for e in stack.coordinator.engines() if e["state"] != "left"}
+    assert set(body["pushed_to"]) == live and body["not_pushed"] == {}, body
+    job = stack.scale_to(3)
+    assert job["state"] == "succeeded", job
+    new = {"Authorization": f"Bearer {body['key']}"}
+    for member in stack.coordinator.members(job):
+        assert httpx.get(f"{member['url']}/v1/info", headers=new, timeout=5).status_code == 200
+        assert agent_http.get(f"{member['url']}/v1/info").status_code == 200  # the overlap
+        assert httpx.get(f"{member['url']}/v1/info", timeout=5).status_code == 401
 
 
 def test_every_phase_has_a_start_and_an_end_and_progress_reaches_100(stack: Stack) -> None:
@@ -219,7 +295,7 @@ def test_a_cleanup_failure_shows_on_its_job_blocks_the_next_and_retry_clears_it(
     coordinator = stack.coordinator
     failing = stack.base[1]
     failing_id = agent_info(failing)["engine_id"]
-    response = httpx.post(f"{failing}/v1/faults", json={"fail_next_cleanup": True}, timeout=5)
+    response = agent_http.post(f"{failing}/v1/faults", json={"fail_next_cleanup": True}, timeout=5)
     assert response.status_code == 200
     job = stack.scale_to(3)
     assert job["state"] == "succeeded", job["error"]
@@ -239,7 +315,7 @@ def test_a_cleanup_failure_shows_on_its_job_blocks_the_next_and_retry_clears_it(
 
 def test_an_acknowledged_cleanup_failure_unblocks_the_deployment(stack: Stack) -> None:
     coordinator = stack.coordinator
-    response = httpx.post(f"{stack.base[0]}/v1/faults", json={"fail_next_cleanup": True}, timeout=5)
+    response = agent_http.post(f"{stack.base[0]}/v1/faults", json={"fail_next_cleanup": True}, timeout=5)
     assert response.status_code == 200
     job = stack.scale_to(3)
     assert job["state"] == "succeeded", job["error"]
@@ -348,7 +424,7 @@ def test_a_switch_failing_part_way_fails_the_job_and_degrades_the_deployment(sta
         launched = stack.scale_to(1, name)
         assert launched["state"] == "succeeded", launched["error"]
         (failing,) = coordinator.members(launched)
-        response = httpx.post(f"{failing['url']}/v1/faults", json={"fail_next_switch": True}, timeout=5)
+        response = agent_http.post(f"{failing['url']}/v1/faults", json={"fail_next_switch": True}, timeout=5)
         assert response.status_code == 200
         before = coordinator.deployment(name)
         job = stack.scale_to(2, name)

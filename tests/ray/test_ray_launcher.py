@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 import torch
@@ -25,7 +24,7 @@ from app.launchers.ray_launcher import RayLauncher
 from engine_agent import moe
 from tests.ray.conftest import RayCluster, import_ray
 from tests.support.databases import sqlite_database
-from tests.support.stack import ENGINE, StackCoordinator, infer
+from tests.support.stack import ENGINE, StackCoordinator, agent_http, infer
 from tests.support.waiting import wait_until
 
 ray = import_ray()
@@ -265,12 +264,12 @@ def test_an_engine_actor_killed_during_prepare_rolls_back(stack: RayStack) -> No
     assert serving["state"] == "succeeded", serving["error"]
     member = stack.coordinator.members(serving)[0]
     # The member stops before the new groups form, so the job stays in prepare while we kill the joiner.
-    faults = httpx.post(f"{member['url']}/v1/faults", json={"hang_prepare_at_step": "agree"}, timeout=10)
+    faults = agent_http.post(f"{member['url']}/v1/faults", json={"hang_prepare_at_step": "agree"}, timeout=10)
     assert faults.status_code == 200, faults.text
     job_id = stack.coordinator.scale(2, stack.name)
 
     def joiner_at_agree() -> str | None:
-        status = httpx.get(f"{member['url']}/v1/reconfig", timeout=5).json()
+        status = agent_http.get(f"{member['url']}/v1/reconfig", timeout=5).json()
         results = stack.coordinator.job(job_id)["engine_results"]
         joiners = [r["engine_id"] for r in results if r.get("role") == "joining"]
         return joiners[0] if joiners and status.get("step") == "agree" else None

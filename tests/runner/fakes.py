@@ -329,7 +329,7 @@ class FakeFleet(Fleet):
         super().__init__(timeout_s=1.0)
         self.agents = agents
 
-    def client(self, engine_id: str, url: str) -> AgentClient:
+    def client(self, engine_id: str, url: str, keys: Sequence[str] | None = None) -> AgentClient:
         return self.agents[engine_id]
 
 

@@ -23,6 +23,7 @@ import httpx
 
 from app.launchers.local import LocalLauncher
 from tests.e2e.conftest import Stack
+from tests.support.stack import agent_http
 from tests.support.waiting import wait_until
 
 TERMINAL = frozenset({"succeeded", "failed", "rolled_back", "cancelled"})
@@ -73,7 +74,7 @@ def live_agents(stack: Stack, name: str) -> tuple[dict[str, Live], list[str]]:
     live: dict[str, Live] = {}
     for engine_id, url in urls.items():
         try:
-            info = httpx.get(f"{url}/v1/info", timeout=3).json()
+            info = agent_http.get(f"{url}/v1/info", timeout=3).json()
         except httpx.HTTPError:
             if engine_id in launched:
                 unanswered.append(engine_id)

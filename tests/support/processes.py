@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -343,6 +344,12 @@ def wait_ready_file(path: Path, child: Child, timeout_s: float = 60.0) -> str:
     return child.wait_for(written, timeout_s=timeout_s, what=f"{child.name} to write {path.name}")
 
 
+# The agent key every agent this harness starts is given (EPCTL_AGENT_KEY, as a launcher gives it):
+# one per test run. Drivers send it (`AGENT_KEY_HEADERS`); an `env` may override it.
+AGENT_KEY = "epak_test_" + secrets.token_urlsafe(24)
+AGENT_KEY_HEADERS = {"Authorization": f"Bearer {AGENT_KEY}"}
+
+
 def start_agents(
     engine_ids: Sequence[str],
     workdir: Path,
@@ -356,7 +363,13 @@ def start_agents(
     """Start one agent per id at once (they import torch in parallel), then wait until every one serves
     HTTP. On any failure every one of them is stopped before the error propagates. `per_agent_env`:
     more variables for some agents, by id."""
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    environment = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "EPCTL_AGENT_KEY": AGENT_KEY,
+        **(env or {}),
+    }
     launched: list[tuple[str, Path, Child]] = []
     try:
         for engine_id in engine_ids:

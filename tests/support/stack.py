@@ -23,7 +23,7 @@ import httpx
 
 from engine_agent.protocol import EngineConfig
 from tests.support.jobs import scale
-from tests.support.processes import Coordinator
+from tests.support.processes import AGENT_KEY, AGENT_KEY_HEADERS, Coordinator
 from tests.support.waiting import wait_until
 
 # The small model of every e2e test: cheap on 2 cores, still a real MoE layer with real collectives.
@@ -79,6 +79,7 @@ class StackCoordinator(Coordinator):
             "min_dp_size": 1,
             "max_dp_size": 4,
             "launcher": "local",
+            "agent_key": AGENT_KEY,  # the harness's, so a test may call the agents itself (`agent_http`)
             **fields,
         }
         response = self.api.post("/v1/deployments", json=body)
@@ -119,8 +120,13 @@ class StackCoordinator(Coordinator):
         return sorted(results, key=lambda r: r["new_rank"])
 
 
+# Calls a test makes to the agents themselves (faults, info, reconfig): with the deployment's agent key
+# (`create_deployment` gives every deployment the harness's). `/v1/infer` needs none.
+agent_http = httpx.Client(headers=AGENT_KEY_HEADERS, timeout=5)
+
+
 def agent_info(url: str) -> dict[str, Any]:
-    return dict(httpx.get(f"{url}/v1/info", timeout=5).json())
+    return dict(agent_http.get(f"{url}/v1/info", timeout=5).json())
 
 
 def infer(url: str, tokens: list[list[float]], timeout_s: float = 10.0) -> httpx.Response:

@@ -20,6 +20,8 @@ from app.agents.client import AgentClient
 from app.agents.errors import AgentCallError
 from app.agents.fleet import Fleet
 from app.core.errors import ConflictError
+from app.deployments.agent_keys import agent_keys_of
+from app.deployments.models import Deployment
 from app.engines.models import Engine, EngineState
 from app.jobs import cleanup
 from app.jobs.async_record import WorkerSessions
@@ -51,7 +53,12 @@ def outcome_for(job_id: str, status: CleanupStatus) -> tuple[str, CleanupRecord 
     return CleanupState.succeeded.value, None
 
 
-def _unsettled_jobs(session: Session) -> list[tuple[ReconfigurationJob, list[Engine]]]:
+def _agent_keys(session: Session, deployment_id: str) -> tuple[str, ...]:
+    deployment = session.get(Deployment, deployment_id)
+    return agent_keys_of(deployment) if deployment is not None else ()
+
+
+def _unsettled_jobs(session: Session) -> list[tuple[ReconfigurationJob, list[Engine], tuple[str, ...]]]:
     jobs = session.exec(
         select(ReconfigurationJob).where(ReconfigurationJob.cleanup_state.in_(UNSETTLED))  # type: ignore[attr-defined]
     ).all()
@@ -63,7 +70,7 @@ def _unsettled_jobs(session: Session) -> list[tuple[ReconfigurationJob, list[Eng
             for e in session.exec(select(Engine).where(Engine.id.in_(ids))).all()  # type: ignore[attr-defined]
             if e.state != EngineState.left.value
         ]
-        found.append((job, engines))
+        found.append((job, engines, _agent_keys(session, job.deployment_id)))
     return found
 
 
@@ -73,14 +80,18 @@ async def poll_cleanup_outcomes(record: WorkerSessions, new_fleet: Callable[[], 
     if not pending:
         return
     async with new_fleet() as fleet:
-        for job, engines in pending:
-            await _poll_one(record, fleet, job, engines)
+        for job, engines, keys in pending:
+            await _poll_one(record, fleet, job, engines, keys)
 
 
 async def _poll_one(
-    record: WorkerSessions, fleet: Fleet, job: ReconfigurationJob, engines: Sequence[Engine]
+    record: WorkerSessions,
+    fleet: Fleet,
+    job: ReconfigurationJob,
+    engines: Sequence[Engine],
+    keys: Sequence[str],
 ) -> None:
-    clients = [fleet.client(e.id, e.url) for e in engines]
+    clients = [fleet.client(e.id, e.url, keys) for e in engines]
     results = await fleet.each(clients, lambda c: c.cleanup_status())
     per_engine: dict[str, dict[str, Any]] = {}
     failed: tuple[str, CleanupRecord] | None = None
@@ -149,10 +160,14 @@ async def acknowledge_cleanup(db: DbEngine, job_id: str, *, actor: str | None = 
 async def _resolve(
     sessions: WorkerSessions, job_id: str, *, actor: str | None, retry: bool
 ) -> ReconfigurationJob:
-    job, engine = await sessions.run_in_session(lambda s: cleanup.failed_cleanup(s, job_id))
+    def read(session: Session) -> tuple[ReconfigurationJob, Engine | None, tuple[str, ...]]:
+        job, engine = cleanup.failed_cleanup(session, job_id)
+        return job, engine, _agent_keys(session, job.deployment_id)
+
+    job, engine, keys = await sessions.run_in_session(read)
     agent_answer: dict[str, Any] | None = None
     if engine is not None and engine.state != EngineState.left.value:
-        async with AgentClient(engine.id, engine.url) as client:
+        async with AgentClient(engine.id, engine.url, keys=keys) as client:
             try:
                 status = await (client.cleanup_retry() if retry else client.cleanup_acknowledge())
                 agent_answer = status.model_dump(mode="json")

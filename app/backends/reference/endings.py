@@ -164,7 +164,8 @@ class Endings:
             return
         try:
             gone = await launcher.release(
-                launch_spec(self.settings, run.deployment_name, run.engine_config), handles
+                launch_spec(self.settings, run.deployment_name, run.engine_config, keys=run.agent_keys),
+                handles,
             )
         except Exception:
             log.exception("job %s: releasing %s failed", run.job_id, what)

@@ -201,7 +201,8 @@ class Flow:
             return None
         deployment, rows, _ = await self.record.deployment_and_engines(run)
         targets = {row.id: row.url for row in rows if is_member_row(row, deployment)}
-        return await JobProbe.open(self.probe_settings, run.engine_config.hidden_size, targets)
+        key = run.agent_keys[0] if run.agent_keys else None
+        return await JobProbe.open(self.probe_settings, run.engine_config.hidden_size, targets, key)
 
     async def _record_probe(self, run: JobRun, probe: JobProbe | None) -> None:
         """The probe's figures onto the job, before its last transition (never fails the job)."""

@@ -52,6 +52,8 @@ class JobRun:
     commit_mode: CommitMode = CommitMode.coordinator
     max_downtime_ms: int | None = None  # the downtime budget in force
     retire: tuple[str, ...] = ()  # the engines the request names to leave
+    # The deployment's agent keys (current first), sent on every agent call; not in a repr (logs).
+    agent_keys: tuple[str, ...] = field(default=(), repr=False)
     plan: Plan | None = None
     clients: dict[str, AgentClient] = field(default_factory=dict)
     statuses: dict[str, ReconfigStatus] = field(default_factory=dict)

@@ -35,7 +35,12 @@ CANCEL_CHECK_S = 0.2
 
 
 def launch_spec(
-    settings: RunnerSettings, deployment: str, engine: EngineConfig, coordinators: Sequence[str] = ()
+    settings: RunnerSettings,
+    deployment: str,
+    engine: EngineConfig,
+    coordinators: Sequence[str] = (),
+    *,
+    keys: Sequence[str] = (),
 ) -> LaunchSpec:
     """What a launcher is told about the deployment it starts (or releases) engines for. `coordinators`:
     every live coordinator sharing the database (this one first), for the agents to fail over between."""
@@ -46,6 +51,8 @@ def launch_spec(
         coordinator_url=",".join(urls) or None,
         token=settings.agent_token,
         extra_args=tuple(shlex.split(settings.local_agent_args)),
+        agent_key=keys[0] if keys else None,
+        agent_key_previous=keys[1] if len(keys) > 1 else None,
     )
 
 
@@ -62,7 +69,7 @@ class Participants:
         that does not answer, a launch or plan that fails), `JobCancelled` on request."""
         deployment, rows, target = await self.record.deployment_and_engines(run)
         await self.record.progress(run, "launching")
-        infos = await self._agent_infos(fleet, deployment, rows)
+        infos = await self._agent_infos(fleet, deployment, rows, run.agent_keys)
         members_now = [
             i for i in infos if i.state != AgentState.idle and i.generation == deployment.generation
         ]
@@ -76,7 +83,8 @@ class Participants:
             new_infos = list(
                 (
                     await fleet.all(
-                        [fleet.client(h.engine_id, h.url) for h in run.launched], lambda c: c.info()
+                        [fleet.client(h.engine_id, h.url, run.agent_keys) for h in run.launched],
+                        lambda c: c.info(),
                     )
                 ).values()
             )
@@ -109,7 +117,9 @@ class Participants:
         )
         run.plan = dataclasses.replace(plan, generation=granted)
         run.infos = {i.engine_id: i for i in infos}
-        run.clients = {m.engine_id: fleet.client(m.engine_id, m.url) for m in run.plan.participants}
+        run.clients = {
+            m.engine_id: fleet.client(m.engine_id, m.url, run.agent_keys) for m in run.plan.participants
+        }
 
     async def _launch(self, run: JobRun, need: int, idle: Sequence[EngineHandle]) -> list[EngineHandle]:
         """`need` engines from the launcher. A cancel requested meanwhile stops the launch (the
@@ -121,7 +131,7 @@ class Participants:
         live = await self.record.run_in_session(lambda s: coordinators.live_urls(s, first=public_url))
         launch = asyncio.ensure_future(
             launcher.ensure_engines(
-                launch_spec(self.settings, run.deployment_name, run.engine_config, live),
+                launch_spec(self.settings, run.deployment_name, run.engine_config, live, keys=run.agent_keys),
                 need,
                 idle,
                 deadline_s=self.settings.launch_deadline_s,
@@ -130,11 +140,11 @@ class Participants:
         return await until_cancelled(launch, lambda: self.record.cancel_requested(run), PHASE)
 
     async def _agent_infos(
-        self, fleet: Fleet, deployment: Deployment, rows: Sequence[Engine]
+        self, fleet: Fleet, deployment: Deployment, rows: Sequence[Engine], keys: Sequence[str]
     ) -> list[AgentInfo]:
         """Every known engine's `/v1/info`. A current member that does not answer fails the job; an
         idle engine that does not answer is skipped."""
-        clients = [fleet.client(row.id, row.url) for row in rows]
+        clients = [fleet.client(row.id, row.url, keys) for row in rows]
         results = await fleet.each(clients, lambda c: c.info())
         infos: list[AgentInfo] = []
         for row in rows:

@@ -17,6 +17,7 @@ from app.backends.reference.job import JobRun, progress_percent
 from app.backends.reference.planner import Plan
 from app.core.clock import utc_now
 from app.core.errors import ConflictError
+from app.deployments.agent_keys import agent_keys_of
 from app.deployments.health import REASON_GENERATION_SPLIT, SERVING_STATES, announce_degraded
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
@@ -58,6 +59,7 @@ class JobRecord(FlowRecord[JobRun]):
                 commit_mode=CommitMode(job.commit_mode),
                 max_downtime_ms=job.max_downtime_ms,
                 retire=tuple(job.retire or ()),
+                agent_keys=agent_keys_of(deployment),
             )
 
         return await self.run_in_session(load)

@@ -133,7 +133,9 @@ class Recovery:
             )
             return
         run.plan = plan
-        run.clients = {m.engine_id: fleet.client(m.engine_id, m.url) for m in plan.participants}
+        run.clients = {
+            m.engine_id: fleet.client(m.engine_id, m.url, run.agent_keys) for m in plan.participants
+        }
         fanout = Fanout(fleet, self.settings)
         if run.commit_mode == CommitMode.engines:
             await fanout.read_statuses(run, run.participant_clients())

@@ -14,7 +14,7 @@ import pytest
 
 from engine_agent.engine_options import engine_args
 from tests.support.certs import TestCA
-from tests.support.processes import start_agents
+from tests.support.processes import AGENT_KEY, start_agents
 from tests.support.stack import ENGINE, StackCoordinator
 from tests.support.waiting import wait_until
 
@@ -107,7 +107,13 @@ def test_an_agent_another_ca_signed_is_refused_by_the_coordinator(cluster: Clust
     coordinator = cluster.coordinator
     created = coordinator.api.post(
         "/v1/deployments",
-        json={"name": "strangers", "engine": ENGINE.model_dump(), "min_dp_size": 1, "launcher": "static"},
+        json={
+            "name": "strangers",
+            "engine": ENGINE.model_dump(),
+            "min_dp_size": 1,
+            "launcher": "static",
+            "agent_key": AGENT_KEY,  # what start_agents gives its agents
+        },
     )
     assert created.status_code == 201, created.text
     stranger, friend = cluster.other.server("stranger"), cluster.ca.server("friend")

@@ -137,7 +137,9 @@ def test_a_generation_spans_hosts_through_a_2_4_3_2_cycle(cluster: Cluster) -> N
     for job in jobs:
         members = coordinator.members(job)
         hosts_of = {cluster.agents[m["engine_id"]].host.netns for m in members}
-        assert len(hosts_of) == len(members) >= 2, members  # one engine per host: every generation spans hosts
+        assert len(hosts_of) == len(members) >= 2, (
+            members
+        )  # one engine per host: every generation spans hosts
         for result in job["engine_results"]:  # the job names each engine's host (control URL)
             assert result["url"] == cluster.agents[result["engine_id"]].url
         moved = [r for r in job["engine_results"] if r["bytes_moved"]]
@@ -149,12 +151,12 @@ def test_a_generation_spans_hosts_through_a_2_4_3_2_cycle(cluster: Cluster) -> N
 def test_the_gloo_weight_channel_moves_experts_host_to_host(cluster: Cluster) -> None:
     coordinator = cluster.coordinator
     cluster.size_to(2)
-    coordinator.stop()
+    coordinator.kill()  # engines outlive it; the restarted one adopts them
     coordinator.start(EPCTL_RUNNER_TRANSFER_BACKEND="gloo")
     try:
         job = coordinator.wait_job(coordinator.scale(4), timeout_s=120)
     finally:
-        coordinator.stop()
+        coordinator.kill()
         coordinator.start()
     assert job["state"] == "succeeded", job
     moved = [r for r in job["engine_results"] if r["bytes_moved"]]
@@ -174,8 +176,10 @@ def test_a_cut_control_link_is_a_condition_not_a_lost_engine(cluster: Cluster) -
     try:
         with cluster.hosts.cut_off([cut.host], "control"):
             wait_until(
-                lambda: [(c["type"], c["engine_id"]) for c in conditions(cluster)]
-                == [("engine-unreachable-from-coordinator", cut.engine_id)],
+                lambda: (
+                    [(c["type"], c["engine_id"]) for c in conditions(cluster)]
+                    == [("engine-unreachable-from-coordinator", cut.engine_id)]
+                ),
                 timeout_s=30,
                 what=f"the condition naming {cut.engine_id}",
                 describe=lambda: str(coordinator.deployment()),
@@ -186,7 +190,9 @@ def test_a_cut_control_link_is_a_condition_not_a_lost_engine(cluster: Cluster) -
             assert registered(coordinator)[cut.engine_id]["state"] == "serving"
             refused = coordinator.request_scale(3)
             assert refused.status_code == 409, refused.text
-            assert refused.json()["code"] == "membership-unknown" and cut.engine_id in refused.json()["detail"]
+            assert (
+                refused.json()["code"] == "membership-unknown" and cut.engine_id in refused.json()["detail"]
+            )
             for c in clients:  # the cut host's clients are still served by its engine
                 c.wait_serving(count=5)
             assert coordinator.deployment()["active_job_id"] is None  # nothing healed
@@ -231,8 +237,9 @@ def test_a_cut_data_link_re_forms_on_the_rest_then_grows_back(cluster: Cluster) 
     survivors = [m for m in cluster.members() if m is not cut]
     with cluster.hosts.cut_off([cut.host], "data"):
         wait_until(
-            lambda: registered(coordinator)[cut.engine_id]["state"] == "fenced"
-            and len(cluster.members()) == 3,
+            lambda: (
+                registered(coordinator)[cut.engine_id]["state"] == "fenced" and len(cluster.members()) == 3
+            ),
             timeout_s=90,
             what=f"{cut.engine_id} fenced and the other three serving",
             describe=lambda: str(list(registered(coordinator).values())),
@@ -254,9 +261,11 @@ def test_a_whole_host_killed_is_replaced_from_another_host(cluster: Cluster) -> 
     victim = cluster.members()[2]
     victim.child.kill()  # every process of that host: its one agent
     wait_until(
-        lambda: coordinator.deployment()["current_dp_size"] == 3
-        and victim.engine_id not in {m.engine_id for m in cluster.members()}
-        and len(cluster.members()) == 3,
+        lambda: (
+            coordinator.deployment()["current_dp_size"] == 3
+            and victim.engine_id not in {m.engine_id for m in cluster.members()}
+            and len(cluster.members()) == 3
+        ),
         timeout_s=120,
         what="self-heal to replace the killed host's engine with the idle one",
         describe=lambda: str(coordinator.deployment()),

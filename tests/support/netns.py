@@ -210,11 +210,19 @@ class Hosts:
     def argv_in(host: Host, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", host.netns, *argv]
 
-    def run_in(self, host: Host, argv: Sequence[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def run_in(
+        self, host: Host, argv: Sequence[str], timeout_s: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.argv_in(host, argv), capture_output=True, text=True, timeout=timeout_s)
 
     def spawn_in(
-        self, host: Host, name: str, argv: Sequence[str], log_path: Path, *, env: Mapping[str, str] | None = None
+        self,
+        host: Host,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        *,
+        env: Mapping[str, str] | None = None,
     ) -> Child:
         """A child in its own session inside `host` (`ip netns exec` execs it: the pid is the process's)."""
         return spawn(name, self.argv_in(host, argv), log_path, env=env)

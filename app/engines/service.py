@@ -287,6 +287,20 @@ def conditions(session: Session, *, deployment_id: str) -> list[Condition]:
     ]
 
 
+def hear_nobody(session: Session, *, silent_since: datetime) -> bool:
+    """Whether the coordinator hears no engine at all (`_deaf`); if so, every member silent since
+    `silent_since` gets `link_lost_at` (a condition, jobs refused) and nothing is marked lost."""
+    now = utc_now()
+    if not _deaf(session, silent_since, now):
+        return False
+    live = [EngineState.serving.value, EngineState.paused.value]
+    stale = session.exec(
+        select(Engine).where(col(Engine.state).in_(live), col(Engine.last_heartbeat_at) < silent_since)
+    ).all()
+    _lost_links(stale, session, now)
+    return True
+
+
 def _deaf(session: Session, silent_since: datetime, now: datetime) -> bool:
     """The coordinator heard no engine at all for half the heartbeat timeout: its own network is cut
     (every host's heartbeats stop together), not every engine dead. Live agents beat several times per

@@ -216,6 +216,11 @@ def test_a_coordinator_cut_off_from_every_host_changes_nothing(cluster: Cluster)
         with cluster.hosts.cut_off(cluster.hosts.hosts, "control"):
             time.sleep(COORDINATOR_CUT_S)
             assert all(a.child.alive() for a in cluster.agents.values())
+            shown = cluster.coordinator.deployment()  # it hears nobody: every member a lost link
+            assert shown["status"] == "ready", shown
+            assert {c["engine_id"] for c in shown["conditions"]} == {m.engine_id for m in members}, shown
+            refused = cluster.coordinator.request_scale(2)
+            assert refused.status_code == 409 and refused.json()["code"] == "membership-unknown", refused.text
         for c in clients:
             c.wait_serving(count=5)
     finally:

@@ -42,6 +42,8 @@ Network = Literal["control", "data"]
 NETNS_DIR = Path("/var/run/netns")
 CONTROL_ROOT = "198.18.0.254"
 BENCH_RANGE = "198.18.0.0/15"
+CONTROL_INTERFACE = "ctl0"
+DATA_INTERFACE = "data0"
 CLONE_NEWNET = 0x40000000
 DEFAULT_PREFIX = "epct"  # short: interface names hold 15 characters
 
@@ -80,15 +82,16 @@ class Host:
     netns: str
     control: str
     data: str
-    control_veth: str  # host side, inside `netns`
-    data_veth: str
 
-    def veth(self, network: Network) -> str:
-        return self.control_veth if network == "control" else self.data_veth
+    @staticmethod
+    def veth(network: Network) -> str:
+        """The host side, inside its namespace: the same name on every host (`ctl0`, `data0`), as a
+        cluster's nodes name their fabric alike (Ray's `data_interface` names one for all nodes)."""
+        return CONTROL_INTERFACE if network == "control" else DATA_INTERFACE
 
     def peer(self, network: Network) -> str:
         """The bridge-side end (root namespace)."""
-        return f"{self.veth(network)}p"
+        return f"{self.netns}{network[0]}"
 
 
 @dataclass
@@ -129,7 +132,7 @@ class Hosts:
             _ip("link", "set", bridge, "up")
         for index in range(1, count + 1):
             netns = f"{self.prefix}h{index}"
-            host = Host(index, netns, control_address(index), data_address(index), f"{netns}c", f"{netns}d")
+            host = Host(index, netns, control_address(index), data_address(index))
             _ip("netns", "add", netns)
             self.hosts.append(host)
             _ip("-n", netns, "link", "set", "lo", "up")
@@ -138,9 +141,10 @@ class Hosts:
                 ("data", host.data, self.data_bridge),
             ):
                 veth, peer = host.veth(network), host.peer(network)  # type: ignore[arg-type]
-                _ip("link", "add", peer, "type", "veth", "peer", "name", veth)
+                _ip("link", "add", peer, "type", "veth", "peer", "name", f"{peer}x")
                 self._made_links.append(peer)
-                _ip("link", "set", veth, "netns", netns)
+                _ip("link", "set", f"{peer}x", "netns", netns)
+                _ip("-n", netns, "link", "set", f"{peer}x", "name", veth)  # one name on every host
                 _ip("link", "set", peer, "master", bridge)
                 _ip("link", "set", peer, "up")
                 _ip("-n", netns, "addr", "add", f"{address}/24", "dev", veth)

@@ -33,9 +33,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from common import Report, scratch_dir, summarize
-
 import torch
+from common import Report, scratch_dir, summarize
 
 from engine_agent import moe
 from tests.e2e.harness import ENGINE

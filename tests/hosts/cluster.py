@@ -102,6 +102,10 @@ class HostClient(SteadyClient):
 
     host: Host | None = None
 
+    def start(self) -> HostClient:
+        super().start()
+        return self
+
     def _run(self, stream: int) -> None:
         if self.host is not None:
             enter(self.host)

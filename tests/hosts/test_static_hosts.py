@@ -35,6 +35,7 @@ HOSTS = 4
 # A cut shorter than the 60 s (that one is in benchmarks/hosts.py): past the heartbeat timeout
 # (5 s here), so the coordinator has declared every member silent well before the link is back.
 COORDINATOR_CUT_S = 12.0
+WINDOW_MARGIN_S = 0.05  # as tests/e2e/test_reconfiguration.py: a request that overlaps a commit window
 
 
 @dataclass
@@ -134,6 +135,14 @@ def test_a_generation_spans_hosts_through_a_2_4_3_2_cycle(cluster: Cluster) -> N
     finally:
         samples = stop_all(clients)
     assert_exact(samples)
+    windows = [(float(j["downtime"]["window_start"]), float(j["downtime"]["window_end"])) for j in jobs]
+    outside = [
+        s
+        for s in samples
+        if not s.ok
+        and not any(s.sent_at <= e + WINDOW_MARGIN_S and s.done_at >= b - WINDOW_MARGIN_S for b, e in windows)
+    ]
+    assert outside == [], f"a host's client failed outside every commit window: {outside[:3]}"
     for job in jobs:
         members = coordinator.members(job)
         hosts_of = {cluster.agents[m["engine_id"]].host.netns for m in members}

@@ -33,6 +33,15 @@ class HostsCoordinator(StackCoordinator):
     def environment(self, **extra: str) -> dict[str, str]:
         return super().environment(**{"EPCTL_HOST": CONTROL_ROOT, **extra})
 
+    def restart(self, **env: str) -> None:
+        """SIGKILL (the engines outlive it), start again on the same port (the new one adopts them);
+        the shared client's kept-alive connection died with the old process, so it is made anew."""
+        self.kill()
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+        self.start(**env)
+
     def argv(self) -> list[str]:
         return [PYTHON, "-m", "uvicorn", "app.main:app", "--host", CONTROL_ROOT, "--port", str(self.port),
                 "--log-level", "warning", "--no-access-log"]  # fmt: skip

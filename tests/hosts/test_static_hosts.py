@@ -160,13 +160,11 @@ def test_a_generation_spans_hosts_through_a_2_4_3_2_cycle(cluster: Cluster) -> N
 def test_the_gloo_weight_channel_moves_experts_host_to_host(cluster: Cluster) -> None:
     coordinator = cluster.coordinator
     cluster.size_to(2)
-    coordinator.kill()  # engines outlive it; the restarted one adopts them
-    coordinator.start(EPCTL_RUNNER_TRANSFER_BACKEND="gloo")
+    coordinator.restart(EPCTL_RUNNER_TRANSFER_BACKEND="gloo")
     try:
         job = coordinator.wait_job(coordinator.scale(4), timeout_s=120)
     finally:
-        coordinator.kill()
-        coordinator.start()
+        coordinator.restart()
     assert job["state"] == "succeeded", job
     moved = [r for r in job["engine_results"] if r["bytes_moved"]]
     assert moved and {r["transfer_backend"] for r in moved} == {"gloo"}, job["engine_results"]

@@ -40,7 +40,7 @@ class HostsCoordinator(StackCoordinator):
         if self._api is not None:
             self._api.close()
             self._api = None
-        self.start(**env)
+        self.start(ready_timeout_s=60.0, **env)
 
     def argv(self) -> list[str]:
         return [PYTHON, "-m", "uvicorn", "app.main:app", "--host", CONTROL_ROOT, "--port", str(self.port),

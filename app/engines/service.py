@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -214,6 +214,9 @@ def mark_unreachable(
         query = query.where(col(Engine.id).in_(list(only)))
     stale = list(session.exec(query).all())
     now = utc_now()
+    if only is None and stale and _deaf(session, silent_since, now):
+        _lost_links(stale, session, now)
+        return []
     expired = []
     for engine in stale:
         if only is None and _peers_vouch(session, engine, silent_since):
@@ -294,6 +297,60 @@ def conditions_of(session: Session, deployment_ids: Collection[str]) -> dict[str
             )
         )
     return found
+
+
+def hear_nobody(session: Session, *, silent_since: datetime) -> bool:
+    """Whether the coordinator hears no engine at all (`_deaf`); if so, every member silent since
+    `silent_since` gets `link_lost_at` (a condition, jobs refused) and nothing is marked lost."""
+    now = utc_now()
+    if not _deaf(session, silent_since, now):
+        return False
+    live = [EngineState.serving.value, EngineState.paused.value]
+    stale = session.exec(
+        select(Engine).where(col(Engine.state).in_(live), col(Engine.last_heartbeat_at) < silent_since)
+    ).all()
+    _lost_links(stale, session, now)
+    return True
+
+
+def _deaf(session: Session, silent_since: datetime, now: datetime) -> bool:
+    """The coordinator heard no engine at all for half the heartbeat timeout: its own network is cut
+    (every host's heartbeats stop together), not every engine dead. Live agents beat several times per
+    timeout, so some heartbeat is always fresher than that while the coordinator can hear anyone. A
+    process that is really gone is still marked at once on evidence (connection refused:
+    `app.runner.selfheal.confirm_losses`, which passes `only`)."""
+    newest = session.exec(
+        select(sa.func.max(Engine.last_heartbeat_at)).where(
+            col(Engine.state).in_(
+                [EngineState.registered.value, EngineState.serving.value, EngineState.idle.value,
+                 EngineState.paused.value, EngineState.fenced.value]
+            )
+        )
+    ).one()  # fmt: skip
+    if newest is None:
+        return False
+    if newest.tzinfo is None:  # SQLite hands back naive UTC
+        newest = newest.replace(tzinfo=now.tzinfo)
+    return bool(newest < now - (now - silent_since) / 2)
+
+
+def _lost_links(stale: Sequence[Engine], session: Session, now: datetime) -> None:
+    """A deaf coordinator marks nothing lost (fail closed: it cannot see the membership): every silent
+    member of a deployment's generation gets `link_lost_at`, the condition that refuses jobs."""
+    for engine in stale:
+        deployment = session.get(Deployment, engine.deployment_id)
+        member = (
+            deployment is not None
+            and engine.dp_rank is not None
+            and engine.generation == deployment.generation
+        )
+        if member and engine.link_lost_at is None:
+            engine.link_lost_at, engine.updated_at = engine.last_heartbeat_at or now, now
+            session.add(engine)
+            log.warning(
+                "engine %s: silent while the coordinator hears no engine at all: its link is lost", engine.id
+            )
+    session.commit()
 
 
 def _peers_vouch(session: Session, engine: Engine, fresh_since: datetime) -> bool:

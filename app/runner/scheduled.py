@@ -35,7 +35,7 @@ from app.core.config import Settings
 from app.core.runner_settings import RunnerSettings
 from app.deployments.health import HealthChange, reconcile_health
 from app.engines.models import EnginePublic
-from app.engines.service import mark_unreachable
+from app.engines.service import hear_nobody, mark_unreachable
 from app.jobs.async_record import WorkerSessions
 from app.jobs.models import CleanupState
 from app.launchers.base import Launcher
@@ -80,11 +80,15 @@ def scheduled_tasks(
     def health(session: Session) -> None:
         health_pass(session, suspects, settings.health_confirm_s)
 
+    hearing = Hearing()
+
     async def heartbeats() -> None:
         # An engine marked lost and its deployment's reason go in one transaction (`follow`).
         await confirm_losses(record, follow=health)  # a dead engine found before its heartbeat timeout
         await record.run_in_session(fence_stalled)  # a frozen one, on its peers' evidence
-        await expire_heartbeats(record, heartbeat_timeout_s, watching_since=started, follow=health)
+        await expire_heartbeats(
+            record, heartbeat_timeout_s, watching_since=started, follow=health, hearing=hearing
+        )
         await follow_health(record, suspects, settings.health_confirm_s)
         if launchers is not None:
             await heal(record, launchers, fence_grace_s=heartbeat_timeout_s)
@@ -126,21 +130,39 @@ class Retention:
 # --- heartbeats ---------------------------------------------------------------------------------------
 
 
+@dataclass
+class Hearing:
+    """When this coordinator last heard no engine at all (`app.engines.service.hear_nobody`)."""
+
+    deaf_at: datetime | None = None
+
+
 async def expire_heartbeats(
     record: WorkerSessions,
     timeout_s: float,
     *,
     watching_since: datetime | None = None,
     follow: Callable[[Session], object] | None = None,
+    hearing: Hearing | None = None,
 ) -> list[EnginePublic]:
     """Mark engines silent for longer than `timeout_s` unreachable (and their deployment degraded);
     `follow` (the health pass) in the same transaction, when one was marked.
 
     Silence counts from `watching_since` at the earliest (when this coordinator started): agents
-    could not reach a coordinator that was down, so each gets one full timeout to be heard from."""
-    silent_since = utc_now() - timedelta(seconds=timeout_s)
+    could not reach a coordinator that was down, so each gets one full timeout to be heard from.
+
+    `hearing`: a coordinator that hears no engine at all has lost its own network (issue 24): nothing is
+    marked (every silent member is a lost link instead), and once it hears again each engine gets one
+    full timeout from then, as after a restart, since their heartbeats come back one by one."""
+    now = utc_now()
+    silent_since = now - timedelta(seconds=timeout_s)
     if watching_since is not None and silent_since <= watching_since:
         return []
+    if hearing is not None:
+        if await record.run_in_session(lambda s: hear_nobody(s, silent_since=silent_since)):
+            hearing.deaf_at = now
+        if hearing.deaf_at is not None and silent_since <= hearing.deaf_at:
+            return []
     expired = await record.run_in_session(
         lambda s: mark_unreachable(s, silent_since=silent_since, follow=follow)
     )

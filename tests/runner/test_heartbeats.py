@@ -16,7 +16,7 @@ from app.deployments.models import Deployment
 from app.engines.models import Engine
 from app.engines.service import record_heartbeat
 from app.runner.loop import JobRunner
-from app.runner.scheduled import expire_heartbeats, health_pass
+from app.runner.scheduled import Hearing, expire_heartbeats, health_pass
 from app.webhooks.models import EventType, OutboxEvent
 from engine_agent.protocol import AgentHeartbeat, AgentState
 from tests.support.factories import make_deployment, register_engines
@@ -161,3 +161,25 @@ def test_with_the_health_pass_a_lost_member_degrades_its_deployment_with_the_rea
             select(OutboxEvent).where(OutboxEvent.type == EventType.deployment_degraded)
         ).all()
     assert len(degraded) == 1
+
+
+def test_a_coordinator_that_heard_nobody_gives_every_engine_a_full_timeout_once_it_hears_again(
+    db_engine: DbEngine,
+) -> None:
+    """Its own network was cut (issue 24): when the first heartbeat comes back, the others, not heard
+    yet, are not marked lost; each gets one timeout from the last moment the coordinator was deaf."""
+    deployment_id = deployment_with(db_engine, silent=[0, 1, 2])
+    record, hearing = JobRecord(db_engine), Hearing()
+    assert asyncio.run(expire_heartbeats(record, 15.0, hearing=hearing)) == []
+    assert hearing.deaf_at is not None
+    with Session(db_engine) as session:  # the network is back: one engine is heard first
+        beat = AgentHeartbeat(state=AgentState.serving, generation=1, rank=0, world_size=2)
+        record_heartbeat(session, engine_id="demo-engine-0", heartbeat=beat)
+    assert asyncio.run(expire_heartbeats(record, 15.0, hearing=hearing)) == []
+    status, engines = states(db_engine, deployment_id)
+    assert status == "ready" and "unreachable" not in engines.values(), engines
+    hearing.deaf_at -= timedelta(seconds=16)  # a full timeout later, still silent: lost as always
+    assert {e.id for e in asyncio.run(expire_heartbeats(record, 15.0, hearing=hearing))} == {
+        "demo-engine-1",
+        "demo-engine-2",
+    }

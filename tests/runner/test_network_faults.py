@@ -157,3 +157,33 @@ def test_heartbeats_carry_what_the_data_network_reaches(stage: Scenario) -> None
     with Session(stage.db) as session:
         row = session.exec(select(Engine).where(Engine.id == agent)).one()
     assert (row.group_steps, row.data_unreachable) == (42, [stage.serving[1].engine_id])
+
+
+def test_a_coordinator_that_hears_no_engine_at_all_marks_none_lost(
+    stage: Scenario, client: TestClient
+) -> None:
+    """Every heartbeat stopped together: the coordinator's own network is cut (issue 24), so nothing is
+    written off; every member is a lost link (jobs refused), and each clears as it is heard again."""
+    members = [a.engine_id for a in stage.serving]
+    for engine_id in members:
+        silence(stage, engine_id, seconds=20.0)
+    expire(stage)  # timeout 15 s: the freshest heartbeat (20 s) is older than half of it
+    rows = stage.engine_rows()
+    assert all(rows[m].state == EngineState.serving.value and rows[m].link_lost_at for m in members), rows
+    shown = client.get("/v1/deployments/demo").json()
+    assert shown["status"] == "ready" and {c["engine_id"] for c in shown["conditions"]} == set(members)
+    assert asyncio.run(heal(stage.record, {"local": stage.launcher})).jobs == []
+    for engine_id in members:
+        beat(stage, engine_id)
+    assert client.get("/v1/deployments/demo").json()["conditions"] == []
+
+
+def test_one_silent_member_among_heard_engines_is_still_lost(stage: Scenario) -> None:
+    """Not deaf: another engine was heard within half the timeout, so the silent one is marked."""
+    cut = stage.serving[2].engine_id
+    for agent in stage.serving[:2]:  # they report the break: nobody vouches
+        agent.rank, agent.generation, agent.world_size = None, 0, 0
+        beat(stage, agent.engine_id, broken_generation=1)
+    silence(stage, cut, seconds=20.0)
+    expire(stage)
+    assert stage.engine_rows()[cut].state == EngineState.unreachable.value

@@ -37,10 +37,10 @@ import torch
 from common import Report, scratch_dir, summarize
 
 from engine_agent import moe
-from tests.e2e.harness import ENGINE
 from tests.hosts.cluster import HostAgent, HostClient, HostsCoordinator, start_host_agents
 from tests.support.databases import sqlite_database
 from tests.support.netns import Host, Hosts, unavailable
+from tests.support.stack import ENGINE
 from tests.support.waiting import wait_until
 
 TOKENS = torch.randn(6, ENGINE.hidden_size, generator=torch.Generator().manual_seed(7))

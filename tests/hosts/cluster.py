@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from engine_agent.engine_options import engine_args
-from tests.e2e.harness import ENGINE, StackCoordinator, SteadyClient
 from tests.support.netns import CONTROL_ROOT, Host, Hosts, enter
-from tests.support.processes import PYTHON, Child, wait_ready_file
+from tests.support.processes import AGENT_KEY, PYTHON, Child, wait_ready_file
+from tests.support.stack import ENGINE, StackCoordinator, SteadyClient
 
 
 class HostsCoordinator(StackCoordinator):
@@ -76,6 +76,7 @@ def spawn_host_agent(
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "EPCTL_TOKEN": coordinator.admin_token,
+        "EPCTL_AGENT_KEY": AGENT_KEY,  # the deployment's (the harness creates it with this key)
         **(extra_env or {}),
     }
     child = hosts.spawn_in(host, f"agent {engine_id}", argv, workdir / f"{engine_id}.log", env=env)

@@ -25,10 +25,10 @@ import pytest
 import torch
 
 from engine_agent import moe
-from tests.e2e.harness import ENGINE, StackCoordinator, infer
 from tests.support.databases import sqlite_database
 from tests.support.netns import DATA_INTERFACE, Host, Hosts
 from tests.support.processes import PYTHON, Child
+from tests.support.stack import ENGINE, StackCoordinator, infer
 from tests.support.waiting import WaitTimeout, wait_until
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install '.[ray]' (ray[default]==2.60.0)")

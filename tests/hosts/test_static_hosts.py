@@ -4,7 +4,7 @@ Four test hosts (network namespaces, `tests/support/netns.py`), one `static` age
 each (`--host` its control address, `--data-host` its data address); the coordinator in the root
 namespace on the control network only. One deployment for the whole module (starting agents is the
 slow part): the tests run in file order, each stating the size it starts from, and every fault is
-followed by the invariant check of `tests/e2e/invariants.py`.
+followed by the invariant check of `tests/support/invariants.py`.
 
 What a host's clients see is measured from inside that host (`HostClient`): a client thread in each
 host's namespace, sending to the engine(s) of that host over the host's own control address.
@@ -23,12 +23,12 @@ import torch
 
 from engine_agent import moe
 from tests.e2e.conftest import Stack
-from tests.e2e.harness import ENGINE
-from tests.e2e.invariants import assert_recovered
 from tests.hosts.cluster import HostAgent, HostClient, HostsCoordinator, registered, start_host_agents
 from tests.support.databases import sqlite_database
+from tests.support.invariants import assert_recovered
 from tests.support.jobs import bring_to_size
 from tests.support.netns import Host, Hosts
+from tests.support.stack import ENGINE
 from tests.support.waiting import wait_until
 
 HOSTS = 4

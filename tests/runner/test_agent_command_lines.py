@@ -60,10 +60,10 @@ CASES = {
         "--top-k 1 --dtype float16 --seed 7",
     ),
     "deepest": (
-        EngineConfig(num_logical_experts=1, num_moe_layers=256, intermediate_size=1),
+        EngineConfig(num_logical_experts=2, num_moe_layers=256, intermediate_size=1),
         "http://coordinator:8000",
         ("--log-format", "json"),
-        "--num-logical-experts 1 --num-redundant-experts 0 --hidden-size 64 --intermediate-size 1 "
+        "--num-logical-experts 2 --num-redundant-experts 0 --hidden-size 64 --intermediate-size 1 "
         "--top-k 2 --dtype float32 --seed 0 --num-moe-layers 256",
     ),
 }

@@ -50,6 +50,7 @@ from common import (
 )
 
 from engine_agent import tensor_wire
+from tests.support.processes import AGENT_KEY, AGENT_KEY_HEADERS
 
 ADMIN_TOKEN = "bench-downtime-admin-0123456789"
 BINARY_HEADERS = {"content-type": tensor_wire.MEDIA_TYPE, "accept": tensor_wire.MEDIA_TYPE}
@@ -189,7 +190,14 @@ class Stack:
         self.api = self.coordinator.client(timeout_s=60.0)
 
     def create_deployment(self, name: str, engine: dict[str, Any]) -> None:
-        body = {"name": name, "engine": engine, "min_dp_size": 1, "max_dp_size": 8, "launcher": "local"}
+        body = {
+            "name": name,
+            "engine": engine,
+            "min_dp_size": 1,
+            "max_dp_size": 8,
+            "launcher": "local",
+            "agent_key": AGENT_KEY,  # so this benchmark may read the engines' own figures (`/v1/info`)
+        }
         response = self.api.post("/v1/deployments", json=body)
         if response.status_code != 201:
             raise RuntimeError(f"create deployment: {response.status_code} {response.text}")
@@ -230,7 +238,9 @@ def engine_step_p50_ms(urls: list[str]) -> float | None:
     values = []
     for url in urls:
         try:
-            step = httpx.get(f"{url}/v1/info", timeout=10).json().get("step_ms") or {}
+            step = (
+                httpx.get(f"{url}/v1/info", headers=AGENT_KEY_HEADERS, timeout=10).json().get("step_ms") or {}
+            )
         except httpx.HTTPError:
             continue
         if step.get("p50") is not None:

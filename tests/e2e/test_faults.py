@@ -13,13 +13,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from app.launchers.local import LocalLauncher
 from tests.e2e.conftest import Stack
 from tests.support.invariants import assert_recovered
-from tests.support.stack import agent_info
+from tests.support.stack import agent_http, agent_info
 from tests.support.waiting import wait_until
 
 
@@ -124,7 +123,7 @@ def test_a_group_broken_under_live_engines_is_re_formed_at_its_size(stack: Stack
         before = coordinator.deployment(name)
         for member in members:
             notice = {"generation": before["generation"], "reason": "test", "reporter": "e2e"}
-            response = httpx.post(f"{member['url']}/v1/generation/broken", json=notice, timeout=5)
+            response = agent_http.post(f"{member['url']}/v1/generation/broken", json=notice)
             assert response.status_code == 200, response.text
 
         def reformed() -> dict[str, Any] | None:

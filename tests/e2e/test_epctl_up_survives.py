@@ -196,8 +196,14 @@ def test_an_engine_lost_while_epctl_up_was_down_is_reported_and_healed(up_env: U
         assert "adopted" not in output, output
         assert "deployment demo is not whole" in output and f"gone: {lost_id}" in output, output
         assert "whole again" in output, output
-        deployment = up_env.deployment()
-        assert (deployment["status"], deployment["active_job_id"]) == ("ready", None), deployment
+        # "whole again" is printed once the deployment serves at its size; the heal job records its end
+        # just after, so the record is read until it does.
+        wait_until(
+            lambda: (lambda d: (d["status"], d["active_job_id"]) == ("ready", None))(up_env.deployment()),
+            timeout_s=60,
+            what="the deployment ready with no job running",
+            describe=lambda: str(up_env.deployment()),
+        )
         second.popen.send_signal(signal.SIGTERM)
         assert second.popen.wait(timeout=60) == 0, second.log_tail()
     finally:

@@ -6,6 +6,10 @@ runs on a Ray node). `placement_strategy: SPREAD` with one CPU per node puts the
 hosts; each agent binds its control address to its node's IP and its data plane to the `data0`
 interface (`data_interface`), so the generation's groups and weight channel run host to host on the
 data network. The nodes are stopped by the process ids this module started, never `ray stop`.
+
+It sits in tests/ray/ and runs after `test_ray_launcher.py` (file order): run before it, the loopback
+cluster of tests/ray/conftest.py could not be reached by its driver afterwards (ray.init timed out in
+the GCS client, in a full-suite run); the cause is not understood yet.
 """
 
 from __future__ import annotations
@@ -26,13 +30,18 @@ import torch
 
 from engine_agent import moe
 from tests.support.databases import sqlite_database
-from tests.support.netns import DATA_INTERFACE, Host, Hosts
+from tests.support.netns import DATA_INTERFACE, Host, Hosts, unavailable
 from tests.support.processes import PYTHON, Child
 from tests.support.stack import ENGINE, StackCoordinator, infer
 from tests.support.waiting import WaitTimeout, wait_until
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install '.[ray]' (ray[default]==2.60.0)")
-pytestmark = pytest.mark.ray
+_NO_HOSTS = unavailable()
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.hosts,
+    pytest.mark.skipif(_NO_HOSTS is not None, reason=f"no test hosts: {_NO_HOSTS}"),
+]
 
 GCS_PORT = 6380  # outside Ray's worker port range (10002-19999)
 RAY = str(Path(PYTHON).with_name("ray"))

@@ -346,6 +346,12 @@ def _take_out(
         engine.dp_rank = None
         engine.updated_at = now
         session.add(engine)
+    newest = _newest_jobs(session, deployment, 1)
+    if newest and newest[0].requested_by != RequestSource.self_heal.value:
+        # An operator's job came after the last loss: its size is the one to return to, and what an
+        # earlier heal left (its target, its loss) is over (a stale target larger than the idle engines
+        # can fill would block the grow-back for good).
+        deployment.heal_lost, deployment.heal_loss_at, deployment.heal_target_dp_size = None, None, None
     deployment.heal_lost = ", ".join(filter(None, [deployment.heal_lost, *named]))[:1000]
     # The loss happened after the last heartbeat heard from it: the earliest such, over the losses.
     heard = [e.last_heartbeat_at for e in engines if e.last_heartbeat_at is not None]

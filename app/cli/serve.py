@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
+
     from app.core.config import Settings
 
 
@@ -28,6 +31,22 @@ def claim_data_dir(settings: Settings, *, holder: str = "epctl serve") -> Path |
 
 class PortUnavailableError(Exception):
     """The coordinator's address cannot be listened on (in use, not ours, not an address here)."""
+
+
+def server_config(app: FastAPI, settings: Settings, *, log_level: str) -> uvicorn.Config:
+    """The coordinator's uvicorn config, on its address and with its certificate (HTTPS when one is
+    set); log_config=None: uvicorn's loggers go through the handler configure_logging set up."""
+    import uvicorn  # here, not at the top: the CLI's other commands start without it
+
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        log_config=None,
+        ssl_certfile=settings.tls_cert_file,
+        ssl_keyfile=settings.tls_key_file,
+    )
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -89,16 +108,7 @@ def serve(
     engine.dispose()
     if generated is not None:
         announce_admin_token(generated)
-    # log_config=None: uvicorn's loggers go through the handler configure_logging set up.
-    config = uvicorn.Config(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level="info",
-        log_config=None,
-        ssl_certfile=settings.tls_cert_file,
-        ssl_keyfile=settings.tls_key_file,
-    )
+    config = server_config(create_app(settings), settings, log_level="info")
     server = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
         server.run(sockets=[sock])

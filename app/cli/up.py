@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from app.cli.down import state_dir, stop_recorded
-from app.cli.serve import PortUnavailableError, claim_data_dir, listening_socket
+from app.cli.serve import PortUnavailableError, claim_data_dir, listening_socket, server_config
 
 if TYPE_CHECKING:
     import httpx
@@ -123,23 +123,11 @@ ADMIN_TOKEN_FILE = "admin-token"
 
 
 async def _run(settings: Settings, engines: int | None, sock: socket.socket) -> None:
-    import uvicorn
-
     from app.main import create_app
 
     token, first = await asyncio.to_thread(_session_admin_token, settings)
     app = create_app(settings)
-    server = _server_class()(
-        uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level="warning",
-            log_config=None,
-            ssl_certfile=settings.tls_cert_file,
-            ssl_keyfile=settings.tls_key_file,
-        )
-    )
+    server = _server_class()(server_config(app, settings, log_level="warning"))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     setup = asyncio.create_task(_set_up(server, app, settings, engines, token, first))
     try:

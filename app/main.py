@@ -30,16 +30,16 @@ from app.core.limits import Limits, RequestLimits
 from app.core.private_files import keep_new_files_private
 from app.core.problems import install_problem_handlers, problem_responses
 from app.dashboard.router import router as dashboard_router
+from app.deployments.engines.router import router as engines_router
+from app.deployments.incidents.router import router as incidents_router
 from app.deployments.router import router as deployments_router
-from app.engines.router import router as engines_router
-from app.hooks.router import router as hooks_router
-from app.incidents.router import router as incidents_router
 from app.jobs.event_hub import JobLogHub
 from app.jobs.events_router import router as events_router
 from app.jobs.router import router as jobs_router
 from app.launchers.registry import cluster_launchers
 from app.metrics_db import refresh as refresh_metrics
 from app.runner.lifespan import run_jobs
+from app.scale.hooks.router import router as hooks_router
 from app.scale.router import router as scale_router
 from app.sd.router import router as sd_router
 from app.tokens.router import router as tokens_router

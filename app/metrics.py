@@ -215,7 +215,7 @@ def record_inbound_hook(source: str, decision: str) -> None:
 
 
 def record_autoscaler_decision(source: str, decision: str, code: str) -> None:
-    """One decision about an intent (`code` is one of the bounded set in `app.hooks.models`)."""
+    """One decision about an intent (`code` is one of the bounded set in `app.scale.hooks.models`)."""
     AUTOSCALER_DECISIONS.labels(source=source, decision=decision, code=code).inc()
 
 

@@ -13,9 +13,9 @@ from sqlmodel import Session, col, select
 
 from app import metrics
 from app.core.clock import utc_now
+from app.deployments.engines.models import Engine as EngineRow
+from app.deployments.engines.models import EngineState
 from app.deployments.models import Deployment, DeploymentStatus
-from app.engines.models import Engine as EngineRow
-from app.engines.models import EngineState
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import ACTIVE_STATES
 from app.scale.desired import desired_public

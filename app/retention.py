@@ -23,10 +23,10 @@ from sqlmodel import Session
 
 from app.core.clock import utc_now
 from app.core.config import Settings
-from app.engines.service import prune_left_engines
-from app.hooks.service import prune_hook_requests
+from app.deployments.engines.service import prune_left_engines
 from app.jobs.idempotency import prune_idempotency_records
 from app.metrics import REGISTRY
+from app.scale.hooks.service import prune_hook_requests
 from app.scale.intents import prune_ended
 from app.webhooks.service import prune_deliveries
 

@@ -6,11 +6,11 @@ from sqlalchemy import MetaData
 from sqlmodel import SQLModel
 
 import app.coordinators.models
+import app.deployments.engines.models
+import app.deployments.incidents.models
 import app.deployments.models
-import app.engines.models
-import app.hooks.models
-import app.incidents.models
 import app.jobs.models
+import app.scale.hooks.models
 import app.scale.intents
 import app.tokens.models
 import app.webhooks.models  # noqa: F401

@@ -123,19 +123,13 @@ def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 ARROWS_LEFT = {
     ("app.api", "app.tokens"): "api.deps resolves a bearer token through the tokens service, and "
     "the tokens router uses api.deps",
-    ("app.deployments", "app.engines"): "a deployment's health and deletion read its engines, which "
-    "belong to it (the sub-folder app/deployments/engines/ that STYLE.md names)",
-    ("app.deployments", "app.incidents"): "the status writer opens and resolves a deployment's incidents",
-    ("app.deployments", "app.jobs"): "the health pass and the router ask for the active job",
+    ("app.deployments", "app.jobs"): "the health pass and the router ask for the active job; an engine "
+    "marked unreachable degrades its deployment only when no job runs there",
     ("app.deployments", "app.launchers"): "a deployment's Ray settings shape lives with the Ray "
     "launcher (`app/launchers/ray_settings.py`), which reads the deployment's and engines' rows",
     ("app.deployments", "app.scale"): "the router shows the desired size",
-    ("app.engines", "app.jobs"): "an engine marked unreachable degrades its deployment only when no "
-    "job runs there",
     ("app.jobs", "app.scale"): "POST /v1/reconfigurations refuses an autoscaler while autoscaling is "
     "paused, and an operator's job supersedes the standing intents (the router asks app/scale)",
-    ("app.scale", "app.hooks"): "an intent the reconciler acts on later records its decision as a hook "
-    "record (app/hooks/service.py, the records' one writer)",
 }
 
 

@@ -56,8 +56,8 @@ def _record_stopped(settings: Settings) -> bool:
 
     from app.core.clock import utc_now
     from app.core.db import make_engine
+    from app.deployments.engines.models import Engine, EngineState
     from app.deployments.models import Deployment
-    from app.engines.models import Engine, EngineState
 
     engine = make_engine(settings.database_url)
     try:

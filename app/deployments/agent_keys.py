@@ -22,8 +22,8 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import ConflictError
 from app.core.sealing import seal, unseal
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.models import Deployment
-from app.engines.models import Engine, EngineState
 from engine_agent.protocol import MAX_KEY_OVERLAP_S
 
 KEY_PREFIX = "epak_"

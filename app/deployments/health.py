@@ -3,8 +3,8 @@
 A deployment of size N at generation G is whole when exactly N of its engines report serving (or paused)
 on G, on ranks 0..N-1, and none serves (or is paused on) another generation. Engines tell this in their
 heartbeats (state, generation, rank); one that stops heartbeating is marked `unreachable`
-(`app.engines.service.mark_unreachable`), one whose group broke reports itself idle on no generation. So
-a dead, frozen or broken member shows here within a heartbeat timeout or one heartbeat.
+(`app.deployments.engines.service.mark_unreachable`), one whose group broke reports itself idle on no
+generation. So a dead, frozen or broken member shows here within a heartbeat timeout or one heartbeat.
 
 `reconcile_health` (the runner's `heartbeats` task) compares that truth with the record while no job
 runs the deployment (a job owns the status while it runs): whole and `degraded` -> `ready`, announced
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, StatusDetail
 from app.deployments.status import set_status
-from app.engines.models import Engine, EngineState
 from app.jobs.service import active_job_id
 
 SERVING_STATES = frozenset({EngineState.serving.value, EngineState.paused.value})

@@ -12,6 +12,7 @@ from app.core.problems import problem_responses
 from app.deployments import agent_keys, listing, service
 from app.deployments.agent_key_push import push_rotation
 from app.deployments.agent_keys import AgentKeyPublic, AgentKeyRotate
+from app.deployments.engines import service as engine_service
 from app.deployments.models import (
     Deployment,
     DeploymentCreate,
@@ -20,7 +21,6 @@ from app.deployments.models import (
     DeploymentUpdate,
 )
 from app.deployments.reactions import Reactions
-from app.engines import service as engine_service
 from app.jobs import service as jobs
 from app.jobs.active import active_job_ids
 from app.launchers.base import DeletedDeployment, EngineHandle

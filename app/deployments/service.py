@@ -14,6 +14,7 @@ from app.core.errors import ConflictError, InvalidRequestError, NotFoundError
 from app.core.ids import new_id
 from app.deployments.agent_keys import give_new_key
 from app.deployments.autoscaling import ScalingBehavior
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.models import (
     Deployment,
     DeploymentCreate,
@@ -23,7 +24,6 @@ from app.deployments.models import (
     LauncherKind,
     ray_settings_of,
 )
-from app.engines.models import Engine, EngineState
 
 DEPLOYMENT_ID_PREFIX = "dep"
 

@@ -20,8 +20,8 @@ from typing import Any
 from sqlmodel import Session
 
 from app.core.clock import utc_now
+from app.deployments.incidents import service as incidents
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
-from app.incidents import service as incidents
 from app.webhooks.models import EventType
 from app.webhooks.outbox import enqueue_event
 

@@ -15,7 +15,7 @@ from typing import Any
 from sqlmodel import Session, select
 
 from app.core.errors import ConflictError, NotFoundError
-from app.engines.models import Engine
+from app.deployments.engines.models import Engine
 from app.jobs.models import CleanupState, ReconfigurationJob
 from app.jobs.transitions import append_event
 

@@ -123,7 +123,7 @@ class ReconfigurationJob(SQLModel, table=True):
     loss_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     time_to_detect_ms: float | None = None
     time_to_serving_ms: float | None = None
-    # An incident that hit this job's generation within a minute of its end (`app.incidents`).
+    # An incident that hit this job's generation within a minute of its end (`app.deployments.incidents`).
     incident_id: str | None = Field(default=None, max_length=40)
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from sqlmodel import Session, select
 
 from app.core.errors import InvalidRequestError
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.models import Deployment, EngineBackend
-from app.engines.models import Engine, EngineState
 
 # An engine in one of these states, on the deployment's generation with a rank, serves it.
 SERVING_STATES = frozenset(

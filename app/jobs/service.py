@@ -17,10 +17,10 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, InvalidRequestError
 from app.core.ids import new_id
+from app.deployments.engines.models import Engine
+from app.deployments.engines.service import available_engines
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind
 from app.deployments.service import delete_deployment_rows, get_deployment
-from app.engines.models import Engine
-from app.engines.service import available_engines
 from app.jobs.active import active_job_id
 from app.jobs.cleanup import check_no_unresolved_cleanup
 from app.jobs.idempotency import IdempotencyKey, TakenOver, claim_key, complete_key, forget_key, request_hash

@@ -38,8 +38,8 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.models import Deployment, ray_settings_of
-from app.engines.models import Engine, EngineState
 from app.launchers.agent_args import deployment_agent_args
 from app.launchers.base import EngineHandle, Launcher, LaunchError, LaunchSpec
 from app.launchers.ray_diagnosis import actor_story, launch_error, one_line, resources_text

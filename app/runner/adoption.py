@@ -30,10 +30,10 @@ from app.agents.errors import AgentCallError, AgentUnreachable
 from app.agents.fleet import Fleet
 from app.core.clock import utc_now
 from app.deployments.agent_keys import agent_keys_of
+from app.deployments.engines.models import Engine, EngineState
+from app.deployments.engines.service import mark_unreachable
 from app.deployments.health import SERVING_STATES, deployments_without_a_job, reconcile_health
 from app.deployments.models import Deployment
-from app.engines.models import Engine, EngineState
-from app.engines.service import mark_unreachable
 from app.jobs.async_record import WorkerSessions
 from app.runner.selfheal import fence
 from engine_agent.protocol import AgentInfo
@@ -135,7 +135,7 @@ def _correct(
         if silent and len(adoption.serving) == len(engines) - len(silent) and len(silent) == 1:
             # One member does not answer while every other serves the generation with it: it steps
             # with them (a dead one would have broken their group), so the coordinator's link to it is
-            # lost, not the engine (`app.engines.service.mark_unreachable` judges it again later).
+            # lost, not the engine (`app.deployments.engines.service.mark_unreachable` judges it again later).
             (engine,) = silent
             engine.link_lost_at = engine.last_heartbeat_at or now
             session.add(engine)

@@ -1,6 +1,6 @@
 """What clients saw during an incident, measured from outside: the coordinator's canary probe.
 
-While an incident of a reference deployment is open (`app.incidents`), canaries (one token through
+While an incident of a reference deployment is open (`app.deployments.incidents`), canaries (one token through
 `/v1/infer`, as a job's probe sends) go to each engine of the deployment that is not written off or
 fenced, every `INTERVAL_S`. The first one answered ends the clients' outage: the incident records
 `client_outage_ms` from its `loss_at` to that answer (0 when canaries were answered from the start: the
@@ -18,10 +18,10 @@ from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.deployments.agent_keys import agent_keys_of
+from app.deployments.engines.models import Engine, EngineState
+from app.deployments.incidents import service as incidents
+from app.deployments.incidents.models import Incident, IncidentState
 from app.deployments.models import Deployment, EngineBackend
-from app.engines.models import Engine, EngineState
-from app.incidents import service as incidents
-from app.incidents.models import Incident, IncidentState
 from app.jobs.async_record import WorkerSessions
 from app.probe.canary import CanarySample
 from app.probe.recorder import CanaryRecorder

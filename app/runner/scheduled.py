@@ -3,7 +3,8 @@
 
 - `heartbeats`: engines silent for longer than `EPCTL_HEARTBEAT_TIMEOUT_S` (counted from this
   coordinator's start at the earliest) become `unreachable`, a deployment that loses a member
-  `degraded`, each announced as `engine.unreachable` (`app.engines.service.mark_unreachable`); then
+  `degraded`, each announced as `engine.unreachable`
+  (`app.deployments.engines.service.mark_unreachable`); then
   every deployment no job runs takes its status from what its engines report: `degraded` (webhook
   `deployment.degraded`) while they do not all serve its generation, `ready` again (webhook
   `deployment.recovered`) once they do (`app.deployments.health`); a deployment that lost a member
@@ -33,9 +34,9 @@ from app.backends.base import Periodic
 from app.core.clock import utc_now
 from app.core.config import Settings
 from app.core.runner_settings import RunnerSettings
+from app.deployments.engines.models import EnginePublic
+from app.deployments.engines.service import hear_nobody, mark_unreachable
 from app.deployments.health import HealthChange, reconcile_health
-from app.engines.models import EnginePublic
-from app.engines.service import hear_nobody, mark_unreachable
 from app.jobs.async_record import WorkerSessions
 from app.jobs.models import CleanupState
 from app.launchers.base import Launcher
@@ -132,7 +133,7 @@ class Retention:
 
 @dataclass
 class Hearing:
-    """When this coordinator last heard no engine at all (`app.engines.service.hear_nobody`)."""
+    """When this coordinator last heard no engine at all (`app.deployments.engines.service.hear_nobody`)."""
 
     deaf_at: datetime | None = None
 

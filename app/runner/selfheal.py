@@ -52,6 +52,8 @@ from sqlmodel import Session, col, select
 from app.agents.transport import agent_ssl_context
 from app.core.clock import utc_now
 from app.core.errors import DomainError
+from app.deployments.engines.models import Engine, EngineState
+from app.deployments.engines.service import mark_unreachable
 from app.deployments.health import (
     REASON_MEMBERS_MISSING,
     SERVING_STATES,
@@ -59,6 +61,7 @@ from app.deployments.health import (
     assess,
     deployments_without_a_job,
 )
+from app.deployments.incidents import service as incidents
 from app.deployments.models import (
     Deployment,
     DeploymentStatus,
@@ -68,9 +71,6 @@ from app.deployments.models import (
     StatusDetail,
     effective_on_engine_loss,
 )
-from app.engines.models import Engine, EngineState
-from app.engines.service import mark_unreachable
-from app.incidents import service as incidents
 from app.jobs.async_record import WorkerSessions
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import active_job_id, create_reconfiguration

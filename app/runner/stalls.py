@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from sqlmodel import Session
 
 from app.core.clock import utc_now
+from app.deployments.engines.models import Engine
 from app.deployments.health import SERVING_STATES, deployments_without_a_job
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
-from app.engines.models import Engine
 from app.runner.selfheal import fence
 
 log = logging.getLogger(__name__)

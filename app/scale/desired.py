@@ -3,7 +3,7 @@
 `assess` reads what stands and what blocks, and applies the rule (`app.scale.stabilize`); `act` does
 what the assessment says: marks intents found at their size, starts the job of a pending `/scale`
 write, or the job the rule's move asks for, each intent acted on at most once. The intake of a request
-(`app.hooks.decide`) and the runner's `desired-size` task (`reconcile`) both go through them, so a
+(`app.scale.hooks.decide`) and the runner's `desired-size` task (`reconcile`) both go through them, so a
 request deferred for an active job, the cooldown, the window or the pause is acted on later without a
 repeat from the autoscaler.
 
@@ -25,13 +25,13 @@ from app.core.clock import utc_now
 from app.core.errors import ConflictError, DomainError
 from app.deployments.autoscaling import ScalingBehavior
 from app.deployments.models import Deployment, DesiredSize
-from app.hooks import service as records
-from app.hooks.models import HookDecision, HookSource
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import create_reconfiguration
 from app.jobs.states import JobState
 from app.scale import intents
 from app.scale.blockers import Blocker, blocker
+from app.scale.hooks import service as records
+from app.scale.hooks.models import HookDecision, HookSource
 from app.scale.intents import SPEC_SOURCE, EndCode, IntentState, ScaleIntentRow
 from app.scale.stabilize import Ask, Moved, Verdict, decide
 

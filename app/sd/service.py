@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.models import Deployment
-from app.engines.models import Engine, EngineState
 
 LISTED_STATES = (EngineState.serving.value, EngineState.paused.value)
 

@@ -27,7 +27,7 @@ class EventType(StrEnum):
     engine_unreachable = "engine.unreachable"  # heartbeats stopped (a member's deployment is degraded)
     deployment_degraded = "deployment.degraded"  # its engines no longer all serve its generation
     deployment_recovered = "deployment.recovered"  # every member serves its generation again
-    incident_opened = "incident.opened"  # a deployment stopped being whole (app.incidents)
+    incident_opened = "incident.opened"  # a deployment stopped being whole (app.deployments.incidents)
     incident_resolved = "incident.resolved"  # ... and is whole again: how long it took
     autoscaler_decision = "autoscaler.decision"  # an intent was taken, deferred, held, paused, withdrawn...
 

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, func, select
 
-from app.engines.models import Engine as EngineRow
+from app.deployments.engines.models import Engine as EngineRow
 from tests.support.fixtures import token_headers
 
 # The database's own behaviour is part of what these check (tests/support/databases.py).

@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.models import Deployment
-from app.engines.models import Engine, EngineState
 
 
 @pytest.fixture

@@ -14,26 +14,26 @@ import pytest
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, SQLModel, create_engine, select
 
-import app.hooks.decide
-import app.hooks.notifications
-import app.hooks.service
 import app.jobs.service
 import app.jobs.transitions
 import app.scale.desired
+import app.scale.hooks.decide
+import app.scale.hooks.notifications
+import app.scale.hooks.service
 from app.deployments.models import Deployment
-from app.hooks.models import HookSource
-from app.hooks.service import Caller
 from app.jobs.service import active_job
 from app.jobs.states import JobState
 from app.jobs.transitions import transition
+from app.scale.hooks.models import HookSource
+from app.scale.hooks.service import Caller
 from app.tables import metadata
 from tests.operators.alertmanager_payloads import alert, payload
 from tests.support.factories import make_deployment, register_engines
 
 CLOCKED = (
-    app.hooks.decide,
-    app.hooks.notifications,
-    app.hooks.service,
+    app.scale.hooks.decide,
+    app.scale.hooks.notifications,
+    app.scale.hooks.service,
     app.jobs.service,
     app.jobs.transitions,
     app.scale.desired,

@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.hooks.alertmanager import MAX_DEPLOYMENTS_PER_NOTIFICATION, AlertmanagerPayload, parse_step, plan
+from app.scale.hooks.alertmanager import (
+    MAX_DEPLOYMENTS_PER_NOTIFICATION,
+    AlertmanagerPayload,
+    parse_step,
+    plan,
+)
 from tests.operators.alertmanager_payloads import alert, firing_payload, payload, resolved_payload
 
 

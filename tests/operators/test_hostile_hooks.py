@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, func, select
 
 from app.core.config import Settings
-from app.hooks.models import InboundHookRequest
+from app.scale.hooks.models import InboundHookRequest
 from app.webhooks import signing
 from tests.operators.alertmanager_payloads import alert, payload
 from tests.operators.inbound_hooks import support as inbound

@@ -3,7 +3,7 @@ joining and leaving a group, generic requests and withdrawals, operator scales, 
 passing through cooldowns and windows, pauses), the number of autoscaler jobs never exceeds the number
 of distinct intents, and no job runs for an intent that was withdrawn or superseded.
 
-Runs the real intake (`app.hooks.decide`), reconciler (`app.scale.desired`) and job service on a real
+Runs the real intake (`app.scale.hooks.decide`), reconciler (`app.scale.desired`) and job service on a real
 SQLite database (in memory, one per example), with the clock each of them reads moved by the test."""
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from sqlmodel import Session, col, select
 
 from app.core.ids import new_ulid
 from app.deployments.models import Deployment
-from app.hooks.alertmanager import AlertmanagerPayload
-from app.hooks.decide import decide
-from app.hooks.models import HookSource, InboundHookRequest
-from app.hooks.notifications import handle_alertmanager
-from app.hooks.service import Caller, ScaleRequest
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import create_reconfiguration
 from app.jobs.states import JobState
 from app.scale import desired
+from app.scale.hooks.alertmanager import AlertmanagerPayload
+from app.scale.hooks.decide import decide
+from app.scale.hooks.models import HookSource, InboundHookRequest
+from app.scale.hooks.notifications import handle_alertmanager
+from app.scale.hooks.service import Caller, ScaleRequest
 from app.scale.intents import ScaleIntentRow
 from tests.operators.intent_world import ALERTMANAGER, Clock, end_active_job, notification, world
 

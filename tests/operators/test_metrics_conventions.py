@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from app.deployments.engines.models import Engine as EngineRow
+from app.deployments.engines.models import EngineState
 from app.deployments.models import Deployment
-from app.engines.models import Engine as EngineRow
-from app.engines.models import EngineState
 from app.webhooks import service as webhooks
 from app.webhooks.delivery import DeliveryPolicy, DeliveryWorker
 from tests.operators import rows

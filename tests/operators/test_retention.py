@@ -13,10 +13,10 @@ from sqlmodel import Session, func, select
 
 from app.core.clock import utc_now
 from app.core.config import Settings
-from app.engines.models import Engine as EngineRow
-from app.hooks.models import InboundHookRequest
+from app.deployments.engines.models import Engine as EngineRow
 from app.jobs.models import IdempotencyRecord
 from app.retention import prune_all
+from app.scale.hooks.models import InboundHookRequest
 from app.scale.intents import ScaleIntentRow
 from app.webhooks.models import OutboxEvent, WebhookDelivery, WebhookDeliveryAttempt, WebhookSubscription
 

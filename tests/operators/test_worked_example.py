@@ -11,13 +11,13 @@ import pytest
 from sqlmodel import Session, col, select
 
 from app.deployments.models import Deployment
-from app.hooks.alertmanager import AlertmanagerPayload
-from app.hooks.models import HookOutcome
-from app.hooks.notifications import handle_alertmanager
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import create_reconfiguration
 from app.jobs.states import JobState
 from app.scale import desired
+from app.scale.hooks.alertmanager import AlertmanagerPayload
+from app.scale.hooks.models import HookOutcome
+from app.scale.hooks.notifications import handle_alertmanager
 from tests.operators.intent_world import ALERTMANAGER, Clock, end_active_job, notification, world
 
 QUEUE_LONG = {"target_dp_size": "6"}

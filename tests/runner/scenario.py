@@ -15,8 +15,8 @@ from app.backends.reference.flow import Flow
 from app.backends.reference.record import JobRecord
 from app.backends.reference.recovery import Recovery
 from app.core.runner_settings import RunnerSettings
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.models import Deployment
-from app.engines.models import Engine, EngineState
 from app.jobs.models import JobEvent, ReconfigurationJob
 from app.jobs.service import cancel_job
 from engine_agent.protocol import EngineConfig

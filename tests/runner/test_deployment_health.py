@@ -10,10 +10,10 @@ from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, col, select
 
 from app.backends.reference.record import JobRecord, degrade
+from app.deployments.engines.models import Engine
+from app.deployments.engines.service import record_heartbeat
 from app.deployments.health import reconcile_health
 from app.deployments.models import Deployment
-from app.engines.models import Engine
-from app.engines.service import record_heartbeat
 from app.runner.scheduled import follow_health
 from app.webhooks.models import EventType, OutboxEvent
 from engine_agent.protocol import AgentHeartbeat, AgentState

@@ -12,9 +12,9 @@ from sqlmodel import Session, select
 from app.backends.reference.record import JobRecord
 from app.core.clock import utc_now
 from app.core.runner_settings import RunnerSettings
+from app.deployments.engines.models import Engine
+from app.deployments.engines.service import record_heartbeat
 from app.deployments.models import Deployment
-from app.engines.models import Engine
-from app.engines.service import record_heartbeat
 from app.runner.loop import JobRunner
 from app.runner.scheduled import Hearing, expire_heartbeats, health_pass
 from app.webhooks.models import EventType, OutboxEvent

@@ -1,6 +1,7 @@
-"""Every client-visible outage has a record (`app.incidents`): opened when a deployment stops being whole,
-resolved when it serves again, linked both ways to a job whose generation it hit right after that job
-ended, with its events; listed by the API. Fake agents, a real database (tests/runner/scenario.py)."""
+"""Every client-visible outage has a record (`app.deployments.incidents`): opened when a deployment stops
+being whole, resolved when it serves again, linked both ways to a job whose generation it hit right
+after that job ended, with its events; listed by the API. Fake agents, a real database
+(tests/runner/scenario.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
 from app.core.clock import utc_now
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.health import reconcile_health
-from app.engines.models import Engine, EngineState
-from app.incidents.models import Incident
+from app.deployments.incidents.models import Incident
 from app.jobs.states import JobState
 from app.runner.selfheal import heal
 from app.webhooks.models import OutboxEvent

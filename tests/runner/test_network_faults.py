@@ -15,9 +15,9 @@ from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
 from app.core.clock import utc_now
+from app.deployments.engines.models import Engine, EngineState
+from app.deployments.engines.service import mark_unreachable, record_heartbeat
 from app.deployments.health import reconcile_health
-from app.engines.models import Engine, EngineState
-from app.engines.service import mark_unreachable, record_heartbeat
 from app.jobs.states import JobState
 from app.runner.reach import largest_reachable_set
 from app.runner.selfheal import heal

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
 from app.backends.reference.flow import Flow
-from app.engines.models import Engine
+from app.deployments.engines.models import Engine
 from app.jobs.states import JobState
 from app.probe.settings import ProbeSettings
 from app.webhooks.models import OutboxEvent

@@ -15,9 +15,9 @@ from sqlmodel import Session, select
 
 from app.backends.reference.record import degrade
 from app.core.clock import utc_now
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.health import reconcile_health
 from app.deployments.models import Deployment, DeploymentStatus
-from app.engines.models import Engine, EngineState
 from app.jobs.models import JobPublic, ReconfigurationJob
 from app.jobs.states import JobState
 from app.runner.selfheal import MAX_ATTEMPTS, Healing, confirm_losses, heal, process_gone

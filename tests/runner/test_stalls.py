@@ -14,8 +14,8 @@ from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session
 
 from app.core.clock import utc_now
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.health import reconcile_health
-from app.engines.models import Engine, EngineState
 from app.jobs.states import JobState
 from app.runner.adoption import adopt_engines
 from app.runner.selfheal import Healing, heal

@@ -6,10 +6,10 @@ from typing import Any
 
 from sqlmodel import Session
 
+from app.deployments.engines.models import Engine
+from app.deployments.engines.service import register_engine
 from app.deployments.models import Deployment, DeploymentCreate, LauncherKind
 from app.deployments.service import create_deployment
-from app.engines.models import Engine
-from app.engines.service import register_engine
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import create_reconfiguration
 from engine_agent.protocol import AgentRegistration, EngineConfig, Platform

@@ -11,9 +11,9 @@ from sqlmodel import Session, select
 
 from app.core.clock import utc_now
 from app.core.db import make_engine
+from app.deployments.incidents import service as incidents
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
-from app.incidents import service as incidents
 from tests.support.job_driver import create_static_deployment
 from tests.support.processes import Coordinator
 from tests.ui.conftest import screenshot

@@ -21,8 +21,8 @@ from app.agents.errors import AgentCallError
 from app.agents.fleet import Fleet
 from app.core.errors import ConflictError
 from app.deployments.agent_keys import agent_keys_of
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.models import Deployment
-from app.engines.models import Engine, EngineState
 from app.jobs import cleanup
 from app.jobs.async_record import WorkerSessions
 from app.jobs.models import CleanupState, ReconfigurationJob

@@ -20,8 +20,8 @@ from app.backends.reference.planner import DeploymentSpec, JobOptions, make_plan
 from app.backends.reference.record import JobRecord, is_member_row
 from app.coordinators import service as coordinators
 from app.core.runner_settings import RunnerSettings
+from app.deployments.engines.models import Engine
 from app.deployments.models import Deployment
-from app.engines.models import Engine
 from app.launchers.base import EngineHandle, Launcher, LaunchSpec
 from engine_agent.protocol import AgentInfo, AgentState, EngineConfig
 

@@ -18,10 +18,10 @@ from app.backends.reference.planner import Plan
 from app.core.clock import utc_now
 from app.core.errors import ConflictError
 from app.deployments.agent_keys import agent_keys_of
+from app.deployments.engines.models import Engine, EngineState
 from app.deployments.health import REASON_GENERATION_SPLIT, SERVING_STATES, announce_degraded
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
-from app.engines.models import Engine, EngineState
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import JobState
 from app.jobs.transitions import append_event

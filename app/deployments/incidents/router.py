@@ -8,9 +8,9 @@ from sqlmodel import Session
 from app.api.deps import DatabaseDep, Reader
 from app.api.params import REF_PATTERN, DeploymentFilterQuery
 from app.core.problems import problem_responses
+from app.deployments.incidents import service
+from app.deployments.incidents.models import IncidentList, IncidentPublic, IncidentState
 from app.deployments.service import get_deployment
-from app.incidents import service
-from app.incidents.models import IncidentList, IncidentPublic, IncidentState
 
 router = APIRouter(prefix="/v1/incidents", tags=["incidents"], responses=problem_responses(401, 403, 422))
 

@@ -12,10 +12,10 @@ from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, NotFoundError
+from app.deployments.engines.models import Engine, EnginePublic, EngineState
 from app.deployments.models import Condition, Deployment, DeploymentStatus, StatusDetail
 from app.deployments.service import get_deployment
 from app.deployments.status import set_status
-from app.engines.models import Engine, EnginePublic, EngineState
 from app.jobs.active import active_job_id
 from app.webhooks.models import EventType
 from app.webhooks.outbox import enqueue_event

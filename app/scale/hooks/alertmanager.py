@@ -6,7 +6,7 @@ again after a 5xx. So a notification is identified by what it asks, per deployme
 key, deployment, the set of its firing alerts' fingerprints with their `startsAt`, status). A repeat of
 an identity is a duplicate; a new identity (an alert joined or left, a new firing episode) is a new
 intent of the group's stream, which replaces the group's standing one. A deployment named only by
-resolved alerts, or no longer named at all, has its group's intent withdrawn (`app.hooks.decide`).
+resolved alerts, or no longer named at all, has its group's intent withdrawn (`app.scale.hooks.decide`).
 Alerts that cannot be acted on are returned with the reason, never raised.
 
 Labels and annotations an alert uses (alert-level values override the common ones); the docs'

@@ -1,4 +1,4 @@
-"""An Alertmanager notification -> one decision per deployment it names (`app.hooks.decide`), plus
+"""An Alertmanager notification -> one decision per deployment it names (`app.scale.hooks.decide`), plus
 the records of what it cannot act on, written in one transaction, and the withdrawal of its group's
 intents for deployments it no longer names. Bounded: a notification decides for at most
 `MAX_DEPLOYMENTS_PER_NOTIFICATION` deployments and lists unusable alerts in at most
@@ -12,11 +12,11 @@ from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.deployments.models import Deployment
-from app.hooks.alertmanager import MAX_SKIP_RECORDS, AlertmanagerPayload, ScaleAsk, plan
-from app.hooks.decide import decide, withdraw
-from app.hooks.models import AlertmanagerOutcome, HookDecision, HookOutcome, InboundHookRequest
-from app.hooks.service import Caller, new_row, outcome_of
 from app.scale import intents
+from app.scale.hooks.alertmanager import MAX_SKIP_RECORDS, AlertmanagerPayload, ScaleAsk, plan
+from app.scale.hooks.decide import decide, withdraw
+from app.scale.hooks.models import AlertmanagerOutcome, HookDecision, HookOutcome, InboundHookRequest
+from app.scale.hooks.service import Caller, new_row, outcome_of
 from app.scale.intents import EndCode
 
 

@@ -5,11 +5,11 @@ that cannot be read leaves one row too), with the decision and the reason, so an
 the fleet did or did not scale. A job and the record of the decision that created it are committed
 together: a request either creates both or neither. Requests that fail authentication are counted
 (`epctl_inbound_hook_requests{decision="rejected"}`) but never stored, so anonymous callers cannot
-grow the database; `app.hooks.intake` authenticates. A job is created only through
+grow the database; `app.scale.hooks.intake` authenticates. A job is created only through
 `app.jobs.service.create_reconfiguration`, with `requested_by = autoscaler`, so every rule of the API
 (limits, one active job, unresolved cleanup) applies.
 
-Deciding is `app.hooks.decide`'s (the desired size, the cooldown, the job); this module records,
+Deciding is `app.scale.hooks.decide`'s (the desired size, the cooldown, the job); this module records,
 parses and lists.
 
 Storage notes: a signed request's verified `webhook-id` is the row's `webhook_id` column, unique, so
@@ -36,8 +36,14 @@ from app.core.clock import utc_now
 from app.core.errors import AuthenticationError, ConflictError, DomainError, InvalidRequestError
 from app.core.ids import new_id
 from app.deployments.models import Deployment
-from app.hooks.alertmanager import MAX_DP_SIZE, AlertmanagerPayload, ScaleAsk, intent_stream_key, parse_step
-from app.hooks.models import (
+from app.scale.hooks.alertmanager import (
+    MAX_DP_SIZE,
+    AlertmanagerPayload,
+    ScaleAsk,
+    intent_stream_key,
+    parse_step,
+)
+from app.scale.hooks.models import (
     INTENT_DECISIONS,
     HookDecision,
     HookOutcome,

@@ -24,11 +24,14 @@ from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.deployments.models import Deployment
-from app.hooks.alertmanager import (
+from app.jobs.models import ReconfigurationJob
+from app.scale import desired, intents
+from app.scale.blockers import base_size
+from app.scale.hooks.alertmanager import (
     ScaleAsk,
 )
-from app.hooks.models import HookDecision, HookOutcome, InboundHookRequest
-from app.hooks.service import (
+from app.scale.hooks.models import HookDecision, HookOutcome, InboundHookRequest
+from app.scale.hooks.service import (
     Caller,
     ReplayedRequestError,
     announce,
@@ -38,9 +41,6 @@ from app.hooks.service import (
     outcome_of,
     record,
 )
-from app.jobs.models import ReconfigurationJob
-from app.scale import desired, intents
-from app.scale.blockers import base_size
 from app.scale.intents import EndCode, IntentState, ScaleIntentRow
 
 

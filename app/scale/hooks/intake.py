@@ -16,8 +16,8 @@ from sqlmodel import Session
 from app.core.auth import Permission, Principal, authorize
 from app.core.config import Settings
 from app.core.errors import AuthenticationError, DomainError
-from app.hooks import decide, notifications, service
-from app.hooks.models import AlertmanagerOutcome, HookSource
+from app.scale.hooks import decide, notifications, service
+from app.scale.hooks.models import AlertmanagerOutcome, HookSource
 from app.tokens.models import TokenRole
 from app.tokens.service import authenticate
 from app.webhooks import signing

@@ -1,4 +1,4 @@
-"""Opening, amending and resolving incidents (see `app.incidents.models`), HTTP-free. Opened and
+"""Opening, amending and resolving incidents (see `app.deployments.incidents.models`), HTTP-free. Opened and
 resolved by the deployment's status writer only (`app.deployments.status`), in its transaction."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import NotFoundError
 from app.core.ids import new_id
+from app.deployments.engines.models import Engine, EngineState
+from app.deployments.incidents.models import INCIDENT_ID_PREFIX, Incident, IncidentPublic, IncidentState
 from app.deployments.models import Deployment
-from app.engines.models import Engine, EngineState
-from app.incidents.models import INCIDENT_ID_PREFIX, Incident, IncidentPublic, IncidentState
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import JobState
 from app.webhooks.models import EventType

@@ -29,9 +29,9 @@ from app.api.deps import DatabaseDep, Reader, SettingsDep
 from app.api.params import DeploymentFilterQuery, Offset
 from app.core.errors import InvalidRequestError, NotFoundError
 from app.core.problems import problem_responses
-from app.hooks import intake, service
-from app.hooks.alertmanager import AlertmanagerPayload
-from app.hooks.models import AlertmanagerOutcome, HookDecision, HookSource
+from app.scale.hooks import intake, service
+from app.scale.hooks.alertmanager import AlertmanagerPayload
+from app.scale.hooks.models import AlertmanagerOutcome, HookDecision, HookSource
 
 router = APIRouter(prefix="/v1/hooks", tags=["hooks"], responses=problem_responses(401, 403, 422))
 

@@ -7,8 +7,8 @@ from app.api.deps import DatabaseDep, EngineAgent, Reader
 from app.api.params import DeploymentFilterQuery, EngineIdPath
 from app.coordinators import service as coordinators
 from app.core.problems import problem_responses
-from app.engines import service
-from app.engines.models import (
+from app.deployments.engines import service
+from app.deployments.engines.models import (
     Engine,
     EngineHeartbeat,
     EngineHeartbeatAnswer,

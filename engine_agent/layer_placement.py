@@ -28,14 +28,15 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from engine_agent.layer_moves import (
+from engine_agent.layer_fresh import (
     BoolArray,
     FloatArray,
     IntArray,
     fresh_placement,
     held_pairs,
-    incremental,
+    replica_counts,
 )
+from engine_agent.layer_moves import incremental
 from engine_agent.placement import slots_per_rank
 
 # Aim just inside the allowed balance, so that rounding never lands a layer on the wrong side of it.
@@ -69,22 +70,6 @@ def normalized_loads(expert_load: npt.ArrayLike, num_logical: int | None = None)
     idle = loads.sum(axis=1) == 0
     loads[idle] = 1.0
     return loads
-
-
-def replica_counts(loads: FloatArray, total_slots: int, world_size: int) -> IntArray:
-    """counts[layer, expert]: one each, then every extra slot to the highest load per replica (ties:
-    lowest id). No expert gets more replicas than ranks until every expert sits on every rank."""
-    num_layers, num_logical = loads.shape
-    counts = np.ones((num_layers, num_logical), dtype=np.int64)
-    rows = np.arange(num_layers)
-    for _ in range(total_slots - num_logical):
-        per_replica = loads / counts
-        key = np.where(counts >= world_size, -np.inf, per_replica)
-        everywhere = np.isneginf(key).all(axis=1)
-        if everywhere.any():
-            key[everywhere] = per_replica[everywhere]
-        counts[rows, key.argmax(axis=1)] += 1
-    return counts
 
 
 def layer_rank_loads(placement: IntArray, loads: FloatArray) -> FloatArray:

@@ -32,19 +32,21 @@ def held_pairs(placement: IntArray, num_logical: int) -> BoolArray:
     return held
 
 
-def replica_counts(loads: FloatArray, total_slots: int, world_size: int) -> IntArray:
-    """counts[layer, expert]: one each, then every extra slot to the highest load per replica (ties:
-    lowest id). No expert gets more replicas than ranks until every expert sits on every rank."""
+def replica_counts(loads: FloatArray, total_slots: int, world_size: int, floor: int = 1) -> IntArray:
+    """counts[layer, expert]: `floor` each (two: every expert covered), then every extra slot to the
+    highest load per replica (ties: lowest id). No expert gets more replicas than ranks until every
+    expert sits on every rank."""
     num_layers, num_logical = loads.shape
-    counts = np.ones((num_layers, num_logical), dtype=np.int64)
-    extra = total_slots - num_logical
+    floor = max(1, min(floor, world_size))
+    counts = np.full((num_layers, num_logical), floor, dtype=np.int64)
+    extra = total_slots - floor * num_logical
     if extra <= 0:
         return counts
-    if extra >= num_logical * (world_size - 1):
+    if extra >= num_logical * (world_size - floor):
         return _counts_past_every_rank(loads, counts, extra, world_size)
     # Each expert's load per replica (what the next replica is chosen by), updated where it changes;
     # an expert on every rank takes no more (-inf).
-    value = loads.copy()
+    value = loads / floor if floor < world_size else np.full_like(loads, -np.inf)
     flat_value, flat_counts, flat_loads = value.ravel(), counts.ravel(), loads.ravel()
     base = np.arange(num_layers) * num_logical
     for _ in range(extra):
@@ -81,9 +83,13 @@ def sorted_replicas(loads: FloatArray, counts: IntArray, total: int) -> tuple[In
     return np.take_along_axis(experts, order, axis=1), np.take_along_axis(weights, order, axis=1)
 
 
-def fresh_placement(loads: FloatArray, counts: IntArray, world: int, per_rank: int) -> IntArray:
+def fresh_placement(
+    loads: FloatArray, counts: IntArray, world: int, per_rank: int, unit: IntArray | None = None
+) -> IntArray:
     """Largest replica first onto the least-loaded rank with room that lacks the expert (doubling up
-    only when every rank with room holds it): the rule of `placement.rebalance`, over all layers."""
+    only when every rank with room holds it): the rule of `placement.rebalance`, over all layers.
+    With `unit` (each rank's failure unit), an expert's second replica avoids the unit of its first
+    where a rank with room elsewhere lacks it."""
     num_layers, num_logical = loads.shape
     total = world * per_rank
     experts, weights = sorted_replicas(loads, counts, total)
@@ -94,6 +100,9 @@ def fresh_placement(loads: FloatArray, counts: IntArray, world: int, per_rank: i
     placement = np.empty((num_layers, world, per_rank), dtype=np.int64)
     done = np.zeros(num_layers, dtype=np.int64)  # replicas placed so far, per layer
     window = np.arange(world)
+    # Where coverage is a goal: each expert's first unit (-1: none yet), and whether it spans two.
+    home = np.full((num_layers, num_logical), -1, dtype=np.int64)
+    spread = np.zeros((num_layers, num_logical), dtype=bool)
     while True:
         live = np.flatnonzero(done < total)
         if live.size == 0:
@@ -112,14 +121,20 @@ def fresh_placement(loads: FloatArray, counts: IntArray, world: int, per_rank: i
         takes = np.ones_like(inside)
         takes[:, 1:] = lightest[:, 1:] < before[:, :-1]
         takes &= inside & np.isfinite(lightest) & ~held[live[:, None], order, expert]
+        if unit is not None:
+            lone = np.where(spread[live[:, None], expert], -2, home[live[:, None], expert])
+            takes &= ~_same_unit(lone, expert, unit[order])
         run = np.where(takes.all(axis=1), world, takes.argmin(axis=1))
-        for i in np.flatnonzero(run == 0):  # the lightest rank holds it already: the one-replica rule
-            _place_one(
-                placement[live[i]], used[live[i]], held[live[i]], rank_load[live[i]], per_replica[live[i]],
-                int(expert[i, 0]), float(weight[i, 0]),
+        stuck = np.flatnonzero(run == 0)
+        if stuck.size:  # the lightest rank holds it (or its unit does): the one-replica rule
+            _place_first(
+                placement, used, held, rank_load, per_replica, home, spread, unit, live[stuck],
+                expert[stuck, 0], weight[stuck, 0],
             )  # fmt: skip
         row, j = np.nonzero(window[None, :] < run[:, None])
         layer, rank, chosen = live[row], order[row, j], expert[row, j]
+        if unit is not None:
+            _note_units(home, spread, layer, chosen, unit[rank])
         placement[layer, rank, used[layer, rank]] = chosen
         used[layer, rank] += 1
         rank_load[layer, rank] += weight[row, j]
@@ -128,26 +143,62 @@ def fresh_placement(loads: FloatArray, counts: IntArray, world: int, per_rank: i
     return np.sort(placement, axis=2)
 
 
-def _place_one(
+def _same_unit(lone: IntArray, expert: IntArray, unit_of_rank: IntArray) -> BoolArray:
+    """[layer, j] for a run of replicas (an expert's replicas are consecutive): would replica j be its
+    expert's second in the unit of its first? `lone`: the unit of the expert's only unit so far (-1:
+    none yet, -2: it spans two already); the first may also be replica j - 1, in this run."""
+    before = np.zeros_like(lone, dtype=bool)
+    before[:, 1:] = expert[:, 1:] == expert[:, :-1]
+    second_after_first = (lone >= 0) & ~before & (lone == unit_of_rank)
+    first_just_before = np.zeros_like(before)
+    first_just_before[:, 1:] = before[:, 1:] & (lone[:, :-1] == -1) & ~before[:, :-1]
+    second_in_run = np.zeros_like(before)
+    second_in_run[:, 1:] = first_just_before[:, 1:] & (unit_of_rank[:, 1:] == unit_of_rank[:, :-1])
+    return second_after_first | second_in_run
+
+
+def _note_units(home: IntArray, spread: BoolArray, layer: IntArray, expert: IntArray, unit: IntArray) -> None:
+    """In place: the units of replicas just placed (an expert's replicas in the order placed)."""
+    new = home[layer, expert] < 0
+    first = new.copy()
+    first[1:] &= ~((layer[1:] == layer[:-1]) & (expert[1:] == expert[:-1]))
+    home[layer[first], expert[first]] = unit[first]
+    spread[layer, expert] |= home[layer, expert] != unit
+
+
+def _place_first(
     placement: IntArray,
     used: IntArray,
     held: BoolArray,
     rank_load: FloatArray,
     weights: FloatArray,
-    expert: int,
-    weight: float,
+    home: IntArray,
+    spread: BoolArray,
+    unit: IntArray | None,
+    layers: IntArray,
+    experts: IntArray,
+    weight: FloatArray,
 ) -> None:
-    """One layer, in place: the replica onto the least-loaded rank with room that lacks it, else
-    `swap_in`."""
-    room = (used < placement.shape[1]) & ~held[:, expert]
-    if not room.any():
-        swap_in(placement, used, held, rank_load, weights, expert)
-        return
-    rank = int(np.where(room, rank_load, np.inf).argmin())
-    placement[rank, used[rank]] = expert
-    used[rank] += 1
-    rank_load[rank] += weight
-    held[rank, expert] = True
+    """In place, one replica per layer: onto the least-loaded rank with room that lacks it (and, with
+    `unit`, outside the unit of its first replica where possible), else `swap_in`."""
+    per_rank = placement.shape[2]
+    room = (used[layers] < per_rank) & ~held[layers, :, experts]  # [A, W]
+    if unit is not None:
+        away = room & (unit[None, :] != home[layers, experts][:, None])
+        lone = (home[layers, experts] >= 0) & ~spread[layers, experts]
+        room = np.where((away.any(axis=1) & lone)[:, None], away, room)
+    has = room.any(axis=1)
+    for i in np.flatnonzero(~has):
+        layer = int(layers[i])
+        swap_in(placement[layer], used[layer], held[layer], rank_load[layer], weights[layer], int(experts[i]))
+    layers, experts, weight, room = layers[has], experts[has], weight[has], room[has]
+    rank = np.where(room, rank_load[layers], np.inf).argmin(axis=1)
+    placement[layers, rank, used[layers, rank]] = experts
+    used[layers, rank] += 1
+    rank_load[layers, rank] += weight
+    held[layers, rank, experts] = True
+    if unit is not None:
+        _note_units(home, spread, layers, experts, unit[rank])
 
 
 def swap_in(

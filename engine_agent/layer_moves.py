@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine_agent.layer_cover import cover
 from engine_agent.layer_fresh import BoolArray, FloatArray, IntArray, held_pairs, swap_in
 
 __all__ = ["BoolArray", "FloatArray", "IntArray", "held_pairs", "incremental"]
@@ -106,11 +107,14 @@ def _make_room(held: BoolArray, loads: FloatArray, per_rank: int) -> None:
         held[at, rank[pick], orphan[found]] = True
 
 
-def _fill(held: BoolArray, loads: FloatArray, per_rank: int) -> IntArray:
+def _fill(held: BoolArray, loads: FloatArray, per_rank: int, unit: IntArray | None = None) -> IntArray:
     """In place on held: fill every free slot, experts nobody holds first (largest load first), then
-    an extra replica of the expert with the highest load per replica; each onto the least-loaded rank
-    with room that lacks it. Returns the replica counts."""
+    (with `unit`, where coverage is a goal) a second replica of the hottest expert whose replicas all
+    sit in one unit, in another unit, then an extra replica of the expert whose replica relieves the
+    heaviest rank most; each onto the least-loaded rank with room that lacks it. Returns the replica
+    counts."""
     num_layers, world, _ = held.shape
+    in_unit = _per_unit(held, unit) if unit is not None else None
     rows = np.arange(num_layers)
     counts = held.sum(axis=1)
     used = held.sum(axis=2)
@@ -133,11 +137,16 @@ def _fill(held: BoolArray, loads: FloatArray, per_rank: int) -> IntArray:
         others = np.where(np.arange(world)[None, :] == rank[:, None], -np.inf, rank_load)
         after = _peak_after(held, others, shed, top)
         peak = np.maximum(after, rank_load[rows, rank][:, None] + share) - 1e-9 * share  # ties: hotter
-        expert = np.where(
-            orphan.max(axis=1) >= 0, orphan.argmax(axis=1), np.where(placeable, peak, np.inf).argmin(axis=1)
-        )
+        expert = np.where(placeable, peak, np.inf).argmin(axis=1)
+        if in_unit is not None and unit is not None:
+            lone = ((in_unit > 0).sum(axis=1) == 1) & (in_unit[rows, unit[rank]] == 0)
+            alone = np.where(lone & placeable, loads, -1.0)
+            expert = np.where(alone.max(axis=1) >= 0, alone.argmax(axis=1), expert)
+        expert = np.where(orphan.max(axis=1) >= 0, orphan.argmax(axis=1), expert)
         live &= placeable[rows, expert]  # else the slot stays free and the layer takes another way
         at, r, e = rows[live], rank[live], expert[live]
+        if in_unit is not None and unit is not None:
+            in_unit[at, unit[r], e] += 1
         holders = held[at, :, e]  # [A, W] before the new replica
         rank_load[at] -= holders * np.where(counts[at, e] > 0, shed[at, e], 0.0)[:, None]
         rank_load[at, r] += share[at, e]
@@ -146,6 +155,15 @@ def _fill(held: BoolArray, loads: FloatArray, per_rank: int) -> IntArray:
         used[at, r] += 1
         free[at] -= 1
     return counts
+
+
+def _per_unit(held: BoolArray, unit: IntArray) -> IntArray:
+    """[layer, unit, expert]: replicas held in each unit."""
+    units = int(unit.max(initial=0)) + 1
+    per_unit = np.zeros((held.shape[0], units, held.shape[2]), dtype=np.int64)
+    for index in range(units):
+        per_unit[:, index] = held[:, unit == index].sum(axis=1)
+    return per_unit
 
 
 def _peak_after(held: BoolArray, others: FloatArray, shed: FloatArray, top: int) -> FloatArray:
@@ -175,6 +193,7 @@ def incremental(
     kept: BoolArray,
     target: FloatArray,
     counts: IntArray | None = None,
+    unit: IntArray | None = None,
 ) -> tuple[IntArray, IntArray, BoolArray]:
     """Keep what may stay, fill the free slots, then swap replicas between the most loaded rank and any
     other (fewest added copies first) until every layer is under `target`.
@@ -184,29 +203,49 @@ def incremental(
     rest: the replica counts follow. With `counts` (the fresh ones), pairs stay up to those counts
     and the missing replicas fill the slots that frees. Returns (placement, counts, layers not under
     target); a layer whose slots cannot all be filled counts as not under target.
+
+    With `unit` (each rank's failure unit), coverage is a goal: conversions that cover experts run
+    before the trades (a heavy rank giving up a replica of an expert held widely is relieved for one
+    copy) and after them (trades can bring two replicas into one unit), all within `target`.
     """
     if counts is None:
         held = _keep_all(kept, loads, per_rank)
         _make_room(held, loads, per_rank)
-        counts = _fill(held, loads, per_rank)
+        counts = _fill(held, loads, per_rank, unit)
         placement = _layout(held, per_rank)
     else:
         held = _keep(kept, counts, loads / counts, per_rank)
         placement = _layout(held, per_rank)
-        _place_missing(placement, held, loads, counts, per_rank)
+        _place_missing(placement, held, loads, counts, per_rank, unit)
+    unfit = (placement < 0).any(axis=(1, 2))
+    fit = np.flatnonzero(~unfit)
+    if unit is not None and fit.size:
+        placement[fit] = cover(placement[fit], loads[fit], kept[fit], target[fit], unit)
+        held[fit] = held_pairs(placement[fit], loads.shape[1])
+        counts = held.sum(axis=1)
     weights = loads / np.maximum(counts, 1)
     rank_load = (held * weights[:, None, :]).sum(axis=2)
-    unfit = (placement < 0).any(axis=(1, 2))
     target = np.where(unfit, np.inf, target)  # nothing to swap where slots are empty
     unfit |= _swap_down(placement, rank_load, held, kept, weights, target)
+    fit = np.flatnonzero(~unfit)
+    if unit is not None and fit.size:
+        placement[fit] = cover(placement[fit], loads[fit], kept[fit], target[fit], unit)
+        counts[fit] = held_pairs(placement[fit], loads.shape[1]).sum(axis=1)
     return np.sort(placement, axis=2), counts, unfit
 
 
 def _place_missing(
-    placement: IntArray, held: BoolArray, loads: FloatArray, counts: IntArray, per_rank: int
+    placement: IntArray,
+    held: BoolArray,
+    loads: FloatArray,
+    counts: IntArray,
+    per_rank: int,
+    unit: IntArray | None = None,
 ) -> None:
     """In place: the replicas `counts` asks for beyond those held, largest first, each onto the
-    least-loaded rank with room that lacks it."""
+    least-loaded rank with room that lacks it (with `unit`: outside the unit that holds all of the
+    expert's replicas, where such a rank has room)."""
+    in_unit = _per_unit(held, unit) if unit is not None else None
     num_layers = held.shape[0]
     weights = loads / counts
     used = held.sum(axis=2)
@@ -225,6 +264,11 @@ def _place_missing(
         live = reps[:, i] >= 0
         expert = np.where(live, reps[:, i], 0)
         ok = (used < per_rank) & ~held[rows, :, expert]
+        if in_unit is not None and unit is not None:
+            here = in_unit[rows, :, expert] > 0  # [layer, unit]
+            lone = here.sum(axis=1) == 1
+            away = ok & ~here[rows[:, None], unit[None, :]]
+            ok = np.where((lone & away.any(axis=1))[:, None], away, ok)
         stuck = live & ~ok.any(axis=1)
         for layer in np.flatnonzero(stuck).tolist():
             swap_in(
@@ -242,6 +286,8 @@ def _place_missing(
         used[at, r] += 1
         rank_load[at, r] += weights[at, e]
         held[at, r, e] = True
+        if in_unit is not None and unit is not None:
+            in_unit[at, unit[r], e] += 1
 
 
 def _swap_down(

@@ -172,6 +172,9 @@ def _best_pair_trade(
     slots = placement[active].reshape(size, -1)  # [A, W*S]
     count, load = counts[active], loads[active]
     lone = (span[active][row, slots] == 1) & (count[row, slots] >= 2)
+    if not lone.any():  # every expert held twice spans two units (always so with one engine per unit)
+        nothing = np.zeros(size, dtype=np.int64)
+        return np.zeros(size, dtype=bool), nothing, nothing
     take = min(_PAIRS, slots.shape[1])
     firsts = np.argsort(~lone, axis=1, kind="stable")[:, :take]  # [A, P]: such slots first
     usable = np.take_along_axis(lone, firsts, axis=1)

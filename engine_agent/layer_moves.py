@@ -115,6 +115,7 @@ def _fill(held: BoolArray, loads: FloatArray, per_rank: int, unit: IntArray | No
     counts."""
     num_layers, world, _ = held.shape
     in_unit = _per_unit(held, unit) if unit is not None else None
+    span = (in_unit > 0).sum(axis=1) if in_unit is not None else None  # units holding each expert
     rows = np.arange(num_layers)
     counts = held.sum(axis=1)
     used = held.sum(axis=2)
@@ -138,14 +139,15 @@ def _fill(held: BoolArray, loads: FloatArray, per_rank: int, unit: IntArray | No
         after = _peak_after(held, others, shed, top)
         peak = np.maximum(after, rank_load[rows, rank][:, None] + share) - 1e-9 * share  # ties: hotter
         expert = np.where(placeable, peak, np.inf).argmin(axis=1)
-        if in_unit is not None and unit is not None:
-            lone = ((in_unit > 0).sum(axis=1) == 1) & (in_unit[rows, unit[rank]] == 0)
+        if in_unit is not None and unit is not None and span is not None:
+            lone = (span == 1) & (in_unit[rows, unit[rank]] == 0)
             alone = np.where(lone & placeable, loads, -1.0)
             expert = np.where(alone.max(axis=1) >= 0, alone.argmax(axis=1), expert)
         expert = np.where(orphan.max(axis=1) >= 0, orphan.argmax(axis=1), expert)
         live &= placeable[rows, expert]  # else the slot stays free and the layer takes another way
         at, r, e = rows[live], rank[live], expert[live]
-        if in_unit is not None and unit is not None:
+        if in_unit is not None and unit is not None and span is not None:
+            span[at, e] += in_unit[at, unit[r], e] == 0
             in_unit[at, unit[r], e] += 1
         holders = held[at, :, e]  # [A, W] before the new replica
         rank_load[at] -= holders * np.where(counts[at, e] > 0, shed[at, e], 0.0)[:, None]

@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine_agent.layer_cover import cover
-from engine_agent.layer_coverage import Coverage, coverage_of, uncovered, units_of
+from engine_agent.layer_coverage import Coverage, coverage_of, per_unit_counts, uncovered, units_of
 from engine_agent.layer_fresh import (
     BoolArray,
     FloatArray,
@@ -235,6 +235,9 @@ def rebalance_layers(
     copies = np.where(unfit, np.inf, (held_pairs(placement, experts) & ~kept).sum(axis=(1, 2)))
     bound = _lower_bounds(counts, kept, per_rank)
     again_counts = counts if two_each is None else two_each
+    if coverage:  # the copies that covered experts do not count against the bound
+        before = (per_unit_counts(kept, unit, int(unit.max()) + 1) > 0).sum(axis=1) < 2
+        copies = copies - np.maximum(before.sum(axis=1) - uncovered(placement, experts, unit), 0)
     short = copies > bound * _RETRY_ABOVE_BOUND
     if two_each is not None:
         short |= uncovered(placement, experts, unit) > 0

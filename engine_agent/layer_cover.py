@@ -20,7 +20,9 @@ from engine_agent.layer_coverage import per_unit_counts
 from engine_agent.layer_fresh import BoolArray, FloatArray, IntArray, held_pairs
 
 # Uncovered experts weighed per round for each layer (the coldest ones).
-_RECEIVERS = 1
+_RECEIVERS = 8
+# Donor slots weighed per round for each layer (those that leave their other holders lightest).
+_DONORS = 32
 # Replicas of experts held twice or more in one unit weighed per round for a pair trade.
 _PAIRS = 8
 
@@ -53,16 +55,35 @@ def cover(
         active = np.flatnonzero(live)
         if active.size == 0:
             break
-        chosen = _best_conversion(
+        found, slot, receiver = _best_conversions(
             active, placement, held, kept, counts, per_unit, span, rank_load, loads, cap, unit,
             slot_unit, slot_rank,
         )  # fmt: skip
-        found, slot, receiver = chosen
-        layer = active[found]
-        rank, position = slot_rank[slot[found]], slot[found] % per_rank
         state = (placement, held, counts, per_unit, span, rank_load, loads, unit)
-        _convert(*state, layer, rank, position, receiver[found])
-        rest = active[~found]
+        # Several per layer where their footprints (the donor rank, the donor's and the receiver's
+        # holders) do not meet: each was weighed on loads no other one changes.
+        touched = np.zeros((active.size, world), dtype=bool)
+        donors = np.zeros((active.size, num_logical), dtype=bool)
+        row = np.arange(active.size)
+        for k in range(found.shape[1]):
+            rank = slot_rank[slot[:, k]]
+            donor = placement.reshape(num_layers, -1)[active, slot[:, k]]
+            foot = held[active, :, donor] | held[active, :, receiver[:, k]]
+            foot[row, rank] = True
+            take = (
+                found[:, k]
+                & ~(foot & touched).any(axis=1)
+                & ~donors[row, donor]
+                & ~donors[row, receiver[:, k]]
+            )
+            if not take.any():
+                continue
+            touched |= foot & take[:, None]
+            donors[row[take], donor[take]] = True
+            donors[row[take], receiver[take, k]] = True
+            _convert(*state, active[take], rank[take], slot[take, k] % per_rank, receiver[take, k])
+        converted = np.asarray(found.any(axis=1), dtype=bool)
+        rest = active[~converted]
         if rest.size:
             found, first, second = _best_pair_trade(
                 rest,
@@ -89,7 +110,7 @@ def cover(
     return placement
 
 
-def _best_conversion(
+def _best_conversions(
     active: IntArray,
     placement: IntArray,
     held: BoolArray,
@@ -104,7 +125,8 @@ def _best_conversion(
     slot_unit: IntArray,
     slot_rank: IntArray,
 ) -> tuple[BoolArray, IntArray, IntArray]:
-    """Per active layer: (found, donor slot (flat rank * S + slot), receiving expert)."""
+    """Per active layer and receiver (the coldest uncovered experts, [A, K]): (found, the donor slot
+    (flat rank * S + slot), the receiving expert)."""
     size = active.size
     row = np.arange(size)[:, None]
     num_logical = loads.shape[1]
@@ -128,26 +150,34 @@ def _best_conversion(
     loads_at = rank_load[active][:, slot_rank]
     others = _other_holders_peak(slots, loads_at, num_logical) + gain  # every other holder, after
     capped = cap[active][:, None]
+    # Only the donors that fit weigh on: the `_DONORS` that leave their other holders lightest.
+    donor_key = np.where(can_give & (others <= capped), others, np.inf)
+    take = min(_DONORS, slots.shape[1])
+    picked = np.argpartition(donor_key, take - 1, axis=1)[:, :take] if take < slots.shape[1] else None
+    if picked is None:
+        picked = np.broadcast_to(np.arange(slots.shape[1]), slots.shape)
+    fine = np.isfinite(np.take_along_axis(donor_key, picked, axis=1))  # [A, D]
+    donor_slots = np.take_along_axis(slots, picked, axis=1)
+    donor_rank, donor_unit = slot_rank[picked], slot_unit[picked]
+    share, others = np.take_along_axis(share, picked, axis=1), np.take_along_axis(others, picked, axis=1)
+    loads_at = np.take_along_axis(loads_at, picked, axis=1)
     receiver_share = load[row, receivers] / (count[row, receivers] + 1)  # [A, K]
-    own = loads_at[:, None, :] - share[:, None, :] + receiver_share[:, :, None]  # [A, K, W*S]
-    fits = can_give[:, None, :] & (others <= capped)[:, None, :] & (own <= capped[:, :, None])
-    fits &= usable[:, :, None] & (slot_unit[None, None, :] != home[:, :, None])
-    # By rank, then repeated over its slots: the rank must lack the receiver.
-    ranks = np.arange(unit.size)
-    per_rank = slots.shape[1] // unit.size
-    lacks = ~held[active[:, None, None], ranks[None, None, :], receivers[:, :, None]]  # [A, K, W]
-    fits &= np.repeat(lacks, per_rank, axis=2)
+    own = loads_at[:, None, :] - share[:, None, :] + receiver_share[:, :, None]  # [A, K, D]
+    fits = fine[:, None, :] & (own <= capped[:, :, None])
+    fits &= usable[:, :, None] & (donor_unit[:, None, :] != home[:, :, None])
+    at = active[:, None, None]
+    fits &= ~held[at, donor_rank[:, None, :], receivers[:, :, None]]  # the rank must lack the receiver
     # Fewest copies first (a rank that held the receiver before takes it back for free; dropping a
     # replica that was itself a copy saves one), then the lowest local peak.
-    copy_in = ~kept[active[:, None, None], ranks[None, None, :], receivers[:, :, None]]
-    copy_out = ~kept[active[:, None], slot_rank[None, :], slots]
-    copies = np.repeat(copy_in.astype(np.int64), per_rank, axis=2) - copy_out[:, None, :]
+    copy_in = ~kept[at, donor_rank[:, None, :], receivers[:, :, None]]
+    copy_out = ~kept[active[:, None], donor_rank, donor_slots]
+    copies = copy_in.astype(np.int64) - copy_out[:, None, :]
     peak = np.maximum(own, others[:, None, :])
-    score = np.where(fits, copies * (4 * capped[:, :, None] + 1) + peak, np.inf).reshape(size, -1)
-    best = score.argmin(axis=1)
-    found = np.isfinite(score[np.arange(size), best])
-    k, slot = np.divmod(best, slots.shape[1])
-    return found, slot, receivers[np.arange(size), k]
+    score = np.where(fits, copies * (4 * capped[:, :, None] + 1) + peak, np.inf)  # [A, K, D]
+    best = score.argmin(axis=2)
+    found = np.isfinite(np.take_along_axis(score, best[:, :, None], axis=2)[:, :, 0])
+    slot = np.take_along_axis(picked, best, axis=1)
+    return found, slot, receivers
 
 
 def _best_pair_trade(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine_agent.layer_cover import cover
+from engine_agent.layer_coverage import per_unit_counts
 from engine_agent.layer_fresh import BoolArray, FloatArray, IntArray, held_pairs, swap_in
 
 __all__ = ["BoolArray", "FloatArray", "IntArray", "held_pairs", "incremental"]
@@ -114,7 +115,7 @@ def _fill(held: BoolArray, loads: FloatArray, per_rank: int, unit: IntArray | No
     heaviest rank most; each onto the least-loaded rank with room that lacks it. Returns the replica
     counts."""
     num_layers, world, _ = held.shape
-    in_unit = _per_unit(held, unit) if unit is not None else None
+    in_unit = per_unit_counts(held, unit, int(unit.max(initial=0)) + 1) if unit is not None else None
     span = (in_unit > 0).sum(axis=1) if in_unit is not None else None  # units holding each expert
     rows = np.arange(num_layers)
     counts = held.sum(axis=1)
@@ -157,15 +158,6 @@ def _fill(held: BoolArray, loads: FloatArray, per_rank: int, unit: IntArray | No
         used[at, r] += 1
         free[at] -= 1
     return counts
-
-
-def _per_unit(held: BoolArray, unit: IntArray) -> IntArray:
-    """[layer, unit, expert]: replicas held in each unit."""
-    units = int(unit.max(initial=0)) + 1
-    per_unit = np.zeros((held.shape[0], units, held.shape[2]), dtype=np.int64)
-    for index in range(units):
-        per_unit[:, index] = held[:, unit == index].sum(axis=1)
-    return per_unit
 
 
 def _peak_after(held: BoolArray, others: FloatArray, shed: FloatArray, top: int) -> FloatArray:
@@ -247,7 +239,7 @@ def _place_missing(
     """In place: the replicas `counts` asks for beyond those held, largest first, each onto the
     least-loaded rank with room that lacks it (with `unit`: outside the unit that holds all of the
     expert's replicas, where such a rank has room)."""
-    in_unit = _per_unit(held, unit) if unit is not None else None
+    in_unit = per_unit_counts(held, unit, int(unit.max(initial=0)) + 1) if unit is not None else None
     num_layers = held.shape[0]
     weights = loads / counts
     used = held.sum(axis=2)

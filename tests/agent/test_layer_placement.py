@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine_agent.layer_fresh import held_pairs
 from engine_agent.layer_placement import (
     COVERAGE_BALANCE,
     copies_lower_bound,
@@ -17,7 +18,6 @@ from engine_agent.layer_placement import (
     rebalance_layers,
     replica_counts,
 )
-from engine_agent.layer_fresh import held_pairs
 from engine_agent.placement import plan_transfers, rebalance, slots_per_rank, validate_placement
 
 

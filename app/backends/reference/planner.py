@@ -218,9 +218,7 @@ def failure_domain(info: AgentInfo) -> str:
 
 def plan_placement(
     deployment: DeploymentSpec, old: Sequence[AgentInfo], new: Sequence[AgentInfo]
-) -> tuple[
-    list[list[list[int]]], list[list[list[int]]], list[list[int]], dict[str, object], dict[str, object]
-]:
+) -> tuple[Placements, Placements, list[list[int]], dict[str, object], dict[str, object]]:
     """(old placements, new placements, load, stats, coverage), per MoE layer: every layer planned from
     the placement the old generation serves (when it reports one for every layer and member), so that
     few expert copies move, covering what the slots and the balance allow."""
@@ -228,6 +226,7 @@ def plan_placement(
     from engine_agent.layer_placement import rebalance_layers
 
     layers = deployment.num_moe_layers
+    domains = [failure_domain(info) for info in new]
     load = summed_expert_load(old, deployment.num_logical_experts, layers)
     old_placements = layer_placements(old[0].placement, old[0].placements) if old else []
     old_rank = {info.engine_id: rank for rank, info in enumerate(old)}
@@ -243,7 +242,7 @@ def plan_placement(
         previous=old_placements if usable else None,
         origin=[old_rank.get(info.engine_id) for info in new] if usable else None,
         num_logical=deployment.num_logical_experts,
-        domains=[failure_domain(info) for info in new],
+        domains=domains,
     )
     stats: dict[str, object] = {
         "layers": layers,
@@ -255,7 +254,6 @@ def plan_placement(
     }
     coverage: dict[str, object] = {}
     if layer_plan.coverage is not None:
-        domains = [failure_domain(info) for info in new]
         coverage = layer_plan.coverage.record([info.engine_id for info in new], domains)
     old_lists = [[list(s) for s in p] for p in old_placements]
     return old_lists, layer_plan.to_lists(), load, stats, coverage

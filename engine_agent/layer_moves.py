@@ -1,5 +1,5 @@
-"""The moves behind `layer_placement.rebalance_layers`: a fresh placement, and a placement built from
-the previous one (keep, make room, fill, swap down), each vectorised over layers.
+"""The moves behind `layer_placement.rebalance_layers`: a placement built from the previous one (keep,
+make room, fill, swap down), each vectorised over layers. The fresh placement is `layer_fresh`.
 
 Shapes as in `layer_placement`: `loads[layer, expert]`, `placement[layer, rank, slot]`,
 `held[layer, rank, expert]` (the rank holds at least one replica of the expert).
@@ -8,113 +8,15 @@ Shapes as in `layer_placement`: `loads[layer, expert]`, `placement[layer, rank, 
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
+from engine_agent.layer_cover import cover
+from engine_agent.layer_coverage import per_unit_counts
+from engine_agent.layer_fresh import BoolArray, FloatArray, IntArray, held_pairs, swap_in
+
+__all__ = ["BoolArray", "FloatArray", "IntArray", "held_pairs", "incremental"]
 
 # Where an extra replica goes, only this many of the heaviest ranks are weighed (the next bounds the rest).
 PEAK_RANKS = 8
-
-
-def held_pairs(placement: IntArray, num_logical: int) -> BoolArray:
-    """held[layer, rank, expert]: the rank holds at least one replica of the expert."""
-    num_layers, world, _ = placement.shape
-    held = np.zeros((num_layers, world, num_logical), dtype=bool)
-    layer = np.arange(num_layers)[:, None, None]
-    rank = np.arange(world)[None, :, None]
-    held[layer, rank, placement] = True
-    return held
-
-
-def _sorted_replicas(loads: FloatArray, counts: IntArray, total: int) -> tuple[IntArray, FloatArray]:
-    """Every layer's replicas, largest load per replica first: (experts [layer, i], weights)."""
-    num_layers, num_logical = loads.shape
-    per_replica = loads / counts
-    experts = np.repeat(np.tile(np.arange(num_logical), num_layers), counts.ravel()).reshape(
-        num_layers, total
-    )
-    weights = np.take_along_axis(per_replica, experts, axis=1)
-    order = np.argsort(-weights, axis=1, kind="stable")
-    return np.take_along_axis(experts, order, axis=1), np.take_along_axis(weights, order, axis=1)
-
-
-def fresh_placement(loads: FloatArray, counts: IntArray, world: int, per_rank: int) -> IntArray:
-    """Largest replica first onto the least-loaded rank with room that lacks the expert (doubling up
-    only when every rank with room holds it): the rule of `placement.rebalance`, over all layers."""
-    num_layers = loads.shape[0]
-    total = world * per_rank
-    experts, weights = _sorted_replicas(loads, counts, total)
-    per_replica = loads / counts
-    rows = np.arange(num_layers)
-    rank_load = np.zeros((num_layers, world))
-    used = np.zeros((num_layers, world), dtype=np.int64)
-    held = np.zeros((num_layers, world, loads.shape[1]), dtype=bool)
-    placement = np.empty((num_layers, world, per_rank), dtype=np.int64)
-    for i in range(total):
-        expert = experts[:, i]
-        key = np.where((used < per_rank) & ~held[rows, :, expert], rank_load, np.inf)
-        stuck = np.isinf(key.min(axis=1))
-        for layer in np.flatnonzero(stuck):  # rare: only near the end, with few ranks
-            _swap_in(
-                placement[layer],
-                used[layer],
-                held[layer],
-                rank_load[layer],
-                per_replica[layer],
-                int(expert[layer]),
-            )
-        at = rows[~stuck]
-        target = key[at].argmin(axis=1)
-        placement[at, target, used[at, target]] = expert[at]
-        used[at, target] += 1
-        rank_load[at, target] += weights[at, i]
-        held[at, target, expert[at]] = True
-    return np.sort(placement, axis=2)
-
-
-def _swap_in(
-    placement: IntArray,
-    used: IntArray,
-    held: BoolArray,
-    rank_load: FloatArray,
-    weights: FloatArray,
-    expert: int,
-) -> None:
-    """One layer, in place: every rank with room already holds `expert`. Move another expert from a
-    full rank that lacks `expert` into a free slot, and put `expert` in its place: the move that leaves
-    the heavier of the two ranks lightest (as `placement.rebalance` does). Where no such move exists,
-    `expert` doubles up on the least-loaded rank with room."""
-    per_rank = placement.shape[1]
-    best: tuple[float, int, int, int] | None = None
-    for free in np.flatnonzero(used < per_rank).tolist():
-        for full in np.flatnonzero((used >= per_rank) & ~held[:, expert]).tolist():
-            for slot in range(per_rank):
-                moved = int(placement[full, slot])
-                if held[free, moved]:
-                    continue
-                after = max(
-                    rank_load[free] + weights[moved], rank_load[full] - weights[moved] + weights[expert]
-                )
-                key = (float(after), free, full, slot)
-                if best is None or key < best:
-                    best = key
-    if best is None:
-        lightest = int(np.where(used < per_rank, rank_load, np.inf).argmin())
-        placement[lightest, used[lightest]] = expert
-        used[lightest] += 1
-        rank_load[lightest] += weights[expert]
-        return
-    _, free, full, slot = best
-    moved = int(placement[full, slot])
-    placement[free, used[free]] = moved
-    used[free] += 1
-    placement[full, slot] = expert
-    held[free, moved] = held[full, expert] = True
-    held[full, moved] = False
-    rank_load[free] += weights[moved]
-    rank_load[full] += weights[expert] - weights[moved]
 
 
 def _trim_ranks(kept: BoolArray, weights: FloatArray, per_rank: int) -> BoolArray:
@@ -206,11 +108,15 @@ def _make_room(held: BoolArray, loads: FloatArray, per_rank: int) -> None:
         held[at, rank[pick], orphan[found]] = True
 
 
-def _fill(held: BoolArray, loads: FloatArray, per_rank: int) -> IntArray:
+def _fill(held: BoolArray, loads: FloatArray, per_rank: int, unit: IntArray | None = None) -> IntArray:
     """In place on held: fill every free slot, experts nobody holds first (largest load first), then
-    an extra replica of the expert with the highest load per replica; each onto the least-loaded rank
-    with room that lacks it. Returns the replica counts."""
+    (with `unit`, where coverage is a goal) a second replica of the hottest expert whose replicas all
+    sit in one unit, in another unit, then an extra replica of the expert whose replica relieves the
+    heaviest rank most; each onto the least-loaded rank with room that lacks it. Returns the replica
+    counts."""
     num_layers, world, _ = held.shape
+    in_unit = per_unit_counts(held, unit, int(unit.max(initial=0)) + 1) if unit is not None else None
+    span = (in_unit > 0).sum(axis=1) if in_unit is not None else None  # units holding each expert
     rows = np.arange(num_layers)
     counts = held.sum(axis=1)
     used = held.sum(axis=2)
@@ -231,20 +137,19 @@ def _fill(held: BoolArray, loads: FloatArray, per_rank: int) -> IntArray:
         share = loads / (counts + 1)
         shed = loads / np.maximum(counts, 1) - share
         others = np.where(np.arange(world)[None, :] == rank[:, None], -np.inf, rank_load)
-        order = np.argsort(-others, axis=1, kind="stable")
-        heaviest = order[:, :top]
-        after = (
-            np.take_along_axis(others, heaviest, axis=1)[:, :, None]
-            - held[rows[:, None], heaviest] * shed[:, None, :]
-        ).max(axis=1)  # [layer, expert]
-        if world > top:
-            after = np.maximum(after, np.take_along_axis(others, order[:, top : top + 1], axis=1))
+        after = _peak_after(held, others, shed, top)
         peak = np.maximum(after, rank_load[rows, rank][:, None] + share) - 1e-9 * share  # ties: hotter
-        expert = np.where(
-            orphan.max(axis=1) >= 0, orphan.argmax(axis=1), np.where(placeable, peak, np.inf).argmin(axis=1)
-        )
+        expert = np.where(placeable, peak, np.inf).argmin(axis=1)
+        if in_unit is not None and unit is not None and span is not None:
+            lone = (span == 1) & (in_unit[rows, unit[rank]] == 0)
+            alone = np.where(lone & placeable, loads, -1.0)
+            expert = np.where(alone.max(axis=1) >= 0, alone.argmax(axis=1), expert)
+        expert = np.where(orphan.max(axis=1) >= 0, orphan.argmax(axis=1), expert)
         live &= placeable[rows, expert]  # else the slot stays free and the layer takes another way
         at, r, e = rows[live], rank[live], expert[live]
+        if in_unit is not None and unit is not None and span is not None:
+            span[at, e] += in_unit[at, unit[r], e] == 0
+            in_unit[at, unit[r], e] += 1
         holders = held[at, :, e]  # [A, W] before the new replica
         rank_load[at] -= holders * np.where(counts[at, e] > 0, shed[at, e], 0.0)[:, None]
         rank_load[at, r] += share[at, e]
@@ -255,6 +160,26 @@ def _fill(held: BoolArray, loads: FloatArray, per_rank: int) -> IntArray:
     return counts
 
 
+def _peak_after(held: BoolArray, others: FloatArray, shed: FloatArray, top: int) -> FloatArray:
+    """[layer, expert]: the heaviest of the `top` heaviest ranks (by `others`) once every holder of the
+    expert sheds `shed` of it, bounded below by the next rank. Only the experts of the heaviest rank
+    change it: for any other, the heaviest rank stays; for one of those, it is the heaviest rank less
+    the shed, or the first of the top ranks that lacks the expert."""
+    num_layers, world = others.shape
+    order = np.argsort(-others, axis=1, kind="stable")
+    values = np.take_along_axis(others, order, axis=1)
+    after = np.repeat(values[:, :1], held.shape[2], axis=1)
+    layer, expert = np.nonzero(held[np.arange(num_layers), order[:, 0]])
+    if layer.size:
+        holds = held[layer[:, None], order[layer, :top], expert[:, None]]  # [pair, top rank]
+        first = np.where(holds.all(axis=1), top, holds.argmin(axis=1))
+        lacking = np.where(first < top, values[layer, np.minimum(first, top - 1)], -np.inf)
+        after[layer, expert] = np.maximum(values[layer, 0] - shed[layer, expert], lacking)
+    if world > top:
+        after = np.maximum(after, values[:, top : top + 1])
+    return after
+
+
 def incremental(
     loads: FloatArray,
     world: int,
@@ -262,6 +187,7 @@ def incremental(
     kept: BoolArray,
     target: FloatArray,
     counts: IntArray | None = None,
+    unit: IntArray | None = None,
 ) -> tuple[IntArray, IntArray, BoolArray]:
     """Keep what may stay, fill the free slots, then swap replicas between the most loaded rank and any
     other (fewest added copies first) until every layer is under `target`.
@@ -271,29 +197,49 @@ def incremental(
     rest: the replica counts follow. With `counts` (the fresh ones), pairs stay up to those counts
     and the missing replicas fill the slots that frees. Returns (placement, counts, layers not under
     target); a layer whose slots cannot all be filled counts as not under target.
+
+    With `unit` (each rank's failure unit), coverage is a goal: conversions that cover experts run
+    before the trades (a heavy rank giving up a replica of an expert held widely is relieved for one
+    copy) and after them (trades can bring two replicas into one unit), all within `target`.
     """
     if counts is None:
         held = _keep_all(kept, loads, per_rank)
         _make_room(held, loads, per_rank)
-        counts = _fill(held, loads, per_rank)
+        counts = _fill(held, loads, per_rank, unit)
         placement = _layout(held, per_rank)
     else:
         held = _keep(kept, counts, loads / counts, per_rank)
         placement = _layout(held, per_rank)
-        _place_missing(placement, held, loads, counts, per_rank)
+        _place_missing(placement, held, loads, counts, per_rank, unit)
+    unfit = (placement < 0).any(axis=(1, 2))
+    fit = np.flatnonzero(~unfit)
+    if unit is not None and fit.size:
+        placement[fit] = cover(placement[fit], loads[fit], kept[fit], target[fit], unit)
+        held[fit] = held_pairs(placement[fit], loads.shape[1])
+        counts = held.sum(axis=1)
     weights = loads / np.maximum(counts, 1)
     rank_load = (held * weights[:, None, :]).sum(axis=2)
-    unfit = (placement < 0).any(axis=(1, 2))
     target = np.where(unfit, np.inf, target)  # nothing to swap where slots are empty
     unfit |= _swap_down(placement, rank_load, held, kept, weights, target)
+    fit = np.flatnonzero(~unfit)
+    if unit is not None and fit.size:
+        placement[fit] = cover(placement[fit], loads[fit], kept[fit], target[fit], unit)
+        counts[fit] = held_pairs(placement[fit], loads.shape[1]).sum(axis=1)
     return np.sort(placement, axis=2), counts, unfit
 
 
 def _place_missing(
-    placement: IntArray, held: BoolArray, loads: FloatArray, counts: IntArray, per_rank: int
+    placement: IntArray,
+    held: BoolArray,
+    loads: FloatArray,
+    counts: IntArray,
+    per_rank: int,
+    unit: IntArray | None = None,
 ) -> None:
     """In place: the replicas `counts` asks for beyond those held, largest first, each onto the
-    least-loaded rank with room that lacks it."""
+    least-loaded rank with room that lacks it (with `unit`: outside the unit that holds all of the
+    expert's replicas, where such a rank has room)."""
+    in_unit = per_unit_counts(held, unit, int(unit.max(initial=0)) + 1) if unit is not None else None
     num_layers = held.shape[0]
     weights = loads / counts
     used = held.sum(axis=2)
@@ -312,9 +258,14 @@ def _place_missing(
         live = reps[:, i] >= 0
         expert = np.where(live, reps[:, i], 0)
         ok = (used < per_rank) & ~held[rows, :, expert]
+        if in_unit is not None and unit is not None:
+            here = in_unit[rows, :, expert] > 0  # [layer, unit]
+            lone = here.sum(axis=1) == 1
+            away = ok & ~here[rows[:, None], unit[None, :]]
+            ok = np.where((lone & away.any(axis=1))[:, None], away, ok)
         stuck = live & ~ok.any(axis=1)
         for layer in np.flatnonzero(stuck).tolist():
-            _swap_in(
+            swap_in(
                 placement[layer],
                 used[layer],
                 held[layer],
@@ -329,6 +280,8 @@ def _place_missing(
         used[at, r] += 1
         rank_load[at, r] += weights[at, e]
         held[at, r, e] = True
+        if in_unit is not None and unit is not None:
+            in_unit[at, unit[r], e] += 1
 
 
 def _swap_down(
@@ -340,36 +293,59 @@ def _swap_down(
     target: FloatArray,
 ) -> BoolArray:
     """In place: while a layer's heaviest rank is over target, trade one of its replicas for a lighter
-    one of another rank, choosing the trade that adds the fewest copies, then the lowest new maximum."""
+    one of another rank, choosing the trade that adds the fewest copies, then the lowest new maximum.
+
+    Every (replica a of the heavy rank, rank r, replica b of r) is weighed at once; the score is
+    copies(a -> r) + copies(b -> heavy), each a [a, r] or [r, b] table (inf where the receiver holds it
+    already), plus the new maximum. The tables read `held` and `kept` by (expert, rank) rows, kept in
+    that order here, and the four-dimensional scores reuse two buffers (fresh large temporaries cost
+    more than the arithmetic)."""
     num_layers, world, per_rank = placement.shape
-    rows = np.arange(num_layers)
     stalled = np.zeros(num_layers, dtype=bool)
+    held_t = np.ascontiguousarray(held.transpose(0, 2, 1))  # [layer, expert, rank]
+    kept_t = np.ascontiguousarray(kept.transpose(0, 2, 1))
+    # Whether each slot's replica was there before (a trade that moves a copy away saves one).
+    kept_slot = kept[np.arange(num_layers)[:, None, None], np.arange(world)[None, :, None], placement]
+    scores = np.empty((num_layers, per_rank, world, per_rank))
+    peaks = np.empty_like(scores)
+    invalid = np.empty(scores.shape, dtype=bool)
     for _ in range(4 * world * per_rank):
         active = np.flatnonzero((rank_load.max(axis=1) > target) & ~stalled)
         if active.size == 0:
             break
-        at = rows[active][:, None]
-        heavy = rank_load[active].argmax(axis=1)
+        size = active.size
+        row = np.arange(size)
+        loads_now = rank_load[active]
+        heavy = loads_now.argmax(axis=1)
+        top = loads_now[row, heavy]
+        per_copy = (top * 4 + 1)[:, None, None]  # one copy outweighs any difference of peaks
         mine = placement[active, heavy]  # [A, S]
-        theirs = placement[active]  # [A, W, S]
-        w_mine = weights[at, mine]  # [A, S]
-        w_theirs = weights[at[:, :, None], theirs]  # [A, W, S]
-        delta = w_mine[:, :, None, None] - w_theirs[:, None, :, :]  # [A, S(a), W, S(b)]
-        top = rank_load[active, heavy][:, None, None, None]
-        other = rank_load[active][:, None, :, None]
-        ok = (delta > 0) & (other + delta < top)
-        ok &= ~held[at, :, mine][:, :, :, None]  # the partner must lack what it gets, and so must heavy
-        ok &= ~held[at[:, :, None], heavy[:, None, None], theirs][:, None]
-        # Copies the trade adds: a pair counts as a copy when the engine did not hold it before.
-        a_there = kept[at, :, mine][:, :, :, None]
-        a_here = kept[at, heavy[:, None], mine][:, :, None, None]
-        b_here = kept[at[:, :, None], heavy[:, None, None], theirs][:, None]
-        b_there = kept[at[:, :, None], np.arange(world)[None, :, None], theirs][:, None]
-        copies = (~a_there).astype(np.int64) - (~a_here) + (~b_here).astype(np.int64) - (~b_there)
-        peak = np.maximum(top - delta, other + delta)
-        score = np.where(ok, copies * (top * 4 + 1) + peak, np.inf).reshape(active.size, -1)
-        best = score.argmin(axis=1)
-        found = np.isfinite(score[np.arange(active.size), best])
+        theirs = placement[active].reshape(size, -1)  # [A, W * S]
+        weight = weights[active]
+        w_mine = weight[row[:, None], mine]
+        w_theirs = np.take_along_axis(weight, theirs, axis=1).reshape(size, world, per_rank)
+        # a -> r: a copy unless r kept a; one saved if a was a copy on the heavy rank.
+        to_r = (~kept_t[active[:, None], mine]).astype(np.float64) - (~kept_slot[active, heavy])[:, :, None]
+        to_r *= per_copy
+        to_r[held_t[active[:, None], mine]] = np.inf  # [A, S, W]
+        # b -> heavy: a copy unless the heavy rank kept b; one saved if b was a copy on r.
+        heavy_kept = np.take_along_axis(kept[active, heavy], theirs, axis=1).reshape(size, world, per_rank)
+        to_h = (~heavy_kept).astype(np.float64) - ~kept_slot[active]
+        to_h *= per_copy
+        to_h[np.take_along_axis(held[active, heavy], theirs, axis=1).reshape(size, world, per_rank)] = np.inf
+        delta = np.subtract(w_mine[:, :, None, None], w_theirs[:, None, :, :], out=scores[:size])
+        peak = np.add(loads_now[:, None, :, None], delta, out=peaks[:size])  # r after the trade
+        top4 = top[:, None, None, None]
+        np.subtract(top4, delta, out=delta)  # the heavy rank after the trade
+        np.maximum(delta, peak, out=peak)
+        # A trade must lower the heavy rank and leave r below where the heavy rank was.
+        np.greater_equal(peak, top4, out=invalid[:size])
+        score = np.add(to_r[:, :, :, None], to_h[:, None, :, :], out=scores[:size])
+        score += peak
+        score[invalid[:size]] = np.inf
+        flat = score.reshape(size, -1)
+        best = flat.argmin(axis=1)
+        found = np.isfinite(flat[row, best])
         stalled[active[~found]] = True
         a, r, b = np.unravel_index(best[found], (per_rank, world, per_rank))
         lay = active[found]
@@ -378,10 +354,13 @@ def _swap_down(
         eb = placement[lay, r, b]
         placement[lay, h, a] = eb
         placement[lay, r, b] = ea
-        held[lay, h, ea] = False
-        held[lay, r, eb] = False
-        held[lay, h, eb] = True
-        held[lay, r, ea] = True
+        for pairs, rank_of, expert_of in ((held, 1, 2), (held_t, 2, 1)):
+            index: list[IntArray] = [lay, lay, lay]
+            for gone_rank, gone, stays in ((h, ea, False), (r, eb, False), (h, eb, True), (r, ea, True)):
+                index[rank_of], index[expert_of] = gone_rank, gone
+                pairs[tuple(index)] = stays
+        kept_slot[lay, h, a] = kept[lay, h, eb]
+        kept_slot[lay, r, b] = kept[lay, r, ea]
         d = weights[lay, ea] - weights[lay, eb]
         rank_load[lay, h] -= d
         rank_load[lay, r] += d

@@ -11,13 +11,15 @@ must hold in the new placement and did not hold in the old one: one expert's wei
 The plan (`rebalance_layers`):
 1. Replica counts per layer: one replica per expert, then each extra slot to the expert with the highest
    load per replica (the same rule as `placement.rebalance`).
-2. A fresh placement (largest replica first onto the least-loaded rank with room): the balance to keep.
-3. The same pass, except that a replica goes back to a rank that held the expert before whenever that
-   rank has room and stays under a load cap just inside the allowed balance; only what cannot stay
-   moves, onto the least-loaded rank with room.
-4. A layer whose balance ends below `min_balance` x the fresh one is packed again with a tight cap (the
-   fresh maximum), and if still short, takes the fresh placement with its ranks matched to the old
-   ranks by overlap (same balance as fresh, by construction).
+2. A fresh placement (largest replica first onto the least-loaded rank with room): the balance to keep
+   (`layer_fresh`).
+3. From the previous placement (`layer_moves.incremental`), two ways per layer: every old pair that fits
+   stays (the replica counts follow), or pairs stay up to the fresh replica counts; then trades until
+   the heaviest rank is within `min_balance` of the fresh maximum. Each layer takes the cheaper way
+   that reaches it, else the fresh placement with its ranks matched to the old ranks by overlap.
+4. Coverage (`layer_coverage.cover`): replicas of experts that stay covered without them give their
+   slot to second replicas of uncovered experts in another failure domain, one copy each, as long as
+   every rank stays within `min_balance x coverage_balance` of the fresh maximum.
 """
 
 from __future__ import annotations
@@ -28,16 +30,22 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from engine_agent.layer_moves import (
+from engine_agent.layer_cover import cover
+from engine_agent.layer_coverage import Coverage, coverage_of, per_unit_counts, uncovered, units_of
+from engine_agent.layer_fresh import (
     BoolArray,
     FloatArray,
     IntArray,
     fresh_placement,
     held_pairs,
-    incremental,
+    replica_counts,
 )
+from engine_agent.layer_moves import incremental
 from engine_agent.placement import slots_per_rank
 
+# What coverage may cost: the covered plan keeps at least this x the balance the plan allows without
+# it (the issue's bound is 0.97 of the coverage-free plan; the margin keeps rounding on its side).
+COVERAGE_BALANCE = 0.975
 # Aim just inside the allowed balance, so that rounding never lands a layer on the wrong side of it.
 _CAP_MARGIN = 0.999
 # A layer whose copies (keeping every old pair) exceed this x its lower bound also tries the fresh
@@ -69,22 +77,6 @@ def normalized_loads(expert_load: npt.ArrayLike, num_logical: int | None = None)
     idle = loads.sum(axis=1) == 0
     loads[idle] = 1.0
     return loads
-
-
-def replica_counts(loads: FloatArray, total_slots: int, world_size: int) -> IntArray:
-    """counts[layer, expert]: one each, then every extra slot to the highest load per replica (ties:
-    lowest id). No expert gets more replicas than ranks until every expert sits on every rank."""
-    num_layers, num_logical = loads.shape
-    counts = np.ones((num_layers, num_logical), dtype=np.int64)
-    rows = np.arange(num_layers)
-    for _ in range(total_slots - num_logical):
-        per_replica = loads / counts
-        key = np.where(counts >= world_size, -np.inf, per_replica)
-        everywhere = np.isneginf(key).all(axis=1)
-        if everywhere.any():
-            key[everywhere] = per_replica[everywhere]
-        counts[rows, key.argmax(axis=1)] += 1
-    return counts
 
 
 def layer_rank_loads(placement: IntArray, loads: FloatArray) -> FloatArray:
@@ -167,6 +159,7 @@ class LayerPlan:
     balance: FloatArray  # [layer], mean / max rank load
     fresh_balance: FloatArray  # [layer], the same for a fresh placement
     fallback_layers: int  # layers that took the overlap-matched fresh placement
+    coverage: Coverage | None = None  # of the new placement, with the domains it was planned for
 
     def to_lists(self) -> list[list[list[int]]]:
         return [[[int(e) for e in slots] for slots in layer] for layer in self.placement]
@@ -181,12 +174,17 @@ def rebalance_layers(
     origin: Sequence[int | None] | None = None,
     num_logical: int | None = None,
     min_balance: float = 0.98,
+    domains: Sequence[str] | None = None,
+    coverage: bool = True,
+    coverage_balance: float = COVERAGE_BALANCE,
 ) -> LayerPlan:
     """Plan every layer for `world_size` ranks, starting from `previous[layer, old rank, slot]`.
 
     `origin[new rank]` is the old rank the same engine had (None: a joiner); by default new rank i was
     old rank i where one existed. Without `previous` every copy moves (everything loads from the
-    checkpoint). Deterministic for the same inputs.
+    checkpoint). `domains[new rank]`: its failure domain (None: each engine its own). With `coverage`,
+    the plan covers what it can within `coverage_balance` of the balance it would have without.
+    Deterministic for the same inputs.
     """
     loads = normalized_loads(expert_load, num_logical)
     num_layers, experts = loads.shape
@@ -194,9 +192,25 @@ def rebalance_layers(
     counts = replica_counts(loads, world_size * per_rank, world_size)
     fresh = fresh_placement(loads, counts, world_size, per_rank)
     fresh_balance = layer_balance(fresh, loads)
+    unit, _ = units_of(domains, world_size)
+    # max rank load <= fresh max / min_balance  <=>  balance >= min_balance x fresh (same mean).
+    fresh_peak = layer_rank_loads(fresh, loads).max(axis=1)
+    covered_cap = fresh_peak / (min_balance * coverage_balance) * _CAP_MARGIN
+    # Where the slots hold two replicas of every expert: two each, then the rest as usual, placed
+    # with second replicas in other units; a layer takes it where it keeps within the balance.
+    two_each: IntArray | None = None
+    start = fresh
+    if coverage and world_size >= 2 and world_size * per_rank >= 2 * experts:
+        two_each = replica_counts(loads, world_size * per_rank, world_size, floor=2)
+        covering = fresh_placement(loads, two_each, world_size, per_rank, unit)
+        fits = layer_rank_loads(covering, loads).max(axis=1) <= covered_cap
+        start = np.where(fits[:, None, None], covering, fresh)
     if previous is None:
         kept = np.zeros((num_layers, world_size, experts), dtype=bool)
-        return _finish(LayerPlan(fresh, 0, 0, fresh_balance, fresh_balance, 0), counts, kept, per_rank)
+        if coverage:
+            start = np.sort(cover(start.copy(), loads, kept, covered_cap, unit), axis=2)
+        plan = LayerPlan(start, 0, 0, layer_balance(start, loads), fresh_balance, 0)
+        return _finish(plan, counts, kept, per_rank, domains)
 
     old = np.asarray(previous, dtype=np.int64)
     if old.ndim != 3 or old.shape[0] != num_layers:
@@ -209,37 +223,64 @@ def rebalance_layers(
         raise ValueError(f"origin has {len(origin)} entries for {world_size} ranks")
     kept = origin_held(old, origin, experts)
 
-    # max rank load <= fresh max / min_balance  <=>  balance >= min_balance x fresh (same mean).
-    target = layer_rank_loads(fresh, loads).max(axis=1) / min_balance * _CAP_MARGIN
+    # With coverage, one bound for everything: the trades stop at it and coverage takes what is left.
+    target = covered_cap if coverage else fresh_peak / min_balance * _CAP_MARGIN
+    cover_unit = unit if coverage else None
     # Two ways per layer: every old pair that fits stays (the replica counts follow), or pairs stay up
-    # to the fresh replica counts. Each layer takes the cheaper way that reaches the balance, else the
-    # fresh placement matched to the old ranks.
-    # The second way runs only where the first missed or moved more than the bound allows for.
-    placement, _, unfit = incremental(loads, world_size, per_rank, kept, target)
-    cost = np.where(unfit, np.inf, (held_pairs(placement, experts) & ~kept).sum(axis=(1, 2)))
+    # to the fresh replica counts (two each where coverage fits the slots). Each layer takes the
+    # cheaper way that reaches the balance, else the fresh placement matched to the old ranks.
+    # The second way runs only where the first missed, moved more than the bound allows for, or (two
+    # each) left an expert uncovered.
+    placement, _, unfit = incremental(loads, world_size, per_rank, kept, target, unit=cover_unit)
+    copies = np.where(unfit, np.inf, (held_pairs(placement, experts) & ~kept).sum(axis=(1, 2)))
     bound = _lower_bounds(counts, kept, per_rank)
-    retry = np.flatnonzero(cost > bound * _RETRY_ABOVE_BOUND)
+    again_counts = counts if two_each is None else two_each
+    if coverage:  # the copies that covered experts do not count against the bound
+        before = (per_unit_counts(kept, unit, int(unit.max()) + 1) > 0).sum(axis=1) < 2
+        copies = copies - np.maximum(before.sum(axis=1) - uncovered(placement, experts, unit), 0)
+    short = copies > bound * _RETRY_ABOVE_BOUND
+    if two_each is not None:
+        short |= uncovered(placement, experts, unit) > 0
+    retry = np.flatnonzero(short)
     if retry.size:
         again, _, missed = incremental(
-            loads[retry], world_size, per_rank, kept[retry], target[retry], counts[retry]
+            loads[retry], world_size, per_rank, kept[retry], target[retry], again_counts[retry], cover_unit
         )
-        again_cost = np.where(missed, np.inf, (held_pairs(again, experts) & ~kept[retry]).sum(axis=(1, 2)))
-        better = again_cost < cost[retry]
+        # Copies, and with coverage each expert left uncovered as one more (covering it takes one).
+        cost = np.where(unfit[retry], np.inf, _cost(placement[retry], kept[retry], cover_unit))
+        again_cost = np.where(missed, np.inf, _cost(again, kept[retry], cover_unit))
+        better = again_cost < cost
         placement[retry[better]] = again[better]
         unfit[retry] &= missed
     for layer in np.flatnonzero(unfit):
-        placement[layer] = _match_by_overlap(fresh[layer], kept[layer])
+        placement[layer] = _match_by_overlap(start[layer], kept[layer])
+    if coverage and unfit.any():
+        matched = np.flatnonzero(unfit)
+        covered = cover(placement[matched], loads[matched], kept[matched], covered_cap[matched], unit)
+        placement[matched] = np.sort(covered, axis=2)
     balance = layer_balance(placement, loads)
-    plan = LayerPlan(placement, 0, 0, balance, fresh_balance, int(unfit.sum()))
-    return _finish(plan, counts, kept, per_rank)
+    plan = LayerPlan(placement, 0, int(bound.sum()), balance, fresh_balance, int(unfit.sum()))
+    return _finish(plan, counts, kept, per_rank, domains)
 
 
-def _finish(plan: LayerPlan, counts: IntArray, kept: BoolArray, per_rank: int) -> LayerPlan:
+def _cost(placement: IntArray, kept: BoolArray, unit: IntArray | None) -> FloatArray:
+    """[layer]: copies, plus uncovered experts where coverage is a goal."""
+    copies = (held_pairs(placement, kept.shape[2]) & ~kept).sum(axis=(1, 2))
+    if unit is None:
+        return copies.astype(np.float64)
+    return (copies + uncovered(placement, kept.shape[2], unit)).astype(np.float64)
+
+
+def _finish(
+    plan: LayerPlan, counts: IntArray, kept: BoolArray, per_rank: int, domains: Sequence[str] | None
+) -> LayerPlan:
+    """The plan with its copies, lower bound (unless computed already) and coverage."""
     return LayerPlan(
         placement=plan.placement,
         copies_moved=copies_moved(plan.placement, kept),
-        lower_bound=copies_lower_bound(counts, kept, per_rank),
+        lower_bound=plan.lower_bound or copies_lower_bound(counts, kept, per_rank),
         balance=plan.balance,
         fresh_balance=plan.fresh_balance,
         fallback_layers=plan.fallback_layers,
+        coverage=coverage_of(plan.placement, kept.shape[2], domains),
     )

@@ -150,6 +150,9 @@ class Deployment(SQLModel, table=True):
     # when its group was found broken): the recovery jobs' figures count from it.
     heal_loss_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     max_downtime_ms: int | None = Field(default=None, description="the downtime budget; NULL: none")
+    # The serving generation's coverage (`Coverage.record` with its generation and since when), written
+    # by the switch that made the generation; `conditions` (coverage-at-risk) are read from it.
+    coverage: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     # Autoscaling (`app.scale`): HPA-style behaviour (NULL: the defaults), KEDA-style pause, and the
     # counter in the `/scale` resourceVersion, bumped by every accepted write of the Scale.
     autoscale_behavior: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
@@ -327,10 +330,18 @@ class DeploymentPublic(RowShape):
     on_engine_loss: OnEngineLoss = ApiField(description="in effect (the setting, or the launcher's default)")
     active_job_id: str | None = None
     desired: DesiredSize = ApiField(default_factory=DesiredSize)
+    coverage: dict[str, Any] | None = ApiField(
+        None,
+        description="the serving generation's coverage, as its job recorded it (`covered`, `at_risk`, "
+        "`at_risk_domain`, where the single replicas sit), with `generation` and `since`; null before a "
+        "reference-engine job formed a generation",
+    )
     conditions: list[Condition] = ApiField(
         default_factory=list,
         description="e.g. `engine-unreachable-from-coordinator`: a member the coordinator cannot hear while "
-        "its group steps (no self-heal; jobs refused until it is heard again, unless forced)",
+        "its group steps (no self-heal; jobs refused until it is heard again, unless forced); "
+        "`coverage-at-risk`: the next single loss of an engine (or of a failure domain) would leave an "
+        "expert with no replica",
     )
     created_at: datetime
     updated_at: datetime

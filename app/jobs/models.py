@@ -110,7 +110,11 @@ class ReconfigurationJob(SQLModel, table=True):
     cleanup_state: str = Field(default=CleanupState.none.value, sa_type=sa.String(16))
     cleanup: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     cancel_requested: bool = False
-    force: bool = Field(default=False, description="created over a member the coordinator could not hear")
+    force: bool = Field(
+        default=False,
+        description="created over a member the coordinator could not hear, or over a shrink that breaks "
+        "coverage",
+    )
     retire: list[str] | None = Field(
         default=None, sa_type=NullableJSON, description="engines the operator chose to leave"
     )
@@ -118,6 +122,11 @@ class ReconfigurationJob(SQLModel, table=True):
         default=None,
         sa_type=NullableJSON,
         description="the plan's rank map (old -> new) and what the new placement moves",
+    )
+    coverage: dict[str, Any] | None = Field(
+        default=None,
+        sa_type=NullableJSON,
+        description="the new placement's coverage: experts with a single replica, per layer, engine, domain",
     )
     # Self-heal jobs (app/runner/selfheal.py): when the loss happened and how long recovery took.
     loss_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -209,8 +218,9 @@ class ReconfigurationCreate(BaseModel):
         False,
         strict=True,
         description="change the membership although the coordinator cannot hear every member (one whose "
-        "control link is lost while its group steps): refused without it (`membership-unknown`); "
-        "recorded on the job",
+        "control link is lost while its group steps: refused without it, `membership-unknown`), or "
+        "shrink although the deployment would lose its coverage (`coverage-would-break`); recorded on "
+        "the job",
     )
 
 
@@ -308,12 +318,23 @@ class JobPublic(RowShape):
     cleanup_state: CleanupState
     cleanup: dict[str, Any] | None
     cancel_requested: bool
-    force: bool = ApiField(False, description="created over a member the coordinator could not hear")
+    force: bool = ApiField(
+        False,
+        description="created with `force: true`: over a member the coordinator could not hear, or over a "
+        "shrink that would break the deployment's coverage",
+    )
     retire: list[str] | None = ApiField(None, description="engines the operator chose to leave")
     placement: dict[str, Any] | None = ApiField(
         None,
         description="rank_map (engine id -> {old, new} rank; new is null for a leaver), copies_moved, "
         "bytes_moved, lower_bound (copies), balance (worst layer, mean/max rank load) and its fresh value",
+    )
+    coverage: dict[str, Any] | None = ApiField(
+        None,
+        description="the new placement's coverage: `covered`, `at_risk` (layer-expert pairs held by one "
+        "engine only), `at_risk_domain` (held in one failure domain only; null with one domain), "
+        "`per_layer` / `per_layer_domain`, `by_engine` / `by_domain` (where those single replicas sit), "
+        "`examples`, and the failure-domain key (`data_host`)",
     )
     loss_at: datetime | None = ApiField(
         None,

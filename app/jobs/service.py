@@ -6,7 +6,7 @@ State changes after creation go through `app.jobs.transitions.transition` / `app
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -17,6 +17,7 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, InvalidRequestError
 from app.core.ids import new_id
+from app.deployments.coverage import domain_of, shrink_breaks_coverage
 from app.deployments.engines.models import Engine
 from app.deployments.engines.service import available_engines
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind
@@ -34,7 +35,7 @@ from app.jobs.models import (
     ReconfigurationJob,
     RequestSource,
 )
-from app.jobs.retire import validate_retire
+from app.jobs.retire import current_members, validate_retire
 from app.jobs.states import (
     CANCELLABLE_STATES,
     TERMINAL_STATES,
@@ -119,6 +120,32 @@ def check_membership_known(session: Session, deployment: Deployment) -> None:
         )
 
 
+def check_coverage_kept(
+    session: Session, deployment: Deployment, target: int, retire: Sequence[str] | None
+) -> None:
+    """A shrink that would leave an expert with a single replica, where every expert has two now, is
+    refused (409 `coverage-would-break`) unless the request says `force: true`."""
+    if deployment.backend != EngineBackend.reference or target >= deployment.current_dp_size:
+        return
+    members = current_members(session, deployment)
+    leaving = set(retire) if retire else {m.id for m in members[target:]}
+    config = deployment.engine_config
+    why = shrink_breaks_coverage(
+        deployment.coverage,
+        num_logical=int(config.get("num_logical_experts", 1)),
+        num_redundant=int(config.get("num_redundant_experts", 0)),
+        target=target,
+        survivor_domains=[domain_of(m.data_host, m.url) for m in members if m.id not in leaving],
+    )
+    if why is not None:
+        raise ConflictError(
+            f"shrinking {deployment.name!r} from {deployment.current_dp_size} to {target} would break its "
+            f"coverage: {why}. Add redundant experts or keep the size, or send force: true",
+            code="coverage-would-break",
+            target_dp_size=target,
+        )
+
+
 def _create(
     session: Session,
     request: ReconfigurationCreate,
@@ -134,6 +161,8 @@ def _create(
     _validate_target(session, deployment, request.target_dp_size)
     if not request.force:
         check_membership_known(session, deployment)
+        if requested_by != RequestSource.self_heal:  # a loss already broke it; healing re-covers
+            check_coverage_kept(session, deployment, request.target_dp_size, request.retire)
     check_no_unresolved_cleanup(session, deployment.id, deployment.name)
     warmup_requested = request.warmup_policy.value if request.warmup_policy else deployment.warmup_policy
     strategy = request.strategy or Strategy(deployment.strategy)

@@ -76,6 +76,7 @@ MUTABLE_FIELDS: frozenset[str] = frozenset(
         "lease_expires_at",
         "to_generation",
         "placement",
+        "coverage",
         "time_to_serving_ms",
     }
 )

@@ -7,7 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine_agent.layer_fresh import held_pairs
 from engine_agent.layer_placement import (
+    COVERAGE_BALANCE,
     copies_lower_bound,
     copies_moved,
     layer_balance,
@@ -32,7 +34,7 @@ def python_balance(loads: np.ndarray, redundant: int, world: int) -> np.ndarray:
 
 def test_a_fresh_plan_places_every_expert_of_every_layer_and_balances_like_the_per_layer_rebalance() -> None:
     loads = skewed(6, 32)
-    plan = rebalance_layers(loads, 8, 5)
+    plan = rebalance_layers(loads, 8, 5, coverage=False)
     assert plan.placement.shape == (6, 5, slots_per_rank(32, 8, 5))
     for layer in plan.to_lists():
         validate_placement(layer, 32)
@@ -57,13 +59,15 @@ def test_each_layer_gets_its_own_placement() -> None:
     assert len({layer.tobytes() for layer in plan.placement}) == 3
 
 
+@pytest.mark.parametrize("coverage", [False, True])
 @pytest.mark.parametrize("world", [9, 7])
-def test_one_rank_more_or_fewer_moves_few_copies_and_keeps_the_balance(world: int) -> None:
+def test_one_rank_more_or_fewer_moves_few_copies_and_keeps_the_balance(world: int, coverage: bool) -> None:
     loads = skewed(8, 64, seed=3)
-    start = rebalance_layers(loads, 8, 8)
+    start = rebalance_layers(loads, 8, 8, coverage=coverage)
     origin = None if world > 8 else [0, 1, 2, 4, 5, 6, 7]  # rank 3 leaves
-    plan = rebalance_layers(loads, 8, world, previous=start.placement, origin=origin)
-    assert (plan.balance >= 0.98 * python_balance(loads, 8, world) - 1e-12).all()
+    plan = rebalance_layers(loads, 8, world, previous=start.placement, origin=origin, coverage=coverage)
+    bound = 0.98 * (COVERAGE_BALANCE if coverage else 1.0)
+    assert (plan.balance >= bound * python_balance(loads, 8, world) - 1e-12).all()
     pairs = int(sum(len(set(slots)) for layer in plan.to_lists() for slots in layer))
     assert plan.copies_moved < 0.25 * pairs, "a fresh placement re-sends ~90% of the pairs"
 
@@ -120,31 +124,38 @@ def test_a_previous_placement_of_another_shape_is_refused() -> None:
     old_world=st.integers(min_value=1, max_value=6),
     new_world=st.integers(min_value=1, max_value=6),
     seed=st.integers(min_value=0, max_value=1000),
+    coverage=st.booleans(),
+    hosts=st.integers(min_value=1, max_value=3),
 )
 def test_any_change_gives_a_valid_placement_balanced_within_the_bound(
-    layers: int, experts: int, redundant: int, old_world: int, new_world: int, seed: int
+    layers: int,
+    experts: int,
+    redundant: int,
+    old_world: int,
+    new_world: int,
+    seed: int,
+    coverage: bool,
+    hosts: int,
 ) -> None:
     rng = np.random.default_rng(seed)
     old_loads = rng.exponential(size=(layers, experts)) * (rng.random((layers, experts)) > 0.2)
     new_loads = old_loads * rng.uniform(0.5, 1.5, size=old_loads.shape)
-    start = rebalance_layers(old_loads, redundant, old_world)
+    start = rebalance_layers(old_loads, redundant, old_world, coverage=coverage)
     origin = list(rng.permutation(old_world)[:new_world]) + [None] * max(0, new_world - old_world)
-    plan = rebalance_layers(
-        new_loads,
-        redundant,
-        new_world,
-        previous=start.placement,
-        origin=[None if o is None else int(o) for o in origin],
-    )
+    domains = [f"host-{rank % hosts}" for rank in range(new_world)]
+    kwargs = {
+        "previous": start.placement,
+        "origin": [None if o is None else int(o) for o in origin],
+        "coverage": coverage,
+        "domains": domains,
+    }
+    plan = rebalance_layers(new_loads, redundant, new_world, **kwargs)  # type: ignore[arg-type]
     for layer in plan.to_lists():
         validate_placement(layer, experts)
         assert all(len(slots) == slots_per_rank(experts, redundant, new_world) for slots in layer)
-    assert (plan.balance >= 0.98 * plan.fresh_balance - 1e-9).all()
-    again = rebalance_layers(
-        new_loads,
-        redundant,
-        new_world,
-        previous=start.placement,
-        origin=[None if o is None else int(o) for o in origin],
-    )
+    bound = 0.98 * (COVERAGE_BALANCE if coverage else 1.0)
+    assert (plan.balance >= bound * plan.fresh_balance - 1e-9).all()
+    assert plan.coverage is not None
+    assert plan.coverage.at_risk_engine == int((held_pairs(plan.placement, experts).sum(axis=1) == 1).sum())
+    again = rebalance_layers(new_loads, redundant, new_world, **kwargs)  # type: ignore[arg-type]
     np.testing.assert_array_equal(plan.placement, again.placement)

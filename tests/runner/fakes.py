@@ -70,8 +70,10 @@ class FakeAgent(AgentClient):
         rank: int | None = None,
         world_size: int = 0,
         port: int = 20000,
+        data_host: str = "127.0.0.1",
     ) -> None:
         super().__init__(engine_id, f"http://fake-agent/{engine_id}")
+        self.data_host = data_host  # its data address: its failure domain to the planner
         self.long_poll = True
         self.engine = engine
         self.generation = generation
@@ -134,7 +136,7 @@ class FakeAgent(AgentClient):
             warmup_policy=None,
             placement=[[e] for e in range(self.engine.num_logical_experts)] if self.rank is not None else [],
             engine=self.engine,
-            store=StoreAddress(host="127.0.0.1", port=self.port),
+            store=StoreAddress(host=self.data_host, port=self.port),
             transfer_backends=[TransferBackend.gloo],
             serving_steps=0,
             requests_served=0,

@@ -130,13 +130,14 @@ def make_scenario(
     idle: int = 1,
     settings: RunnerSettings | None = None,
     launch_delay_s: float = 0.0,
+    engine: EngineConfig = ENGINE,
 ) -> Scenario:
     """A local-launch deployment on generation 1 with `serving` engines, plus `idle` registered idle
     engines, each a fake agent; the launcher starts more fake agents on demand."""
     agents: dict[str, FakeAgent] = {}
     with Session(db, expire_on_commit=False) as session:
         deployment = make_deployment(
-            session, "demo", engine=ENGINE.model_dump(), min_dp_size=1, max_dp_size=8
+            session, "demo", engine=engine.model_dump(), min_dp_size=1, max_dp_size=8
         )
         rows = register_engines(session, deployment, serving + idle)
         for index, row in enumerate(rows):
@@ -148,7 +149,7 @@ def make_scenario(
             session.add(row)
             agents[row.id] = FakeAgent(
                 row.id,
-                engine=ENGINE,
+                engine=engine,
                 generation=row.generation,
                 rank=row.dp_rank,
                 world_size=row.world_size,
@@ -166,7 +167,7 @@ def make_scenario(
         agents=agents,
         serving=ordered[:serving],
         idle=ordered[serving:],
-        launcher=FakeLauncher(agents, ENGINE, launch_delay_s=launch_delay_s),
+        launcher=FakeLauncher(agents, engine, launch_delay_s=launch_delay_s),
         settings=settings or fast_settings(),
     )
 

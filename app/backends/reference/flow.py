@@ -269,6 +269,7 @@ class Flow:
                 "warmup_policy": plan.warmup_policy.value,
                 "engine_results": run.engine_results(),
                 "placement": plan.placement_record(),
+                "coverage": plan.coverage or None,
             },
         )
         if await self.record.cancel_requested(run):

@@ -9,7 +9,10 @@ Rules:
 - the placement of every MoE layer is `engine_agent.layer_placement.rebalance_layers` over that layer's
   expert load summed across the old members (uniform when nothing was served yet), planned from the
   old placement so that few expert copies move (`Plan.placement_stats`: copies, bytes, the lower
-  bound, balance).
+  bound, balance), and covering what it can: every expert on two engines, on two failure domains
+  where the engines span several (`Plan.coverage`). The failure domain of an engine is its data host
+  (`data_host` at registration; the host of its rendezvous store in `/v1/info`): engines that share a
+  data address share a machine, and a machine's loss takes them all.
 - the rendezvous store is the one hosted by the new rank 0's agent.
 - warm-up policy: the job's setting, else the deployment's; `auto` means `deferred` if any participant
   runs on ROCm (a new RCCL communicator's first collective can deadlock against serving ones), else
@@ -41,6 +44,7 @@ from engine_agent.protocol import (
 )
 
 WarmupSetting = Literal["auto", "eager", "deferred"]
+Placements = list[list[list[int]]]  # [layer][rank][slot] = logical expert
 
 
 class PlanError(EngineFault):
@@ -94,6 +98,7 @@ class Plan:
     old_placements: list[list[list[int]]] = field(default_factory=list)  # per layer; empty: one layer
     placements: list[list[list[int]]] = field(default_factory=list)
     placement_stats: dict[str, object] = field(default_factory=dict)
+    coverage: dict[str, object] = field(default_factory=dict)  # of the new placement (`Coverage.record`)
 
     @property
     def rank_map(self) -> dict[str, dict[str, int | None]]:
@@ -161,6 +166,7 @@ class Plan:
             "placement": self.placement,
             "rank_map": self.rank_map,
             "placement_stats": self.placement_stats,
+            "coverage": self.coverage,
             "store": self.store.model_dump(),
             "warmup_policy": self.warmup_policy.value,
             "warmup_reason": self.warmup_reason,
@@ -205,16 +211,22 @@ def summed_expert_load(infos: Sequence[AgentInfo], num_logical: int, num_layers:
     return total
 
 
+def failure_domain(info: AgentInfo) -> str:
+    """The failure domain an engine belongs to: its data host."""
+    return info.store.host
+
+
 def plan_placement(
     deployment: DeploymentSpec, old: Sequence[AgentInfo], new: Sequence[AgentInfo]
-) -> tuple[list[list[list[int]]], list[list[list[int]]], list[list[int]], dict[str, object]]:
-    """(old placements, new placements, load, stats), per MoE layer: every layer planned from the
-    placement the old generation serves (when it reports one for every layer and member), so that few
-    expert copies move."""
+) -> tuple[Placements, Placements, list[list[int]], dict[str, object], dict[str, object]]:
+    """(old placements, new placements, load, stats, coverage), per MoE layer: every layer planned from
+    the placement the old generation serves (when it reports one for every layer and member), so that
+    few expert copies move, covering what the slots and the balance allow."""
     # numpy is imported here, not with the coordinator: its start is on the path of every restart.
     from engine_agent.layer_placement import rebalance_layers
 
     layers = deployment.num_moe_layers
+    domains = [failure_domain(info) for info in new]
     load = summed_expert_load(old, deployment.num_logical_experts, layers)
     old_placements = layer_placements(old[0].placement, old[0].placements) if old else []
     old_rank = {info.engine_id: rank for rank, info in enumerate(old)}
@@ -230,6 +242,7 @@ def plan_placement(
         previous=old_placements if usable else None,
         origin=[old_rank.get(info.engine_id) for info in new] if usable else None,
         num_logical=deployment.num_logical_experts,
+        domains=domains,
     )
     stats: dict[str, object] = {
         "layers": layers,
@@ -239,7 +252,11 @@ def plan_placement(
         "balance": round(float(layer_plan.balance.min()), 4),
         "fresh_balance": round(float(layer_plan.fresh_balance.min()), 4),
     }
-    return [[list(s) for s in p] for p in old_placements], layer_plan.to_lists(), load, stats
+    coverage: dict[str, object] = {}
+    if layer_plan.coverage is not None:
+        coverage = layer_plan.coverage.record([info.engine_id for info in new], domains)
+    old_lists = [[list(s) for s in p] for p in old_placements]
+    return old_lists, layer_plan.to_lists(), load, stats, coverage
 
 
 def _member(info: AgentInfo) -> Member:
@@ -340,7 +357,7 @@ def make_plan(
                 info.engine_id,
             )
 
-    old_placements, placements, layer_load, stats = plan_placement(deployment, old, new)
+    old_placements, placements, layer_load, stats, coverage = plan_placement(deployment, old, new)
 
     participants = old + joining
     policy, reason = resolve_warmup_policy(
@@ -371,4 +388,5 @@ def make_plan(
         expert_load=[sum(column) for column in zip(*layer_load, strict=True)],
         layer_expert_load=layer_load,
         placement_stats=stats,
+        coverage=coverage,
     )

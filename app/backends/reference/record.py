@@ -180,6 +180,9 @@ def apply_generation(session: Session, deployment_id: str, plan: Plan) -> None:
     now = utc_now()
     deployment.current_dp_size = plan.to_size
     deployment.generation = plan.generation
+    deployment.coverage = (
+        {**plan.coverage, "generation": plan.generation, "since": now.isoformat()} if plan.coverage else None
+    )
     deployment.updated_at = now
     session.add(deployment)
     # Serving on the new generation: a degraded deployment recovers here (its incident resolves).

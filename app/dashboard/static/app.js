@@ -355,13 +355,18 @@ function placementHtml(j) {
   const p = j.placement;
   const retired = (j.retire || []).length ? `<dt>Retired by request</dt><dd class="mono" id="job-retire">${esc(j.retire.join(", "))}</dd>` : "";
   if (!p) return retired;
+  const c = j.coverage;
+  const coverage = !c ? "" : `<dt>Coverage</dt><dd id="job-coverage">${c.covered
+    ? "every expert survives one engine loss" + (c.domains > 1 ? " and one host loss" : "")
+    : esc(String(c.at_risk)) + " layer-expert pairs on one engine only" +
+      (c.at_risk_domain ? ` · ${esc(String(c.at_risk_domain))} on one host only` : "")}</dd>`;
   const mib = ((p.bytes_moved || 0) / 1048576).toFixed(1);
   const ranks = Object.entries(p.rank_map || {})
     .map(([engine, r]) => `${esc(engine)} ${r.old ?? "+"} → ${r.new ?? "–"}`)
     .join("<br>");
   return `${retired}
           <dt>Weights moved</dt><dd id="job-copies">${esc(String(p.copies_moved))} expert copies (${esc(mib)} MiB) · lower bound ${esc(String(p.lower_bound))}</dd>
-          <dt>Rank map</dt><dd class="mono" id="job-rank-map">${ranks || "–"}</dd>`;
+          <dt>Rank map</dt><dd class="mono" id="job-rank-map">${ranks || "–"}</dd>${coverage}`;
 }
 
 function jobPage(jobId) {

@@ -12,6 +12,7 @@ from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, NotFoundError
+from app.deployments.coverage import coverage_condition
 from app.deployments.engines.models import Engine, EnginePublic, EngineState
 from app.deployments.models import Condition, Deployment, DeploymentStatus, StatusDetail
 from app.deployments.service import get_deployment
@@ -275,7 +276,8 @@ def conditions(session: Session, *, deployment_id: str) -> list[Condition]:
 
 
 def conditions_of(session: Session, deployment_ids: Collection[str]) -> dict[str, list[Condition]]:
-    """`conditions` of each of these deployments that has any, by id (one query for any number)."""
+    """`conditions` of each of these deployments that has any, by id (two queries for any number):
+    coverage at risk (from the stored coverage), then members whose control link is lost."""
     if not deployment_ids:
         return {}
     lost = session.exec(
@@ -284,6 +286,14 @@ def conditions_of(session: Session, deployment_ids: Collection[str]) -> dict[str
         .order_by(col(Engine.id))
     ).all()
     found: dict[str, list[Condition]] = {}
+    for deployment in session.exec(
+        select(Deployment).where(
+            col(Deployment.id).in_(list(deployment_ids)), col(Deployment.coverage).is_not(None)
+        )
+    ).all():
+        at_risk = coverage_condition(deployment.coverage)
+        if at_risk is not None:
+            found.setdefault(deployment.id, []).append(at_risk)
     for engine in lost:
         if engine.link_lost_at is None:
             continue

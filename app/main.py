@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from alembic import command
@@ -22,6 +23,7 @@ from app.api import docs, health
 from app.api.database import Database
 from app.api.deps import PrincipalCache
 from app.backends.reference.cleanup_router import router as cleanup_router
+from app.backends.registry import builtin_backends
 from app.backends.vllm.lifespan import vllm_backend
 from app.backends.vllm.router import router as vllm_engine_router
 from app.core.config import Settings, load_settings
@@ -30,15 +32,19 @@ from app.core.limits import Limits, RequestLimits
 from app.core.private_files import keep_new_files_private
 from app.core.problems import install_problem_handlers, problem_responses
 from app.dashboard.router import router as dashboard_router
+from app.deployments.companions import DeploymentCompanions
 from app.deployments.engines.router import router as engines_router
 from app.deployments.incidents.router import router as incidents_router
 from app.deployments.router import router as deployments_router
+from app.jobs.active import active_job_ids
 from app.jobs.event_hub import JobLogHub
 from app.jobs.events_router import router as events_router
 from app.jobs.router import router as jobs_router
+from app.jobs.service import delete_deployment
 from app.launchers.registry import cluster_launchers
 from app.metrics_db import refresh as refresh_metrics
 from app.runner.lifespan import run_jobs
+from app.scale.desired import desired_publics
 from app.scale.hooks.router import router as hooks_router
 from app.scale.router import router as scale_router
 from app.sd.router import router as sd_router
@@ -134,6 +140,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.db_engine = engine
         app.state.database = database = Database(engine, concurrency=resolved.db_request_concurrency)
         app.state.principal_cache = PrincipalCache(resolved.auth_cache_s)
+        app.state.deployment_companions = DeploymentCompanions(
+            active_job_ids=active_job_ids,
+            desired=desired_publics,
+            delete=lambda session, ref: delete_deployment(session, ref=ref),
+        )
         app.state.job_log_hub = hub = JobLogHub(
             database,
             poll_s=resolved.events_poll_s,
@@ -153,7 +164,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             async with (
                 vllm_backend(app) as vllm_launcher,
                 cluster_launchers(engine) as extra_launchers,
-                run_jobs(app, extra_launchers, vllm_launcher),
+                run_jobs(app, extra_launchers, partial(builtin_backends, vllm_launcher=vllm_launcher)),
                 delivery_worker(engine, resolved),
             ):
                 yield

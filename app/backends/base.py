@@ -13,6 +13,7 @@ the deployments API tells the backends a deployment came or went (`app.deploymen
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from app.launchers.base import DeletedDeployment, Launcher
 from engine_agent.protocol import DowntimeOverrun
 
 J = TypeVar("J", bound=RunningJob)
+log = logging.getLogger(__name__)
 
 # --- the failures every flow stops on -------------------------------------------------------------------
 
@@ -125,13 +127,14 @@ class Periodic:
 @dataclass(frozen=True)
 class BackendContext:
     """What the runner gives every backend: the database, its lease owner name, its settings, the
-    launchers by name and the agent clients of one job (`new_fleet`)."""
+    launchers by name, the agent clients of one job (`new_fleet`) and the heartbeat timeout."""
 
     db: DbEngine
     owner: str
     settings: RunnerSettings
     launchers: Mapping[str, Launcher]
     new_fleet: Callable[[], Fleet]
+    heartbeat_timeout_s: float = 15.0  # an engine silent this long is lost (`EPCTL_HEARTBEAT_TIMEOUT_S`)
 
 
 class Backend(ABC):
@@ -160,6 +163,14 @@ class Backend(ABC):
     def periodic(self) -> Sequence[Periodic]:
         """Work the runner's loop ticks for this backend."""
         return ()
+
+    async def start(self) -> None:
+        """The runner starts (its loop runs from now on): begin what runs beside it."""
+        return None
+
+    async def stop(self) -> None:
+        """The runner stops: end what `start` began."""
+        return None
 
 
 def backend_of_job(session: Session, job_id: str) -> str:
@@ -201,3 +212,14 @@ class Backends:
 
     def periodic(self) -> list[Periodic]:
         return [task for backend in self.by_kind.values() for task in backend.periodic()]
+
+    async def start(self) -> None:
+        for backend in self.by_kind.values():
+            await backend.start()
+
+    async def stop(self) -> None:
+        for backend in self.by_kind.values():
+            try:
+                await backend.stop()
+            except Exception:
+                log.exception("backend %s: stopping failed", backend.kind.value)

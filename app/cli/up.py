@@ -10,9 +10,10 @@ The data directory is locked first (`app.launchers.state_lock`): a second `epctl
 one line and touches nothing. After a crash the agents wait for a coordinator to adopt them
 (serving never depends on the coordinator), however long it takes; a restarted `epctl up` adopts the
 deployment as it runs (never rescales it, and never stops it because the job the crash interrupted
-rolled back), saying `adopted` only once every member answered it (`app.runner.adoption`), else what
-is missing while self-healing makes it whole. When every engine of the previous run is gone, it starts
-the deployment afresh; `epctl down` stops a crashed run's engines instead.
+rolled back), saying `adopted` only once every member answered it
+(`app.backends.reference.liveness.adoption`), else what is missing while self-healing makes it
+whole. When every engine of the previous run is gone, it starts the deployment afresh; `epctl down`
+stops a crashed run's engines instead.
 
 The admin token: `EPCTL_ADMIN_TOKEN` when set; otherwise the first start creates one admin token,
 prints it once and keeps it in `<data dir>/admin-token` (mode 0600), and every later `epctl up` reuses
@@ -182,12 +183,14 @@ async def _adopt(
     api: httpx.AsyncClient, app: Any, deployment: dict[str, Any], engines: int | None
 ) -> dict[str, Any]:
     """Say `adopted` only once every recorded member answered this coordinator with the recorded
-    generation (`app.runner.adoption`); otherwise say what is missing and wait for self-healing to make
-    the deployment whole again (it is never shown `ready` with a member that does not answer)."""
+    generation (`app.backends.reference.liveness.adoption`); otherwise say what is missing and wait
+    for self-healing to make the deployment whole again (it is never shown `ready` with a member that
+    does not answer)."""
     runner = getattr(app.state, "job_runner", None)
-    found = [a for a in (await runner.adoption() if runner else []) if a.deployment == DEMO]
-    if runner and not found:  # a job the crash left ran at start: its end decided, ask the members now
-        found = [a for a in await runner.adoption(again=True) if a.deployment == DEMO]
+    liveness = runner.backends["reference"].liveness if runner else None
+    found = [a for a in (await liveness.adoption() if liveness else []) if a.deployment == DEMO]
+    if liveness and runner and not found:  # a job the crash left ran at start: its end decided; ask now
+        found = [a for a in await liveness.adoption(runner.new_fleet) if a.deployment == DEMO]
     ignored = ""
     if engines is not None and engines != deployment["current_dp_size"]:
         ignored = f"; --engines {engines} ignored (to resize: epctl scale {DEMO} {engines})"

@@ -58,7 +58,7 @@ class DeploymentStatus(StrEnum):
 
 
 class OnEngineLoss(StrEnum):
-    """What the coordinator does by itself when a member engine is lost (`app.runner.selfheal`)."""
+    """What the coordinator does by itself when a member engine is lost (`liveness.heal`)."""
 
     shrink = "shrink"  # a new generation on the survivors
     replace = "replace"  # type: ignore[assignment]  # shrink, then launch engines and grow back
@@ -142,8 +142,8 @@ class Deployment(SQLModel, table=True):
     status_detail: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     # NULL: the launcher's default (`effective_on_engine_loss`).
     on_engine_loss: str | None = Field(default=None, sa_type=sa.String(16))
-    # Self-healing's memory (app/runner/selfheal.py): the engines written off since the deployment was
-    # last whole, and (`replace`) the size to grow back to.
+    # Self-healing's memory (app/backends/reference/liveness/heal.py): the engines written off since the
+    # deployment was last whole, and (`replace`) the size to grow back to.
     heal_lost: str | None = Field(default=None, max_length=1000)
     heal_target_dp_size: int | None = None
     # When the loss happened, as far as the coordinator can tell (the lost engine's last heartbeat, or

@@ -12,6 +12,7 @@ from app.core.problems import problem_responses
 from app.deployments import agent_keys, listing, service
 from app.deployments.agent_key_push import push_rotation
 from app.deployments.agent_keys import AgentKeyPublic, AgentKeyRotate
+from app.deployments.companions import Companions, DeploymentCompanions
 from app.deployments.engines import service as engine_service
 from app.deployments.models import (
     Deployment,
@@ -21,25 +22,24 @@ from app.deployments.models import (
     DeploymentUpdate,
 )
 from app.deployments.reactions import Reactions
-from app.jobs import service as jobs
-from app.jobs.active import active_job_ids
 from app.launchers.base import DeletedDeployment, EngineHandle
-from app.scale.desired import desired_publics
 from engine_agent.protocol import EngineConfig
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"], responses=problem_responses(401, 403, 422))
 
 
-def _public(session: Session, deployment: Deployment) -> DeploymentPublic:
-    return _publics(session, [deployment])[0]
+def _public(session: Session, deployment: Deployment, around: DeploymentCompanions) -> DeploymentPublic:
+    return _publics(session, [deployment], around)[0]
 
 
-def _publics(session: Session, deployments: Sequence[Deployment]) -> list[DeploymentPublic]:
+def _publics(
+    session: Session, deployments: Sequence[Deployment], around: DeploymentCompanions
+) -> list[DeploymentPublic]:
     """The API shape of many deployments in a fixed number of queries (a deployment where an autoscaler
     intent stands is assessed on its own: few are, at any time)."""
     ids = [d.id for d in deployments]
-    active = active_job_ids(session, ids)
-    desired = desired_publics(session, deployments)
+    active = around.active_job_ids(session, ids)
+    desired = around.desired(session, deployments)
     conditions = engine_service.conditions_of(session, ids)
     return [
         DeploymentPublic.of(
@@ -51,14 +51,21 @@ def _publics(session: Session, deployments: Sequence[Deployment]) -> list[Deploy
 
 @router.post("", name="create", status_code=status.HTTP_201_CREATED, responses=problem_responses(409))
 async def create_deployment(
-    body: DeploymentCreate, db: DatabaseDep, _: Admin, response: Response, backends: Reactions
+    body: DeploymentCreate,
+    db: DatabaseDep,
+    _: Admin,
+    response: Response,
+    backends: Reactions,
+    around: Companions,
 ) -> DeploymentPublic:
     """`backend: vllm` with a `vllm.url`: the server is asked for its DP size right away (an unreachable
     one leaves the deployment `degraded`, saying why). With launcher `local`, start it with
     `POST /v1/deployments/{name}/engine/restart`."""
     created = await db.run(lambda session: service.create_deployment(session, data=body))
     await backends.deployment_created(created.name, created.backend)
-    public = await db.run(lambda session: _public(session, service.get_deployment(session, ref=created.name)))
+    public = await db.run(
+        lambda session: _public(session, service.get_deployment(session, ref=created.name), around)
+    )
     response.headers["Location"] = f"/v1/deployments/{public.name}"
     return public
 
@@ -67,6 +74,7 @@ async def create_deployment(
 async def list_deployments(
     db: DatabaseDep,
     _: Reader,
+    around: Companions,
     limit: Annotated[int, Query(ge=1, le=listing.MAX_PAGE_SIZE)] = listing.DEFAULT_PAGE_SIZE,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> DeploymentList:
@@ -76,26 +84,29 @@ async def list_deployments(
     def work(session: Session) -> DeploymentList:
         page = listing.list_page(session, limit=limit, cursor=cursor)
         return DeploymentList(
-            data=_publics(session, page.rows), count=page.count, next_cursor=page.next_cursor
+            data=_publics(session, page.rows, around), count=page.count, next_cursor=page.next_cursor
         )
 
     return await db.run(work)
 
 
 @router.get("/{name}", name="get", responses=problem_responses(404))
-async def get_deployment(name: DeploymentRefPath, db: DatabaseDep, _: Reader) -> DeploymentPublic:
-    return await db.run(lambda session: _public(session, service.get_deployment(session, ref=name)))
+async def get_deployment(
+    name: DeploymentRefPath, db: DatabaseDep, _: Reader, around: Companions
+) -> DeploymentPublic:
+    return await db.run(lambda session: _public(session, service.get_deployment(session, ref=name), around))
 
 
 @router.patch("/{name}", name="update", responses=problem_responses(404))
 async def update_deployment(
-    name: DeploymentRefPath, body: DeploymentUpdate, db: DatabaseDep, _: Admin
+    name: DeploymentRefPath, body: DeploymentUpdate, db: DatabaseDep, _: Admin, around: Companions
 ) -> DeploymentPublic:
     def work(session: Session) -> DeploymentPublic:
         active = None
         if body.ray is not None:  # new Ray settings check for a job that may be launching engines
-            active = jobs.active_job_id(session, deployment_id=service.get_deployment(session, ref=name).id)
-        return _public(session, service.update_deployment(session, ref=name, data=body, active_job_id=active))
+            active = around.active_job_id(session, service.get_deployment(session, ref=name).id)
+        updated = service.update_deployment(session, ref=name, data=body, active_job_id=active)
+        return _public(session, updated, around)
 
     return await db.run(work)
 
@@ -103,7 +114,9 @@ async def update_deployment(
 @router.delete(
     "/{name}", name="delete", status_code=status.HTTP_204_NO_CONTENT, responses=problem_responses(404, 409)
 )
-async def delete_deployment(name: DeploymentRefPath, db: DatabaseDep, _: Admin, backends: Reactions) -> None:
+async def delete_deployment(
+    name: DeploymentRefPath, db: DatabaseDep, _: Admin, backends: Reactions, around: Companions
+) -> None:
     """Only when no job is active. Its engines are stopped by the launcher that started them (a
     static pool's are left running), and a vLLM server the local launcher runs for it too."""
 
@@ -117,7 +130,7 @@ async def delete_deployment(name: DeploymentRefPath, db: DatabaseDep, _: Admin, 
             engine=EngineConfig.model_validate(deployment.engine_config),
             engines=tuple(EngineHandle(engine_id=e.id, url=e.url, pid=e.pid) for e in engines),
         )
-        jobs.delete_deployment(session, ref=name)
+        around.delete(session, name)
         return deleted
 
     await backends.deployment_deleted(await db.run(work))

@@ -44,6 +44,7 @@ class StatusChange:
     status: DeploymentStatus
     detail: StatusDetail | None
     announced: bool
+    opened_incident: str | None = None  # the incident this change opened (a new one)
 
 
 def set_status(
@@ -55,11 +56,13 @@ def set_status(
     serving: int | None = None,
     now: datetime | None = None,
     announce_again: bool = False,
+    hit_job_id: str | None = None,
 ) -> StatusChange | None:
     """Move `deployment` to `status` (with `detail`, required for `degraded` and refused for `ready`),
     in the caller's transaction; None when nothing changed. `serving`: how many engines serve its
     generation, for the event. `announce_again`: a degraded deployment's new reason is announced too
-    (a reason the operator must act on, such as self-healing giving up)."""
+    (a reason the operator must act on, such as self-healing giving up). `hit_job_id`: the job a new
+    incident names as the one whose generation it hit."""
     if (status is DeploymentStatus.degraded) != (detail is not None):
         raise StatusRuleError(f"deployment {deployment.name}: {status.value} with detail {detail!r}")
     at = now or utc_now()
@@ -81,8 +84,12 @@ def set_status(
             event = EventType.deployment_recovered  # a detail left on a ready deployment: now cleared
     deployment.status, deployment.status_detail, deployment.updated_at = status.value, stored, at
     session.add(deployment)
+    opened: str | None = None
     if detail is not None:
-        incidents.opened(session, deployment, detail.reason, detail.message, at)
+        incident, new = incidents.opened(
+            session, deployment, detail.reason, detail.message, at, hit_job_id=hit_job_id
+        )
+        opened = incident.id if new else None
     elif before is DeploymentStatus.degraded:
         incidents.resolved(session, deployment, at)
     if event is None and announce_again:
@@ -98,7 +105,7 @@ def set_status(
             **extra,
         }
         enqueue_event(session, event, data, deployment_id=deployment.id, now=at)
-    return StatusChange(deployment.name, status, detail, announced=event is not None)
+    return StatusChange(deployment.name, status, detail, announced=event is not None, opened_incident=opened)
 
 
 def _same(stored: dict[str, Any] | None, new: dict[str, Any] | None) -> bool:

@@ -34,7 +34,7 @@ class RequestSource(StrEnum):
     webhook = "webhook"  # an inbound hook (Alertmanager, generic signed body)
     system = "system"  # the coordinator itself (reconciliation)
     scale_subresource = "scale-subresource"  # PUT /v1/deployments/{name}/scale (Kubernetes convention)
-    self_heal = "self-heal"  # the coordinator, after losing an engine (app.runner.selfheal)
+    self_heal = "self-heal"  # the coordinator, after losing an engine (app.backends.reference.liveness.heal)
 
 
 class CleanupState(StrEnum):
@@ -128,7 +128,8 @@ class ReconfigurationJob(SQLModel, table=True):
         sa_type=NullableJSON,
         description="the new placement's coverage: experts with a single replica, per layer, engine, domain",
     )
-    # Self-heal jobs (app/runner/selfheal.py): when the loss happened and how long recovery took.
+    # Self-heal jobs (app/backends/reference/liveness/heal.py): when the loss happened, how long
+    # recovery took.
     loss_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     time_to_detect_ms: float | None = None
     time_to_serving_ms: float | None = None

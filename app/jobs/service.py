@@ -409,3 +409,12 @@ def delete_deployment(session: Session, *, ref: str) -> None:
         raise ConflictError(
             f"deployment {deployment.name!r} became busy while deleting", code="deployment-busy"
         ) from None
+
+
+def link_incident(session: Session, *, job_id: str, incident_id: str) -> None:
+    """The job names the incident that hit its generation right after it ended (the incident names the
+    job: `app.deployments.status.set_status`'s `hit_job_id`); in the caller's transaction."""
+    job = session.get(ReconfigurationJob, job_id)
+    if job is not None:
+        job.incident_id = incident_id
+        session.add(job)

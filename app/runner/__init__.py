@@ -1,13 +1,12 @@
-"""Running reconfiguration jobs (the record of a job is `app.jobs`; what a job does on its engines is its
-deployment's backend's, `app.backends`). Collaborators that depend one way:
+"""Running reconfiguration jobs (the record of a job is `app.jobs`; what a job does on its engines, and
+how its engines' liveness is judged, is its deployment's backend's, `app.backends`). Collaborators that
+depend one way:
 
 loop            claims jobs (leases), hands each to its backend in a task of its own, ticks the
-                scheduled work (its own and the backends')
+                scheduled work (its own and the backends'), starts and stops what the backends run
 leases          the claim / renew / release queries
-scheduled       heartbeat expiry and the health pass, desired sizes, retention
-selfheal        a deployment that lost an engine forms a new generation by itself
-stalls          an engine that froze, fenced on its peers' evidence
-adoption        a starting coordinator checks that the recorded engines still serve
-incident_probe  what clients saw during an incident (canaries)
+scheduled       desired sizes, retention
 lifespan        starts the runner with the coordinator
+
+It names no backend (an import-linter contract): the registry (`app.backends.registry`) is its seam.
 """

@@ -4,11 +4,10 @@ puts the backends on the app (`app.state.backends`) for the deployments API."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shlex
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -16,9 +15,8 @@ from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session
 
 from app.agents.fleet import Fleet
-from app.backends.base import BackendContext
+from app.backends.base import BackendContext, Backends
 from app.backends.registry import builtin_backends
-from app.backends.vllm.launcher import VllmLauncher
 from app.core.config import Settings
 from app.core.runner_settings import RunnerSettings, load_runner_settings
 from app.launchers.base import Launcher
@@ -31,6 +29,8 @@ from app.tokens.models import TokenRole
 from app.tokens.service import authenticate, create_token
 
 AGENT_TOKEN_FILE = "local-agent-token"
+
+BackendsOf = Callable[[BackendContext], Backends]  # the registry (`app.backends.registry`), configured
 
 
 def ensure_agent_token(db: DbEngine, state_dir: Path) -> str:
@@ -62,10 +62,10 @@ def build_runner(
     db: DbEngine,
     runner_settings: RunnerSettings | None = None,
     extra_launchers: Mapping[str, Launcher] | None = None,
-    vllm_launcher: VllmLauncher | None = None,
+    backends: BackendsOf = builtin_backends,
 ) -> JobRunner:
     """The runner with the built-in launchers (`local`, `static`) and any others given (`ray`), and the
-    built-in backends (with the local vLLM launcher, where this coordinator runs one)."""
+    backends `backends` makes (default: the built-in ones, without a local vLLM launcher)."""
     runner_settings = runner_settings or load_runner_settings()
     state_dir = runner_settings.state_dir or settings.data_dir
     updates: dict[str, object] = {"state_dir": state_dir}
@@ -98,7 +98,7 @@ def build_runner(
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         settings=runner_settings.model_copy(update=updates),
         retention=Retention(settings, settings.retention_interval_s),
-        backends=functools.partial(builtin_backends, vllm_launcher=vllm_launcher),
+        backends=backends,
     )
 
 
@@ -106,24 +106,23 @@ def build_runner(
 async def run_jobs(
     app: FastAPI,
     extra_launchers: Mapping[str, Launcher] | None = None,
-    vllm_launcher: VllmLauncher | None = None,
+    backends: BackendsOf = builtin_backends,
 ) -> AsyncIterator[JobRunner | None]:
     """Run jobs while the app serves. Locally launched agents outlive a coordinator restart on
     purpose: the next coordinator reconciles with them (`epctl up` stops them when it exits).
-    `extra_launchers` (the cluster launchers) and `vllm_launcher` are owned by the caller, which shuts
-    them down. With the runner off, the backends still hear of deployments (no launcher of engines)."""
+    `extra_launchers` (the cluster launchers) and what `backends` holds (the local vLLM launcher) are
+    owned by the caller, which shuts them down. With the runner off, the backends still hear of
+    deployments (no launcher of engines)."""
     runner_settings = load_runner_settings()
     if not runner_settings.enabled:
         db = app.state.db_engine
         context = BackendContext(db, runner_settings.coordinator_id, runner_settings, {}, Fleet)
-        app.state.backends = builtin_backends(context, vllm_launcher=vllm_launcher)
+        app.state.backends = backends(context)
         yield None
         return
     # The local launcher's agents are this data directory's: refuse to share it (DataDirInUseError).
     hold_state_dir(runner_settings.state_dir or app.state.settings.data_dir, holder="coordinator")
-    runner = build_runner(
-        app.state.settings, app.state.db_engine, runner_settings, extra_launchers, vllm_launcher
-    )
+    runner = build_runner(app.state.settings, app.state.db_engine, runner_settings, extra_launchers, backends)
     app.state.job_runner = runner
     app.state.backends = runner.backends
     await runner.start()

@@ -2,9 +2,10 @@
 
     loop -> leases      (claim pending and stranded jobs, renew, release)
          -> backends    (a pending job's run, or a job a dead coordinator left reconciled, by the
-                         deployment's backend: `app.backends`, picked by the registry)
-         -> scheduled   (heartbeat expiry, self-healing, desired sizes, retention; and each
-                         backend's periodic work)
+                         deployment's backend: `app.backends`, picked by the registry; each backend's
+                         periodic work, such as the reference engines' liveness, and what it runs
+                         beside the loop from `start` to `stop`)
+         -> scheduled   (desired sizes, retention)
 
 The reference backend gives each job its own `Fleet` over the runner's one agent session (aiohttp: a
 kept-alive connection per agent, shared by jobs, recovery, adoption and the cleanup poller), with the
@@ -30,8 +31,6 @@ from app.coordinators import service as coordinators
 from app.core.runner_settings import RunnerSettings
 from app.jobs.async_record import WorkerSessions
 from app.launchers.base import Launcher
-from app.runner.adoption import Adoption, adopt_engines
-from app.runner.incident_probe import IncidentProbes
 from app.runner.leases import Leases
 from app.runner.scheduled import Retention, Scheduled, scheduled_tasks
 
@@ -39,7 +38,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_AGENT_TIMEOUT_S = 5.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
-INCIDENT_PROBE_INTERVAL_S = 0.5  # how often the incident probes' targets follow the engines
 
 
 class JobRunner:
@@ -66,19 +64,18 @@ class JobRunner:
         self.record = WorkerSessions(db)
         self.leases = Leases(owner, lease_s)
         self.launchers = launchers
-        self.backends = backends(BackendContext(db, owner, self.settings, launchers, self.new_fleet))
-        self.incident_probes = IncidentProbes(self.record)
+        self.backends = backends(
+            BackendContext(db, owner, self.settings, launchers, self.new_fleet, heartbeat_timeout_s)
+        )
         self.scheduled = Scheduled(
             [
                 Periodic("presence", coordinators.PRESENCE_INTERVAL_S, self._announce),
-                Periodic("incident-probe", INCIDENT_PROBE_INTERVAL_S, self.incident_probes.tick),
                 *self.backends.periodic(),
-                *scheduled_tasks(self.record, self.settings, heartbeat_timeout_s, retention, launchers),
+                *scheduled_tasks(self.record, self.settings, retention),
             ]
         )
         self._running: dict[str, asyncio.Task[None]] = {}
         self._loop_task: asyncio.Task[None] | None = None
-        self._adoption_task: asyncio.Task[list[Adoption]] | None = None
         self._stopping = False
 
     async def _announce(self) -> None:
@@ -96,31 +93,16 @@ class JobRunner:
 
     async def start(self) -> None:
         """Claim and run jobs in the background (a predecessor's are reconciled as they are found), and
-        check once that the engines the record names still serve (`app.runner.adoption`)."""
+        start what the backends run beside the loop (the reference backend's adoption)."""
         if not self.settings.enabled:
             return
         self._loop_task = asyncio.create_task(self._loop(), name="job-runner")
-        self._adoption_task = asyncio.create_task(self._adopt(), name="adoption")
-
-    async def adoption(self, *, again: bool = False) -> list[Adoption]:
-        """What the start-up adoption found (waits for it), or with `again` a new pass now (a deployment
-        a job ran at start was left to that job); [] when the runner is off or it failed."""
-        if self._adoption_task is None:
-            return []
-        found = await asyncio.shield(self._adoption_task)
-        return await self._adopt() if again else found
-
-    async def _adopt(self) -> list[Adoption]:
-        try:
-            async with self.new_fleet() as fleet:
-                return await adopt_engines(self.record, fleet)
-        except Exception:
-            log.exception("adopting the recorded engines failed (the heartbeats will tell)")
-            return []
+        await self.backends.start()
 
     async def stop(self) -> None:
         self._stopping = True
-        tasks = [t for t in [self._loop_task, self._adoption_task, *self._running.values()] if t is not None]
+        await self.backends.stop()
+        tasks = [t for t in [self._loop_task, *self._running.values()] if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -134,7 +116,6 @@ class JobRunner:
             await self.record.run_in_session(
                 lambda s: coordinators.forget(s, coordinator_id=self.leases.owner)
             )
-        await self.incident_probes.close()
         await self._agent_session.aclose()
 
     async def tick(self) -> None:

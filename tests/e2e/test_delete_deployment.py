@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from tests.e2e.conftest import Stack
+from tests.support.e2e import Stack
 from tests.support.stack import agent_info
 from tests.support.waiting import wait_until
 

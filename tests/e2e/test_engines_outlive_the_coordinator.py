@@ -1,6 +1,9 @@
 """Serving never depends on the coordinator (issue 22), on real processes: a coordinator that is gone
-for longer than the old 15 s orphan grace costs no request, a restarted one says what it found, and a
-frozen member is fenced on its peers' evidence, not at its heartbeat timeout, then re-admitted.
+for longer than the old 15 s orphan grace costs no request and a restarted one adopts what runs (the
+coordinator's boundary), and a frozen member is fenced on its peers' evidence, not at its heartbeat
+timeout, then re-admitted (the one real-process test of a freeze outside a job). What a restarted
+coordinator does with a member that is gone, frozen or changed is the liveness judge's (rows of
+tests/runner/test_liveness_rules.py, written in tests/runner/test_stalls.py).
 
 The heartbeat timeout here is 15 s, as in production, so a frozen member is fenced on evidence (the
 survivors leave its group at the 5 s serving deadline and name it) before its silence could expire it.
@@ -17,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from app.launchers.local import LocalLauncher
-from tests.e2e.conftest import Stack
+from tests.support.e2e import Stack
 from tests.support.invariants import assert_recovered
 from tests.support.stack import SteadyClient, agent_info
 from tests.support.waiting import wait_until
@@ -84,33 +87,6 @@ def test_a_coordinator_gone_longer_than_the_old_grace_costs_no_request(stack: St
         assert pids(members) == before
         deployment = assert_recovered(stack, name)
         assert deployment["current_dp_size"] == 2
-
-
-def test_engines_lost_while_the_coordinator_was_down_are_found_at_its_start_and_healed(stack: Stack) -> None:
-    """A member killed while no coordinator runs: the restarted coordinator does not take the record's
-    word for it (`ready`): it says the member is gone, degrades the deployment at once and heals it."""
-    coordinator = stack.coordinator
-    with deployment_of(stack, "replace") as (name, members):
-        coordinator.kill()
-        os.kill(pids(members)[1], signal.SIGKILL)
-        coordinator.start(ready_timeout_s=60.0, **stack.env)
-        wait_until(
-            lambda: f"deployment {name} not whole at start" in coordinator.log_tail(20000),
-            timeout_s=30,
-            what="the restarted coordinator to say the deployment is not whole",
-            describe=coordinator.log_tail,
-        )
-        assert f"gone: {members[1]['engine_id']}" in coordinator.log_tail(20000)
-        deployment = coordinator.deployment(name)
-        assert deployment["status"] == "degraded" or deployment["active_job_id"], deployment
-
-        def healed() -> dict[str, Any] | None:
-            found = coordinator.deployment(name)
-            whole = found["status"] == "ready" and found["active_job_id"] is None
-            return found if whole and found["current_dp_size"] == 2 else None
-
-        wait_until(healed, timeout_s=120, what=f"deployment {name} healed back to 2", interval_s=0.5)
-        assert_recovered(stack, name)
 
 
 def test_a_frozen_member_is_fenced_on_evidence_and_re_admitted_once_it_thaws(stack: Stack) -> None:

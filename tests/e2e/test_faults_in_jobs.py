@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from app.launchers.local import LocalLauncher
-from tests.e2e.conftest import Stack
+from tests.support.e2e import Stack
 from tests.support.invariants import assert_recovered
 from tests.support.stack import SteadyClient, agent_http, agent_info
 from tests.support.waiting import wait_until
@@ -121,8 +121,15 @@ def assert_no_wrong_answer(client: SteadyClient) -> None:
 VICTIMS = {"rank0": 0, "staying": 1, "leaver": 2}
 
 
-@pytest.mark.parametrize("phase", ["prepare", "commit"])
-@pytest.mark.parametrize("victim", list(VICTIMS))
+# One crash per phase and per way a role fails there: in prepare (nothing switched, nothing paused) rank 0,
+# whose death also takes the job's rendezvous store; inside the commit window a staying member (the new
+# group lost a member: failed) and the leaver (it left at the agreed boundary, or just before its answer).
+# The same rule for the other roles (rolled back naming the dead engine in prepare, failed naming it in
+# the window) is the flow's, on fake agents: tests/runner/test_flow.py.
+@pytest.mark.parametrize(
+    ("victim", "phase"),
+    [("rank0", "prepare"), ("staying", "commit"), ("leaver", "commit")],
+)
 def test_an_engine_killed_in_a_scale_job_leaves_the_deployment_consistent(
     faulted: Faulted, victim: str, phase: str
 ) -> None:
@@ -209,9 +216,9 @@ def assert_thawed_engine_fenced(url: str, abandoned: int) -> None:
 
 # Where the coordinator dies: inside prepare (rank 1 held in its weight transfer), or inside the
 # commit window (rank 1 held in the deferred warm-up; released once the coordinator is dead, so the
-# engines finish the commit they agreed on without it). On both databases: the restart recovers from
-# what the database kept (the engine faults above run on SQLite alone, to keep the suite's time).
-@pytest.mark.databases("sqlite", "postgres")
+# engines finish the commit they agreed on without it). On SQLite, as the module's other cases: what a
+# restart recovers from the database is shown on both databases in-process (tests/runner/test_recovery.py,
+# tests/runner/test_leases.py), this is the process boundary.
 @pytest.mark.parametrize(
     ("phase", "step", "fields"),
     [

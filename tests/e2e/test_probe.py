@@ -4,7 +4,7 @@ as the slowest answer, in a phase where the engines stopped, not as an outage.""
 
 from __future__ import annotations
 
-from tests.e2e.conftest import Stack
+from tests.support.e2e import Stack
 from tests.support.waiting import wait_until
 
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from app.launchers.local import LocalLauncher
-from tests.e2e.conftest import Stack
+from tests.support.e2e import Stack
 from tests.support.stack import SteadyClient, agent_http, agent_info
 from tests.support.waiting import wait_until
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from engine_agent import moe
-from tests.e2e.conftest import Stack
+from tests.support.e2e import Stack
 from tests.support.stack import ENGINE, agent_info, infer
 
 

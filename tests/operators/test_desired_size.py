@@ -202,7 +202,7 @@ def test_the_runner_reconciles_desired_sizes_as_a_scheduled_task(
     first = signed(anonymous, {"deployment": "d1", "target_dp_size": 3}).json()
     signed(anonymous, {"deployment": "d1", "target_dp_size": 4})
     finish(db_engine, first["job_id"])
-    tasks = scheduled_tasks(JobRecord(db_engine), RunnerSettings(), 15.0)
+    tasks = scheduled_tasks(JobRecord(db_engine), RunnerSettings())
     assert "desired-size" in [task.name for task in tasks]
     started = asyncio.run(reconcile_desired_sizes(JobRecord(db_engine)))
     assert len(started) == 1 and jobs(db_engine)[-1].to_dp_size == 4

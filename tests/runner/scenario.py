@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,11 @@ from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
 from app.backends.reference.flow import Flow
+from app.backends.reference.liveness.controller import Liveness, Pass
+from app.backends.reference.liveness.view import Rules
 from app.backends.reference.record import JobRecord
 from app.backends.reference.recovery import Recovery
+from app.core.clock import utc_now
 from app.core.runner_settings import RunnerSettings
 from app.deployments.engines.models import Engine, EngineState
 from app.deployments.models import Deployment
@@ -60,6 +64,7 @@ class Scenario:
     record: JobRecord = field(init=False)
     flow: Flow = field(init=False)
     recovery: Recovery = field(init=False)
+    liveness: Liveness = field(init=False)
 
     def __post_init__(self) -> None:
         self.restart(self.settings)
@@ -71,6 +76,34 @@ class Scenario:
         self.record = JobRecord(self.db)
         self.flow = Flow(self.record, self.settings, launchers, "test-coordinator")
         self.recovery = Recovery(self.record, self.settings, launchers)
+        self.liveness = self.controller()
+
+    def controller(self, rules: Rules | None = None, *, watching_for_s: float = 3600.0) -> Liveness:
+        """The liveness controller of this coordinator, watching for `watching_for_s` already (so the
+        heartbeat timeout counts); a process is gone where its fake agent is `unreachable` (a stand-in
+        for the real probe, `probes.process_gone`: the fake agents listen nowhere)."""
+
+        async def gone(url: str) -> bool:
+            by_url = {row.url: engine_id for engine_id, row in self.engine_rows().items()}
+            agent = self.agents.get(by_url.get(url, ""))
+            return agent is not None and "unreachable" in agent.faults
+
+        return Liveness(
+            self.record,
+            {"local": self.launcher},
+            rules or Rules(),
+            probe=gone,
+            watching_since=utc_now() - timedelta(seconds=watching_for_s),
+        )
+
+    def liveness_pass(self, *, grace_s: float | None = None) -> Pass:
+        """One pass of the liveness controller (`grace_s`: the fence grace for this pass)."""
+        if grace_s is not None:
+            self.liveness.rules = Rules(fence_grace_s=grace_s)
+        try:
+            return asyncio.run(self.liveness.tick())
+        finally:
+            self.liveness.rules = Rules()
 
     def fleet(self) -> FakeFleet:
         return FakeFleet(self.agents)

@@ -1,5 +1,8 @@
-"""Heartbeat expiry: an engine silent for longer than `EPCTL_HEARTBEAT_TIMEOUT_S` becomes unreachable;
-losing a member degrades its deployment; each is announced (`engine.unreachable`)."""
+"""Heartbeat expiry, written: an engine silent for longer than `EPCTL_HEARTBEAT_TIMEOUT_S` becomes
+unreachable; losing a member degrades its deployment, with its reason, in the same transaction; each is
+announced once (`engine.unreachable`); a heartbeat that arrives while a pass judges wins. The rules
+themselves (the timeout, the coordinator's start, a deaf coordinator) are rows of
+tests/runner/test_liveness_rules.py."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ from datetime import timedelta
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
+from app.backends.reference.liveness.controller import Liveness
+from app.backends.reference.liveness.view import Rules
 from app.backends.reference.record import JobRecord
 from app.core.clock import utc_now
 from app.core.runner_settings import RunnerSettings
@@ -16,7 +21,6 @@ from app.deployments.engines.models import Engine
 from app.deployments.engines.service import record_heartbeat
 from app.deployments.models import Deployment
 from app.runner.loop import JobRunner
-from app.runner.scheduled import Hearing, expire_heartbeats, health_pass
 from app.webhooks.models import EventType, OutboxEvent
 from engine_agent.protocol import AgentHeartbeat, AgentState
 from tests.support.factories import make_deployment, register_engines
@@ -24,9 +28,11 @@ from tests.support.factories import make_deployment, register_engines
 
 def deployment_with(db: DbEngine, *, silent: list[int], serving: int = 2, idle: int = 1) -> str:
     """Engines 0..serving-1 serve generation 1, the rest are idle; those in `silent` last beat a
-    minute ago, the others just now."""
+    minute ago, the others just now. It only reports a loss (`on_engine_loss: none`: no self-heal
+    writes an engine off)."""
     with Session(db, expire_on_commit=False) as session:
         deployment = make_deployment(session, "demo")
+        deployment.on_engine_loss = "none"
         for index, row in enumerate(register_engines(session, deployment, serving + idle)):
             member = index < serving
             row.state = "serving" if member else "idle"
@@ -41,9 +47,21 @@ def deployment_with(db: DbEngine, *, silent: list[int], serving: int = 2, idle: 
         return deployment.id
 
 
+async def alive(url: str) -> bool:
+    """The probe's answer for every engine here: not gone (they are rows, no process listens)."""
+    return False
+
+
+def controller(db: DbEngine, heartbeat_timeout_s: float = 15.0) -> Liveness:
+    """A coordinator that has been watching for longer than the timeout."""
+    rules = Rules(heartbeat_timeout_s=heartbeat_timeout_s)
+    since = utc_now() - timedelta(seconds=3600)
+    return Liveness(JobRecord(db), {}, rules, probe=alive, watching_since=since)
+
+
 def tick(db: DbEngine, heartbeat_timeout_s: float = 15.0) -> None:
-    """One heartbeat check, by a coordinator that has been watching for longer than the timeout."""
-    asyncio.run(expire_heartbeats(JobRecord(db), heartbeat_timeout_s))
+    """One liveness pass by such a coordinator."""
+    asyncio.run(controller(db, heartbeat_timeout_s).tick())
 
 
 def states(db: DbEngine, deployment_id: str) -> tuple[str, dict[str, str]]:
@@ -83,14 +101,6 @@ def test_a_silent_idle_engine_becomes_unreachable_without_degrading(db_engine: D
     assert announced(db_engine)["demo-engine-2"]["member"] is False
 
 
-def test_engines_heard_from_within_the_timeout_are_left_alone(db_engine: DbEngine) -> None:
-    deployment_id = deployment_with(db_engine, silent=[0, 1])
-    tick(db_engine, heartbeat_timeout_s=120.0)
-    status, engines = states(db_engine, deployment_id)
-    assert status == "ready" and "unreachable" not in engines.values()
-    assert announced(db_engine) == {}
-
-
 def test_an_engine_is_announced_once(db_engine: DbEngine) -> None:
     deployment_with(db_engine, silent=[1])
     tick(db_engine)
@@ -98,26 +108,8 @@ def test_an_engine_is_announced_once(db_engine: DbEngine) -> None:
     assert list(announced(db_engine)) == ["demo-engine-1"]
 
 
-def test_silence_counts_from_when_the_coordinator_started_watching(db_engine: DbEngine) -> None:
-    """Agents cannot reach a coordinator that is down: a (re)started one does not count that silence."""
-    deployment_with(db_engine, silent=[1])
-    record = JobRecord(db_engine)
-    just_started = asyncio.run(expire_heartbeats(record, 15.0, watching_since=utc_now()))
-    assert just_started == [] and announced(db_engine) == {}
-    long_running = asyncio.run(
-        expire_heartbeats(record, 15.0, watching_since=utc_now() - timedelta(seconds=60))
-    )
-    assert [engine.id for engine in long_running] == ["demo-engine-1"]
-
-
 def test_the_runners_loop_expires_silent_engines(db_engine: DbEngine) -> None:
     deployment_id = deployment_with(db_engine, silent=[1])
-    with Session(db_engine) as session:  # report only: no self-heal writes the engine off
-        deployment = session.get(Deployment, deployment_id)
-        assert deployment is not None
-        deployment.on_engine_loss = "none"
-        session.add(deployment)
-        session.commit()
     runner = JobRunner(
         db_engine,
         launchers={},
@@ -147,11 +139,10 @@ def test_the_runners_loop_expires_silent_engines(db_engine: DbEngine) -> None:
 def test_with_the_health_pass_a_lost_member_degrades_its_deployment_with_the_reason_at_once(
     db_engine: DbEngine,
 ) -> None:
-    """The runner's pass runs the health pass in the expiry's own transaction: no reader sees
-    `degraded` without a reason (one transaction, one `deployment.degraded` event)."""
+    """One pass writes the loss and the status in one transaction: no reader sees `degraded` without a
+    reason (one transaction, one `deployment.degraded` event)."""
     deployment_id = deployment_with(db_engine, silent=[1])
-    record, suspects = JobRecord(db_engine), dict[str, float]()
-    asyncio.run(expire_heartbeats(record, 15.0, follow=lambda session: health_pass(session, suspects, 0.0)))
+    tick(db_engine)
     with Session(db_engine) as session:
         deployment = session.get(Deployment, deployment_id)
         assert deployment is not None and deployment.status == "degraded"
@@ -166,20 +157,43 @@ def test_with_the_health_pass_a_lost_member_degrades_its_deployment_with_the_rea
 def test_a_coordinator_that_heard_nobody_gives_every_engine_a_full_timeout_once_it_hears_again(
     db_engine: DbEngine,
 ) -> None:
-    """Its own network was cut (issue 24): when the first heartbeat comes back, the others, not heard
-    yet, are not marked lost; each gets one timeout from the last moment the coordinator was deaf."""
+    """Its own network was cut (issue 24): it remembers when it last heard nobody, and when the first
+    heartbeat comes back, the others, not heard yet, are not marked lost until a full timeout later."""
     deployment_id = deployment_with(db_engine, silent=[0, 1, 2])
-    record, hearing = JobRecord(db_engine), Hearing()
-    assert asyncio.run(expire_heartbeats(record, 15.0, hearing=hearing)) == []
-    assert hearing.deaf_at is not None
+    liveness = controller(db_engine)
+    asyncio.run(liveness.tick())
+    assert liveness.deaf_at is not None
     with Session(db_engine) as session:  # the network is back: one engine is heard first
         beat = AgentHeartbeat(state=AgentState.serving, generation=1, rank=0, world_size=2)
         record_heartbeat(session, engine_id="demo-engine-0", heartbeat=beat)
-    assert asyncio.run(expire_heartbeats(record, 15.0, hearing=hearing)) == []
+    asyncio.run(liveness.tick())
     status, engines = states(db_engine, deployment_id)
     assert status == "ready" and "unreachable" not in engines.values(), engines
-    hearing.deaf_at -= timedelta(seconds=16)  # a full timeout later, still silent: lost as always
-    assert {e.id for e in asyncio.run(expire_heartbeats(record, 15.0, hearing=hearing))} == {
+    liveness.deaf_at -= timedelta(seconds=16)  # a full timeout later, still silent: lost as always
+    asyncio.run(liveness.tick())
+    assert {k for k, v in states(db_engine, deployment_id)[1].items() if v == "unreachable"} == {
         "demo-engine-1",
         "demo-engine-2",
     }
+
+
+def test_a_heartbeat_that_arrives_while_a_pass_judges_wins(db_engine: DbEngine) -> None:
+    """The pass writes a lost engine only if its row is still what was observed (its last heartbeat):
+    an engine heard in between is not marked, and the verdict is dropped whole for the next pass."""
+    deployment_id = deployment_with(db_engine, silent=[1])
+    liveness = controller(db_engine)
+
+    async def go() -> None:
+        views = await liveness.record.run_in_session(liveness._observe)
+        with Session(db_engine) as session:  # heard between the observation and the write
+            beat = AgentHeartbeat(state=AgentState.serving, generation=1, rank=1, world_size=2)
+            record_heartbeat(session, engine_id="demo-engine-1", heartbeat=beat)
+        done = await liveness._judge_and_act(views)
+        assert not done.acted["demo"].applied
+
+    asyncio.run(go())
+    assert states(db_engine, deployment_id) == (
+        "ready",
+        {"demo-engine-0": "serving", "demo-engine-1": "serving", "demo-engine-2": "idle"},
+    )
+    assert announced(db_engine) == {}

@@ -15,10 +15,8 @@ from sqlmodel import Session, select
 
 from app.core.clock import utc_now
 from app.deployments.engines.models import Engine, EngineState
-from app.deployments.health import reconcile_health
 from app.deployments.incidents.models import Incident
 from app.jobs.states import JobState
-from app.runner.selfheal import heal
 from app.webhooks.models import OutboxEvent
 from tests.runner.scenario import Scenario, make_scenario
 
@@ -28,8 +26,9 @@ def stage(db_engine: DbEngine) -> Scenario:
     return make_scenario(db_engine, serving=2, idle=1)
 
 
-def lose(stage: Scenario, engine_id: str) -> None:
-    """`engine_id` went silent (unreachable past its timeout); the others left the broken group."""
+def lose(stage: Scenario, engine_id: str) -> list[str]:
+    """`engine_id` went silent (unreachable past its timeout); the others left the broken group; one
+    liveness pass (its self-heal jobs)."""
     with Session(stage.db) as session:
         for row in session.exec(select(Engine).where(Engine.deployment_id == stage.deployment_id)).all():
             if row.id == engine_id:
@@ -42,7 +41,7 @@ def lose(stage: Scenario, engine_id: str) -> None:
                 stage.agents[row.id].rank, stage.agents[row.id].generation = None, 0
             session.add(row)
         session.commit()
-        reconcile_health(session)
+    return stage.liveness_pass().jobs
 
 
 def incidents(stage: Scenario) -> list[Incident]:
@@ -61,13 +60,13 @@ def test_a_loss_right_after_a_job_opens_an_incident_linked_to_that_job_and_heali
     job = stage.run_job(3)
     assert job.state == JobState.succeeded
     lost = stage.agents[next(a for a in stage.agents if stage.agents[a].rank == 2)].engine_id
-    lose(stage, lost)
+    (heal_id,) = lose(stage, lost)
     (incident,) = incidents(stage)
     assert (incident.state, incident.hit_job_id, incident.generation) == ("open", job.id, job.to_generation)
     assert incident.engines == [lost] and incident.reason == "engine-unreachable"
     assert stage.job(job.id).incident_id == incident.id  # the job links back
     assert len(events(stage, "incident.opened")) == 1
-    (heal_id,) = asyncio.run(heal(stage.record, {"local": stage.launcher})).jobs
+    assert incident.recovery_job_ids == [heal_id]
     asyncio.run(stage.run(heal_id))
     (incident,) = incidents(stage)
     assert incident.state == "resolved" and incident.recovery_job_ids[0] == heal_id

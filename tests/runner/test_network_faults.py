@@ -2,7 +2,8 @@
 cannot hear while its group steps is a lost control link, not a lost engine (a condition, no heal,
 jobs fail closed until it is heard again); a broken data link re-forms the generation on the largest
 set of engines that reach one another, fencing the rest until their network is back. Fake agents and
-a real database (tests/runner/scenario.py); real hosts in tests/e2e."""
+a real database (tests/runner/scenario.py); the rules are rows of tests/runner/test_liveness_rules.py;
+real hosts in tests/hosts."""
 
 from __future__ import annotations
 
@@ -16,11 +17,8 @@ from sqlmodel import Session, select
 
 from app.core.clock import utc_now
 from app.deployments.engines.models import Engine, EngineState
-from app.deployments.engines.service import mark_unreachable, record_heartbeat
-from app.deployments.health import reconcile_health
+from app.deployments.engines.service import record_heartbeat
 from app.jobs.states import JobState
-from app.runner.reach import largest_reachable_set
-from app.runner.selfheal import heal
 from engine_agent.protocol import AgentHeartbeat, AgentState
 from tests.runner.scenario import Scenario, make_scenario
 
@@ -53,8 +51,8 @@ def silence(stage: Scenario, engine_id: str, seconds: float = 30.0) -> None:
 
 
 def expire(stage: Scenario) -> None:
-    with Session(stage.db) as session:
-        mark_unreachable(session, silent_since=utc_now() - timedelta(seconds=15), follow=reconcile_health)
+    """One liveness pass (heartbeat timeout 15 s)."""
+    stage.liveness_pass()
 
 
 def test_a_member_the_coordinator_cannot_hear_while_its_group_steps_is_a_lost_link_not_a_lost_engine(
@@ -72,7 +70,7 @@ def test_a_member_the_coordinator_cannot_hear_while_its_group_steps_is_a_lost_li
     assert [(c["type"], c["engine_id"]) for c in shown["conditions"]] == [
         ("engine-unreachable-from-coordinator", cut)
     ]
-    assert asyncio.run(heal(stage.record, {"local": stage.launcher})).jobs == []  # nothing heals
+    assert stage.liveness_pass().jobs == []  # nothing heals
     refused = client.post("/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 2})
     assert refused.status_code == 409 and refused.json()["code"] == "membership-unknown", refused.text
     assert cut in refused.json()["detail"]
@@ -85,17 +83,6 @@ def test_a_member_the_coordinator_cannot_hear_while_its_group_steps_is_a_lost_li
     assert client.get("/v1/deployments/demo").json()["conditions"] == []
 
 
-def test_a_silent_member_whose_peers_broke_is_lost_as_before(stage: Scenario) -> None:
-    cut = stage.serving[2].engine_id
-    for agent in stage.serving[:2]:  # the others' group broke: nobody vouches for it
-        agent.rank, agent.generation, agent.world_size = None, 0, 0
-        beat(stage, agent.engine_id, broken_generation=1)
-    silence(stage, cut)
-    expire(stage)
-    row = stage.engine_rows()[cut]
-    assert row.state == EngineState.unreachable.value and row.link_lost_at is None
-
-
 def cut_data(stage: Scenario, cut: str) -> None:
     """`cut`'s data link is down: every member left the broken group (each heartbeats over the control
     network), `cut` reaches none of the others and none of them reaches it."""
@@ -105,8 +92,6 @@ def cut_data(stage: Scenario, cut: str) -> None:
     for engine_id in members:
         unreachable = [m for m in members if m != engine_id] if engine_id == cut else [cut]
         beat(stage, engine_id, broken_generation=1, data_unreachable=unreachable)
-    with Session(stage.db) as session:
-        reconcile_health(session)
 
 
 def test_a_broken_data_link_re_forms_on_the_engines_that_reach_one_another_and_fences_the_other(
@@ -114,7 +99,7 @@ def test_a_broken_data_link_re_forms_on_the_engines_that_reach_one_another_and_f
 ) -> None:
     cut = stage.serving[2].engine_id
     cut_data(stage, cut)
-    (job_id,) = asyncio.run(heal(stage.record, {"local": stage.launcher})).jobs
+    (job_id,) = stage.liveness_pass().jobs
     row = stage.engine_rows()[cut]
     assert row.state == EngineState.fenced.value and stage.launcher.released == []  # fenced, not stopped
     asyncio.run(stage.run(job_id))
@@ -123,32 +108,16 @@ def test_a_broken_data_link_re_forms_on_the_engines_that_reach_one_another_and_f
     assert job.to_dp_size == 2 and cut not in {r["engine_id"] for r in job.engine_results}
     beat(stage, cut, data_unreachable=[s.engine_id for s in stage.serving[:2]])  # still cut off
     assert stage.engine_rows()[cut].state == EngineState.fenced.value
-    with Session(stage.db) as session:  # heartbeating, so never written off by the silence grace
-        reconcile_health(session)
-    jobs = asyncio.run(heal(stage.record, {"local": stage.launcher}, fence_grace_s=5.0)).jobs
+    stage.liveness_pass()  # heartbeating, so never written off by the silence grace
+    jobs = stage.liveness_pass(grace_s=5.0).jobs
     assert jobs == [], [stage.job(j).reason for j in jobs]
     assert stage.engine_rows()[cut].state == EngineState.fenced.value
     beat(stage, cut)  # its network is back: it reaches its peers again
     assert stage.engine_rows()[cut].state == EngineState.idle.value
-    (grow_id,) = asyncio.run(heal(stage.record, {"local": stage.launcher})).jobs
+    (grow_id,) = stage.liveness_pass().jobs
     asyncio.run(stage.run(grow_id))
     assert stage.job(grow_id).state == JobState.succeeded
     assert stage.deployment().current_dp_size == 3 and stage.launcher.started == []  # re-admitted
-
-
-@pytest.mark.parametrize(
-    ("unreachable", "largest"),
-    [
-        ({}, ["a", "b", "c", "d"]),
-        ({"d": ["a", "b", "c"], "a": ["d"]}, ["a", "b", "c"]),  # one host cut off
-        ({"a": ["c"], "b": ["d"]}, ["a", "b"]),  # two links down: the first-ranked of the largest sets
-        ({"a": ["b", "c", "d"], "b": ["a"], "c": ["a"], "d": ["a"]}, ["b", "c", "d"]),  # rank 0's host
-    ],
-)
-def test_the_largest_set_that_reaches_one_another(
-    unreachable: dict[str, list[str]], largest: list[str]
-) -> None:
-    assert largest_reachable_set(["a", "b", "c", "d"], unreachable) == largest
 
 
 def test_heartbeats_carry_what_the_data_network_reaches(stage: Scenario) -> None:
@@ -172,18 +141,7 @@ def test_a_coordinator_that_hears_no_engine_at_all_marks_none_lost(
     assert all(rows[m].state == EngineState.serving.value and rows[m].link_lost_at for m in members), rows
     shown = client.get("/v1/deployments/demo").json()
     assert shown["status"] == "ready" and {c["engine_id"] for c in shown["conditions"]} == set(members)
-    assert asyncio.run(heal(stage.record, {"local": stage.launcher})).jobs == []
+    assert stage.liveness_pass().jobs == []
     for engine_id in members:
         beat(stage, engine_id)
     assert client.get("/v1/deployments/demo").json()["conditions"] == []
-
-
-def test_one_silent_member_among_heard_engines_is_still_lost(stage: Scenario) -> None:
-    """Not deaf: another engine was heard within half the timeout, so the silent one is marked."""
-    cut = stage.serving[2].engine_id
-    for agent in stage.serving[:2]:  # they report the break: nobody vouches
-        agent.rank, agent.generation, agent.world_size = None, 0, 0
-        beat(stage, agent.engine_id, broken_generation=1)
-    silence(stage, cut, seconds=20.0)
-    expire(stage)
-    assert stage.engine_rows()[cut].state == EngineState.unreachable.value

@@ -1,5 +1,6 @@
-"""The health pass's "is its process gone?" probe: an engine whose certificate fails verification is
-listening (not gone: the heartbeat timeout decides); nothing listening is gone."""
+"""The liveness pass's "is its process gone?" probe (`app.backends.reference.liveness.probes`): an
+engine whose certificate fails verification is listening (not gone: the heartbeat timeout decides);
+nothing listening is gone."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import ssl
 import threading
 from pathlib import Path
 
-from app.runner.selfheal import process_gone
+from app.backends.reference.liveness.probes import process_gone
 from tests.support.certs import TestCA
 from tests.support.processes import free_port
 

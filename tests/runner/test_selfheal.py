@@ -1,8 +1,10 @@
-"""Self-healing (`app.runner.selfheal`): a deployment that lost a member forms a new generation on the
-survivors by itself (`shrink`), then grows back to its size (`replace`); `none` only reports. A group
-broken under live engines is re-formed at its size; losing every engine launches fresh ones (`replace`)
-or says why nothing can be done (`shrink`); failed recovery jobs are not retried forever. The jobs
-record their recovery figures. Fake agents (tests/runner/fakes.py) and a real database."""
+"""Self-healing written and run (`app.backends.reference.liveness`: the judge's rules are the table in
+tests/runner/test_liveness_rules.py): a pass's verdict goes through the one writers and the job it asks
+for runs the real flow on fake agents (tests/runner/fakes.py) and a real database: a deployment that lost
+a member forms a new generation on the survivors (`shrink`), then grows back to its size (`replace`); a
+group broken under live engines is re-formed at its size; losing every engine launches fresh ones
+(`replace`) or says why nothing can be done, once (`shrink`); failed recovery jobs are not retried
+forever; the jobs record their recovery figures."""
 
 from __future__ import annotations
 
@@ -13,14 +15,15 @@ import pytest
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
+from app.backends.reference.liveness.controller import Pass
+from app.backends.reference.liveness.probes import process_gone
+from app.backends.reference.liveness.view import Rules
 from app.backends.reference.record import degrade
 from app.core.clock import utc_now
 from app.deployments.engines.models import Engine, EngineState
-from app.deployments.health import reconcile_health
 from app.deployments.models import Deployment, DeploymentStatus
 from app.jobs.models import JobPublic, ReconfigurationJob
 from app.jobs.states import JobState
-from app.runner.selfheal import MAX_ATTEMPTS, Healing, confirm_losses, heal, process_gone
 from app.webhooks.models import OutboxEvent
 from tests.runner.scenario import Scenario, make_scenario
 
@@ -54,21 +57,12 @@ def lose_member(stage: Scenario, on_engine_loss: str | None = None) -> str:
     return lost.engine_id
 
 
-def heal_once(stage: Scenario) -> Healing:
-    """One pass; an engine's process is gone when its fake agent is `unreachable` (a stand-in for the
-    real probe, `process_gone`: the fake agents listen nowhere)."""
+def heal_once(stage: Scenario) -> Pass:
+    """One liveness pass; an engine's process is gone when its fake agent is `unreachable`."""
+    return stage.liveness_pass()
 
-    by_url = {row.url: engine_id for engine_id, row in stage.engine_rows().items()}
 
-    async def gone(url: str) -> bool:
-        agent = stage.agents.get(by_url.get(url, ""))
-        return agent is not None and "unreachable" in agent.faults
-
-    async def one_pass() -> Healing:
-        await confirm_losses(stage.record, gone)
-        return await heal(stage.record, {"local": stage.launcher})
-
-    return asyncio.run(one_pass())
+MAX_ATTEMPTS = Rules().max_attempts
 
 
 def test_shrink_forms_a_new_generation_on_the_survivors(stage: Scenario) -> None:
@@ -148,8 +142,7 @@ def test_a_switch_failed_part_way_with_every_engine_alive_is_healed(
             {a.engine_id: {"generation": 0, "state": "idle", "rank": None} for a in stage.serving},
         )
         session.commit()
-        reconcile_health(session)  # the heartbeat pass: members-missing, every engine heartbeating
-    jobs = heal_once(stage).jobs
+    jobs = heal_once(stage).jobs  # the pass: members-missing, every engine heartbeating, then the heal
     if not heals:
         assert jobs == [] and stage.deployment().heal_lost is None
         return

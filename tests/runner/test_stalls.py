@@ -1,7 +1,9 @@
 """A stalled (frozen) member is fenced on its peers' evidence, not at its heartbeat timeout
-(`app.runner.stalls`), and a starting coordinator checks the members it adopts (`app.runner.adoption`).
-Fenced is not dead: the engine is not stopped, and is re-admitted by the grow-back if it comes back
-within the grace, written off and stopped after it. Fake agents (tests/runner/fakes.py), a real database.
+(`app.backends.reference.liveness.engines`), and a starting coordinator checks the members it adopts
+(`app.backends.reference.liveness.adoption`). Fenced is not dead: the engine is not stopped, and is
+re-admitted by the grow-back if it comes back within the grace, written off and stopped after it. The
+rules are rows of tests/runner/test_liveness_rules.py; here they are written and the jobs run, on fake
+agents (tests/runner/fakes.py) and a real database.
 """
 
 from __future__ import annotations
@@ -13,13 +15,11 @@ import pytest
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session
 
+from app.backends.reference.liveness.controller import Pass
+from app.backends.reference.liveness.health import REASON_STALLED
 from app.core.clock import utc_now
 from app.deployments.engines.models import Engine, EngineState
-from app.deployments.health import reconcile_health
 from app.jobs.states import JobState
-from app.runner.adoption import adopt_engines
-from app.runner.selfheal import Healing, heal
-from app.runner.stalls import REASON_STALLED, fence_stalled
 from tests.runner.scenario import Scenario, make_scenario
 
 
@@ -50,15 +50,9 @@ def freeze(stage: Scenario, *, named_by_survivor: bool = True, heard_since: bool
     return frozen.engine_id
 
 
-def fence_and_heal(stage: Scenario, *, grace_s: float = 15.0) -> Healing:
-    """The runner's heartbeats task, in its order: fence, follow health, heal."""
-
-    async def one_pass() -> Healing:
-        await stage.record.run_in_session(fence_stalled)
-        await stage.record.run_in_session(reconcile_health)
-        return await heal(stage.record, {"local": stage.launcher}, fence_grace_s=grace_s)
-
-    return asyncio.run(one_pass())
+def fence_and_heal(stage: Scenario, *, grace_s: float = 15.0) -> Pass:
+    """One liveness pass: fence, follow health, heal."""
+    return stage.liveness_pass(grace_s=grace_s)
 
 
 def test_a_member_every_survivor_names_is_fenced_at_once_and_the_survivors_serve_again(
@@ -143,13 +137,16 @@ def test_adoption_keeps_what_answers_and_corrects_the_record_for_what_does_not(d
 
     async def adopt() -> list[object]:
         async with stage.fleet() as fleet:
-            return list(await adopt_engines(stage.record, fleet))
+            return list(await stage.liveness.adopt(fleet))
 
     (adoption,) = asyncio.run(adopt())
     assert not adoption.adopted  # type: ignore[attr-defined]
     assert (adoption.gone, adoption.silent) == ([gone.engine_id], [silent.engine_id])  # type: ignore[attr-defined]
     rows = stage.engine_rows()
-    assert rows[gone.engine_id].state == EngineState.unreachable.value  # gone: self-healing writes it off
+    # Gone: lost, and written off by self-healing in the same pass (stopped by its launcher).
+    assert rows[gone.engine_id].state == EngineState.left.value and stage.launcher.released == [
+        gone.engine_id
+    ]
     assert rows[silent.engine_id].state == EngineState.fenced.value  # frozen: fenced, not stopped
     deployment = stage.deployment()
     assert deployment.status == "degraded" and deployment.status_detail is not None
@@ -161,13 +158,12 @@ def test_adoption_of_a_whole_deployment_changes_nothing(stage: Scenario) -> None
 
     async def adopt() -> list[object]:
         async with stage.fleet() as fleet:
-            return list(await adopt_engines(stage.record, fleet))
+            return list(await stage.liveness.adopt(fleet))
 
     (adoption,) = asyncio.run(adopt())
     assert adoption.adopted  # type: ignore[attr-defined]
     assert {k: v.state for k, v in stage.engine_rows().items()} == {k: v.state for k, v in before.items()}
-    with Session(stage.db) as session:
-        assert reconcile_health(session) == []
+    assert fence_and_heal(stage).jobs == []
     assert stage.deployment().status == "ready"
 
 

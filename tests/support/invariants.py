@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from app.launchers.local import LocalLauncher
-from tests.e2e.conftest import Stack
+from tests.support.e2e import Stack
 from tests.support.stack import agent_http
 from tests.support.waiting import wait_until
 

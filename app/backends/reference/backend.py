@@ -1,6 +1,7 @@
 """The reference backend: epctl's own agents, driven through the protocol by `flow`, ended after a
-coordinator's death by `recovery`, its background cleanup followed by `cleanup`, and a deleted
-deployment's engines given back to the launcher that started them."""
+coordinator's death by `recovery`, its background cleanup followed by `cleanup`, its engines' liveness
+judged by `liveness` (with the incidents' canaries beside it), and a deleted deployment's engines given
+back to the launcher that started them."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ from app.backends.base import Backend, BackendContext, Periodic
 from app.backends.reference.cleanup import poll_cleanup_outcomes
 from app.backends.reference.flow import Flow
 from app.backends.reference.launching import launch_spec
+from app.backends.reference.liveness.canaries import IncidentProbes
+from app.backends.reference.liveness.controller import Liveness
+from app.backends.reference.liveness.view import Rules
 from app.backends.reference.record import JobRecord
 from app.backends.reference.recovery import Recovery
 from app.deployments.models import EngineBackend
 from app.launchers.base import DeletedDeployment
 
 log = logging.getLogger(__name__)
+
+INCIDENT_PROBE_INTERVAL_S = 0.5  # how often the incident probes' targets follow the engines
 
 
 class ReferenceBackend(Backend):
@@ -27,6 +33,14 @@ class ReferenceBackend(Backend):
         self.record = JobRecord(context.db)
         self.flow = Flow(self.record, context.settings, context.launchers, context.owner)
         self.recovery = Recovery(self.record, context.settings, context.launchers)
+        timeout = context.heartbeat_timeout_s
+        rules = Rules(
+            heartbeat_timeout_s=timeout,
+            fence_grace_s=timeout,
+            health_confirm_s=context.settings.health_confirm_s,
+        )
+        self.liveness = Liveness(self.record, context.launchers, rules)
+        self.incident_probes = IncidentProbes(self.record)
 
     async def run(self, job_id: str) -> None:
         async with self.context.new_fleet() as fleet:
@@ -52,9 +66,19 @@ class ReferenceBackend(Backend):
     def periodic(self) -> Sequence[Periodic]:
         context = self.context
         return [
+            Periodic("liveness", context.settings.heartbeat_check_interval_s, self.liveness.tick),
+            Periodic("incident-probe", INCIDENT_PROBE_INTERVAL_S, self.incident_probes.tick),
             Periodic(
                 "cleanup",
                 context.settings.cleanup_poll_interval_s,
                 lambda: poll_cleanup_outcomes(self.record, context.new_fleet),
-            )
+            ),
         ]
+
+    async def start(self) -> None:
+        """Ask, once, whether the engines the record names still serve (`liveness.adoption`)."""
+        self.liveness.start_adoption(self.context.new_fleet)
+
+    async def stop(self) -> None:
+        await self.liveness.stop()
+        await self.incident_probes.close()

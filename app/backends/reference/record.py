@@ -14,12 +14,12 @@ from sqlmodel import Session, col, select
 
 from app.backends.base import FlowRecord, JobMovedOn
 from app.backends.reference.job import JobRun, progress_percent
+from app.backends.reference.liveness.health import REASON_GENERATION_SPLIT
 from app.backends.reference.planner import Plan
 from app.core.clock import utc_now
 from app.core.errors import ConflictError
 from app.deployments.agent_keys import agent_keys_of
-from app.deployments.engines.models import Engine, EngineState
-from app.deployments.health import REASON_GENERATION_SPLIT, SERVING_STATES, announce_degraded
+from app.deployments.engines.models import SERVING_STATES, Engine, EngineState
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
 from app.jobs.models import ReconfigurationJob
@@ -246,7 +246,8 @@ def degrade(
         for view in generations.values()
         if view["generation"] == deployment.generation and view["state"] in SERVING_STATES
     )
-    announce_degraded(session, deployment, detail, serving=serving)
+    # Announced even over an earlier degraded reason: a job's verdict the operator must see.
+    set_status(session, deployment, DeploymentStatus.degraded, detail, serving=serving, announce_again=True)
 
 
 def is_member_row(row: Engine, deployment: Deployment) -> bool:

@@ -33,6 +33,10 @@ class EngineState(StrEnum):
     fenced = "fenced"
 
 
+# An engine in one of these states serves its generation (paused inside a commit window still counts).
+SERVING_STATES = frozenset({EngineState.serving.value, EngineState.paused.value})
+
+
 class Engine(SQLModel, table=True):
     __tablename__ = "engines"
 
@@ -60,7 +64,7 @@ class Engine(SQLModel, table=True):
     data_unreachable: list[str] | None = Field(default=None, sa_type=NullableJSON)
     group_steps: int = Field(default=0, sa_type=sa.BigInteger)
     # The coordinator stopped hearing it while its group kept stepping (its peers vouch for it): the
-    # control link is lost, not the engine (`app.deployments.engines.service.mark_unreachable`).
+    # control link is lost, not the engine (`app.backends.reference.liveness.engines.peers_vouch`).
     link_lost_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)

@@ -1,9 +1,10 @@
-"""Engine registration and heartbeats, HTTP-free."""
+"""Engine registration and heartbeats, HTTP-free. What the heartbeats mean (lost, stalled, a lost link)
+is judged above the record, by the deployment's backend (`app.backends.reference.liveness`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -13,13 +14,9 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, NotFoundError
 from app.deployments.coverage import coverage_condition
-from app.deployments.engines.models import Engine, EnginePublic, EngineState
-from app.deployments.models import Condition, Deployment, DeploymentStatus, StatusDetail
+from app.deployments.engines.models import Engine, EngineState
+from app.deployments.models import Condition, Deployment
 from app.deployments.service import get_deployment
-from app.deployments.status import set_status
-from app.jobs.active import active_job_id
-from app.webhooks.models import EventType
-from app.webhooks.outbox import enqueue_event
 from engine_agent.protocol import AgentHeartbeat, AgentRegistration, EngineConfig
 
 log = logging.getLogger(__name__)
@@ -180,96 +177,6 @@ def available_engines(session: Session, *, deployment_id: str) -> list[Engine]:
     )
 
 
-def mark_unreachable(
-    session: Session,
-    *,
-    silent_since: datetime,
-    only: Collection[str] | None = None,
-    follow: Callable[[Session], object] | None = None,
-) -> list[EnginePublic]:
-    """Engines whose last heartbeat is older than `silent_since` (of `only`, when given: engines found
-    gone some other way) become `unreachable`. One that served
-    its deployment's current generation leaves the deployment `degraded` (the EP group cannot run a
-    collective without it); each is announced as an `engine.unreachable` webhook event, in the same
-    transaction. `follow`, when an engine was marked, runs in that transaction too, before it commits:
-    the health pass, so that a deployment never reads `degraded` without its reason in between.
-    Returns the engines as they are now.
-
-    A member whose peers vouch for it is not marked (only when `only` is not given: a silence, not a
-    proof of death): every other member of its generation heartbeats, serves it, reports no break and
-    has counted more lock-step iterations than it last reported (each one a collective with it), so it
-    steps with them and only the coordinator cannot hear it (its control link is lost). It gets `link_lost_at`
-    instead: the deployment stays `ready` with that condition, nothing heals, and a job that would
-    change the membership is refused until the coordinator hears it again (`force` overrides).
-
-    A deployment stays degraded until a reconfiguration commits a new generation (which sets it
-    `ready`): the engine's return alone does not prove the group whole."""
-    live = [
-        EngineState.registered.value,
-        EngineState.serving.value,
-        EngineState.idle.value,
-        EngineState.paused.value,
-    ]
-    query = select(Engine).where(col(Engine.state).in_(live), col(Engine.last_heartbeat_at) < silent_since)
-    if only is not None:
-        query = query.where(col(Engine.id).in_(list(only)))
-    stale = list(session.exec(query).all())
-    now = utc_now()
-    if only is None and stale and _deaf(session, silent_since, now):
-        _lost_links(stale, session, now)
-        return []
-    expired = []
-    for engine in stale:
-        if only is None and _peers_vouch(session, engine, silent_since):
-            if engine.link_lost_at is None:
-                engine.link_lost_at, engine.updated_at = engine.last_heartbeat_at or now, now
-                session.add(engine)
-                log.warning("engine %s: silent, but its group steps: its control link is lost", engine.id)
-            continue
-        # Compare-and-set: a heartbeat that just arrived, or another coordinator's expiry, wins.
-        marked = session.execute(
-            sa.update(Engine)
-            .where(
-                col(Engine.id) == engine.id,
-                col(Engine.state).in_(live),
-                col(Engine.last_heartbeat_at) < silent_since,
-            )
-            .values(state=EngineState.unreachable.value, updated_at=now)
-        )
-        if marked.rowcount != 1:  # type: ignore[attr-defined]
-            continue
-        session.refresh(engine)
-        deployment = session.get(Deployment, engine.deployment_id)
-        member = (
-            deployment is not None
-            and deployment.current_dp_size > 0
-            and engine.dp_rank is not None
-            and engine.generation == deployment.generation
-        )
-        # A deployment a job runs is the job's to judge (its steps see the engine fail).
-        if deployment is not None and member and active_job_id(session, deployment_id=deployment.id) is None:
-            detail = StatusDetail(
-                reason="engine-unreachable",
-                message=f"{engine.id} (rank {engine.dp_rank} of generation {engine.generation}) went silent",
-                since=now,
-            )
-            set_status(session, deployment, DeploymentStatus.degraded, detail, now=now)
-        public = EnginePublic.of(engine, deployment=deployment.name if deployment else "")
-        expired.append(public)
-        data = {
-            **public.model_dump(mode="json"),
-            "member": member,
-            "deployment_status": deployment.status if deployment else None,
-        }
-        enqueue_event(
-            session, EventType.engine_unreachable, data, deployment_id=engine.deployment_id, now=now
-        )
-    if follow is not None and expired:
-        follow(session)
-    session.commit()
-    return expired
-
-
 def conditions(session: Session, *, deployment_id: str) -> list[Condition]:
     """The deployment's members the coordinator cannot hear while their group steps."""
     return conditions_of(session, [deployment_id]).get(deployment_id, [])
@@ -307,88 +214,6 @@ def conditions_of(session: Session, deployment_ids: Collection[str]) -> dict[str
             )
         )
     return found
-
-
-def hear_nobody(session: Session, *, silent_since: datetime) -> bool:
-    """Whether the coordinator hears no engine at all (`_deaf`); if so, every member silent since
-    `silent_since` gets `link_lost_at` (a condition, jobs refused) and nothing is marked lost."""
-    now = utc_now()
-    if not _deaf(session, silent_since, now):
-        return False
-    live = [EngineState.serving.value, EngineState.paused.value]
-    stale = session.exec(
-        select(Engine).where(col(Engine.state).in_(live), col(Engine.last_heartbeat_at) < silent_since)
-    ).all()
-    _lost_links(stale, session, now)
-    return True
-
-
-def _deaf(session: Session, silent_since: datetime, now: datetime) -> bool:
-    """The coordinator heard no engine at all for half the heartbeat timeout: its own network is cut
-    (every host's heartbeats stop together), not every engine dead. Live agents beat several times per
-    timeout, so some heartbeat is always fresher than that while the coordinator can hear anyone. A
-    process that is really gone is still marked at once on evidence (connection refused:
-    `app.runner.selfheal.confirm_losses`, which passes `only`)."""
-    newest = session.exec(
-        select(sa.func.max(Engine.last_heartbeat_at)).where(
-            col(Engine.state).in_(
-                [EngineState.registered.value, EngineState.serving.value, EngineState.idle.value,
-                 EngineState.paused.value, EngineState.fenced.value]
-            )
-        )
-    ).one()  # fmt: skip
-    if newest is None:
-        return False
-    if newest.tzinfo is None:  # SQLite hands back naive UTC
-        newest = newest.replace(tzinfo=now.tzinfo)
-    return bool(newest < now - (now - silent_since) / 2)
-
-
-def _lost_links(stale: Sequence[Engine], session: Session, now: datetime) -> None:
-    """A deaf coordinator marks nothing lost (fail closed: it cannot see the membership): every silent
-    member of a deployment's generation gets `link_lost_at`, the condition that refuses jobs."""
-    for engine in stale:
-        deployment = session.get(Deployment, engine.deployment_id)
-        member = (
-            deployment is not None
-            and engine.dp_rank is not None
-            and engine.generation == deployment.generation
-        )
-        if member and engine.link_lost_at is None:
-            engine.link_lost_at, engine.updated_at = engine.last_heartbeat_at or now, now
-            session.add(engine)
-            log.warning(
-                "engine %s: silent while the coordinator hears no engine at all: its link is lost", engine.id
-            )
-    session.commit()
-
-
-def _peers_vouch(session: Session, engine: Engine, fresh_since: datetime) -> bool:
-    """Every other member of the engine's generation heard from since `fresh_since`, serving it with no
-    break (see `mark_unreachable`)."""
-    deployment = session.get(Deployment, engine.deployment_id)
-    if deployment is None or engine.dp_rank is None or engine.generation != deployment.generation:
-        return False
-    others = session.exec(
-        select(Engine).where(
-            Engine.deployment_id == deployment.id,
-            Engine.generation == deployment.generation,
-            col(Engine.dp_rank).is_not(None),
-            Engine.id != engine.id,
-        )
-    ).all()
-    if not others or len(others) != deployment.current_dp_size - 1:
-        return False
-    # Every lock-step iteration is a collective with every member: peers that counted past the silent
-    # engine's last count stepped with it since (a group that lost it would have broken instead).
-    return all(
-        other.state in (EngineState.serving.value, EngineState.paused.value)
-        and other.last_heartbeat_at is not None
-        and other.last_heartbeat_at >= fresh_since
-        and other.broken_generation != deployment.generation
-        and other.group_steps > engine.group_steps
-        for other in others
-    )
 
 
 def deployment_names(session: Session, deployment_ids: set[str]) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """Opening, amending and resolving incidents (see `app.deployments.incidents.models`), HTTP-free. Opened and
-resolved by the deployment's status writer only (`app.deployments.status`), in its transaction."""
+resolved by the deployment's status writer only (`app.deployments.status`), in its transaction. The job
+an incident hit is named by whoever judged the deployment (it reads the jobs; the record does not)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,8 @@ from app.core.ids import new_id
 from app.deployments.engines.models import Engine, EngineState
 from app.deployments.incidents.models import INCIDENT_ID_PREFIX, Incident, IncidentPublic, IncidentState
 from app.deployments.models import Deployment
-from app.jobs.models import ReconfigurationJob
-from app.jobs.states import JobState
 from app.webhooks.models import EventType
 from app.webhooks.outbox import enqueue_event
-
-HIT_WINDOW_S = 60.0  # a job that ended this long before an incident is linked as the one it hit
 
 
 class IncidentNotFoundError(NotFoundError):
@@ -35,13 +32,23 @@ def current(session: Session, deployment_id: str) -> Incident | None:
     ).first()
 
 
-def opened(session: Session, deployment: Deployment, reason: str, message: str, now: datetime) -> Incident:
-    """The deployment stopped being whole: its open incident, amended, or a new one (with its event)."""
+def opened(
+    session: Session,
+    deployment: Deployment,
+    reason: str,
+    message: str,
+    now: datetime,
+    *,
+    hit_job_id: str | None = None,
+) -> tuple[Incident, bool]:
+    """The deployment stopped being whole: its open incident, amended, or a new one (with its event),
+    and whether it is new. `hit_job_id`: the job that made the generation it hits, when one just ended
+    (the judge's rule); a new incident names it."""
     incident = current(session, deployment.id)
     if incident is not None:
         incident.reason, incident.message, incident.updated_at = reason, message[:2000], now
         session.add(incident)
-        return incident
+        return incident, False
     loss_at = min(filter(None, [deployment.heal_loss_at, now]))
     incident = Incident(
         id=new_id(INCIDENT_ID_PREFIX),
@@ -62,14 +69,10 @@ def opened(session: Session, deployment: Deployment, reason: str, message: str, 
         )
     ).all()
     incident.engines = sorted(lost)
-    hit = _job_just_ended(session, deployment, now)
-    if hit is not None:
-        incident.hit_job_id = hit.id
-        hit.incident_id = incident.id
-        session.add(hit)
+    incident.hit_job_id = hit_job_id
     session.add(incident)
     _announce(session, deployment, incident, EventType.incident_opened, now)
-    return incident
+    return incident, True
 
 
 def note_lost(session: Session, deployment: Deployment, engines: Sequence[str], loss_at: datetime) -> None:
@@ -142,22 +145,6 @@ def list_incidents(
     if state is not None:
         query = query.where(Incident.state == state.value)
     return list(session.exec(query.order_by(col(Incident.id).desc()).limit(limit)).all())
-
-
-def _job_just_ended(session: Session, deployment: Deployment, now: datetime) -> ReconfigurationJob | None:
-    """The deployment's newest job, when it made the generation the incident hits and ended within the
-    last `HIT_WINDOW_S`: clients' outage right after a job belongs on that job's record too."""
-    newest = session.exec(
-        select(ReconfigurationJob)
-        .where(ReconfigurationJob.deployment_id == deployment.id)
-        .order_by(col(ReconfigurationJob.created_at).desc())
-        .limit(1)
-    ).first()
-    if newest is None or newest.state != JobState.succeeded.value:
-        return None
-    if newest.to_generation != deployment.generation:
-        return None
-    return newest if (now - newest.updated_at).total_seconds() <= HIT_WINDOW_S else None
 
 
 def _announce(

@@ -1,4 +1,5 @@
-"""What clients saw during an incident, measured from outside: the coordinator's canary probe.
+"""What clients saw during an incident, measured from outside: the coordinator's canary probe (a
+periodic task of the reference backend, beside the liveness passes).
 
 While an incident of a reference deployment is open (`app.deployments.incidents`), canaries (one token through
 `/v1/infer`, as a job's probe sends) go to each engine of the deployment that is not written off or

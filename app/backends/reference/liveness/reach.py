@@ -4,7 +4,7 @@ on the data network (pure).
 Each engine reports the peers whose data address did not accept its connection (`data_unreachable` in
 its heartbeat). Two engines can be in one group only if neither reports the other: a collective needs
 every pair. A broken data link on one host leaves that host's engines outside the largest such set,
-which is what self-healing re-forms the generation on (`app.runner.selfheal`); the others are fenced
+which is what self-healing re-forms the generation on (`heal`); the others are fenced
 until their network comes back.
 """
 

@@ -1,0 +1,190 @@
+"""The reference engines' liveness controller: one pass per deployment, run by the reference backend's
+`periodic()` every `EPCTL_RUNNER_HEARTBEAT_CHECK_INTERVAL_S`, and once more at start with what the
+members answered (`adoption`).
+
+    observe   the views of every reference deployment (`observe.views`), then the probes as a separate
+              observation step: `/healthz` of the engines still recorded on a broken generation
+              (`judge.probe_targets`, `probes.process_gone`)
+    judge     one pure verdict per view and `now` (`judge.judge`)
+    act       each verdict through the one writers, if the record is still what was seen (`act.act`);
+              the engines written off are stopped by their launchers
+
+What it remembers between passes (in memory, this coordinator's): when it started watching (silence
+counts from then), when it last heard no engine at all, and since when each deployment has not been
+whole (the health confirmation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from sqlmodel import Session
+
+from app.agents.fleet import Fleet
+from app.backends.reference.liveness import observe
+from app.backends.reference.liveness.act import Acted, act
+from app.backends.reference.liveness.adoption import Adoption, adoption_of, ask_members
+from app.backends.reference.liveness.judge import judge, probe_targets
+from app.backends.reference.liveness.probes import Probe, process_gone
+from app.backends.reference.liveness.verdict import Verdict
+from app.backends.reference.liveness.view import DeploymentView, Rules
+from app.core.clock import utc_now
+from app.deployments.agent_keys import agent_keys_of
+from app.deployments.models import Deployment
+from app.jobs.async_record import WorkerSessions
+from app.launchers.base import Launcher
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+@dataclass
+class Pass:
+    """What one pass did, per deployment (for tests and the log)."""
+
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    acted: dict[str, Acted] = field(default_factory=dict)
+
+    @property
+    def jobs(self) -> list[str]:
+        return [a.job_id for a in self.acted.values() if a.job_id is not None]
+
+    @property
+    def released(self) -> list[str]:
+        return [h.engine_id for a in self.acted.values() for hs in a.released.values() for h in hs]
+
+
+class Liveness:
+    def __init__(
+        self,
+        record: WorkerSessions,
+        launchers: Mapping[str, Launcher],
+        rules: Rules,
+        *,
+        probe: Probe = process_gone,
+        clock: Clock = utc_now,
+        watching_since: datetime | None = None,
+    ) -> None:
+        self.record = record
+        self.launchers = launchers
+        self.rules = rules
+        self.probe = probe
+        self.clock = clock
+        self.watching_since = watching_since or clock()
+        self.deaf_at: datetime | None = None
+        self.broken_since: dict[str, datetime] = {}
+        self._adoption: asyncio.Task[list[Adoption]] | None = None
+
+    async def tick(self) -> Pass:
+        """One pass over every reference deployment."""
+        views = await self.record.run_in_session(self._observe)
+        views = await self._probed(views)
+        return await self._judge_and_act(views)
+
+    def _observe(self, session: Session, *, only_without_a_job: bool = False) -> list[DeploymentView]:
+        heard = observe.hearing(session, watching_since=self.watching_since, deaf_at=self.deaf_at)
+        return observe.views(session, heard, self.broken_since, only_without_a_job=only_without_a_job)
+
+    async def _probed(self, views: list[DeploymentView]) -> list[DeploymentView]:
+        targets = [(view.id, engine.id, engine.url) for view in views for engine in probe_targets(view)]
+        if not targets:
+            return views
+        answers = await asyncio.gather(*(self.probe(url) for _, _, url in targets))
+        gone: dict[str, dict[str, bool]] = {}
+        for (view_id, engine_id, _), answer in zip(targets, answers, strict=True):
+            gone.setdefault(view_id, {})[engine_id] = answer
+        return [observe.with_probes(view, gone.get(view.id, {})) for view in views]
+
+    async def _judge_and_act(self, views: list[DeploymentView]) -> Pass:
+        now = self.clock()
+        found = Pass()
+        deaf = False
+        for view in views:
+            verdict = judge(replace(view, broken_since=self.broken_since.get(view.id)), now, self.rules)
+            found.verdicts[view.name] = verdict
+            deaf = deaf or verdict.deaf
+            acted = await self.record.run_in_session(
+                functools.partial(act, view=view, verdict=verdict, now=now)
+            )
+            found.acted[view.name] = acted
+            if acted.applied and view.active_job is None and view.current_dp_size > 0:
+                if verdict.broken_since is None:
+                    self.broken_since.pop(view.id, None)
+                else:
+                    self.broken_since[view.id] = verdict.broken_since
+            await self._release(acted)
+        if deaf:
+            self.deaf_at = now
+        return found
+
+    async def _release(self, acted: Acted) -> None:
+        """Stop the engines written off (a frozen one never returns), through their launchers."""
+        for launcher_name, handles in acted.released.items():
+            launcher = self.launchers.get(launcher_name)
+            if launcher is None:
+                continue
+            try:
+                await launcher.release_lost(handles)
+            except Exception:
+                log.exception("stopping lost engines %s failed", [h.engine_id for h in handles])
+
+    # --- adoption ------------------------------------------------------------------------------------
+
+    def start_adoption(self, new_fleet: Callable[[], Fleet]) -> None:
+        self._adoption = asyncio.create_task(self._adopt(new_fleet), name="adoption")
+
+    async def adoption(self, new_fleet: Callable[[], Fleet] | None = None) -> list[Adoption]:
+        """What the start-up adoption found (waits for it), or with `new_fleet` a new one now (a
+        deployment a job ran at start was left to that job); [] when none ran or it failed."""
+        if self._adoption is None:
+            return []
+        found = await asyncio.shield(self._adoption)
+        return await self._adopt(new_fleet) if new_fleet is not None else found
+
+    async def stop(self) -> None:
+        if self._adoption is not None:
+            self._adoption.cancel()
+            await asyncio.gather(self._adoption, return_exceptions=True)
+
+    async def _adopt(self, new_fleet: Callable[[], Fleet]) -> list[Adoption]:
+        try:
+            async with new_fleet() as fleet:
+                return await self.adopt(fleet)
+        except Exception:
+            log.exception("adopting the recorded engines failed (the heartbeats will tell)")
+            return []
+
+    async def adopt(self, fleet: Fleet) -> list[Adoption]:
+        """Ask every recorded member of the deployments no job runs, then one pass with the answers."""
+        views = await self.record.run_in_session(lambda s: self._observe(s, only_without_a_job=True))
+        views = [v for v in views if v.current_dp_size > 0]
+        keys = await self.record.run_in_session(lambda s: _keys(s, views))
+        answers = await ask_members(views, fleet, keys)
+        adoptions = [adoption_of(view, answers.get(view.id, {})) for view in views]
+        unsure = [
+            observe.with_answers(v, answers.get(v.id, {}))
+            for v, a in zip(views, adoptions, strict=True)
+            if not a.adopted
+        ]
+        if unsure:
+            await self._judge_and_act(unsure)
+        for adoption in adoptions:
+            if adoption.adopted:
+                log.warning("adopted deployment %s as it runs: %s", adoption.deployment, adoption.summary())
+            else:
+                log.warning("deployment %s not whole at start: %s", adoption.deployment, adoption.summary())
+        return adoptions
+
+
+def _keys(session: Session, views: list[DeploymentView]) -> dict[str, list[str]]:
+    found = {}
+    for view in views:
+        deployment = session.get(Deployment, view.id)
+        found[view.id] = list(agent_keys_of(deployment)) if deployment is not None else []
+    return found

@@ -1,0 +1,65 @@
+"""Evidence about single engines, from what their peers report (pure).
+
+- A member that **stalled**: when an EP group breaks on a serving deadline, its live members leave it and
+  each reports, in its next heartbeats, the generation that broke and which other members did not answer
+  its health probe (`engine_agent.peer_check`). A member every other member named, and not heard from
+  since the first report, is frozen: it is fenced within about a second of the serving deadline, not at
+  its heartbeat timeout. Fenced is not dead: it is not stopped, and one that comes back (heartbeats
+  again, idle) within the grace is re-admitted by the grow-back; a thawed engine can never serve the
+  fenced generation (every other member left its group, and generations are never reused).
+- A member whose **peers vouch** for it: every other member of its generation heartbeats, serves it with
+  no break and has counted more lock-step iterations than it last reported (each one a collective with
+  it), so it steps with them and only the coordinator cannot hear it: its control link is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from app.backends.reference.liveness.health import serves
+from app.backends.reference.liveness.view import EngineSeen
+
+
+def stalled_members(
+    size: int, generation: int, engines: Sequence[EngineSeen]
+) -> list[tuple[EngineSeen, list[str]]]:
+    """The members of `generation` that every other member named when its group broke, and that were
+    not heard from since, each with who named it."""
+    reporters = [e for e in engines if e.broken_generation == generation and e.broken_reported_at]
+    if not reporters:
+        return []
+    still_on = [e for e in engines if serves(e, generation) and e.broken_generation != generation]
+    if len(reporters) + len(still_on) < size:
+        return []  # not every member spoke yet (or some left otherwise): no verdict
+    first_report = min(e.broken_reported_at for e in reporters if e.broken_reported_at is not None)
+    found = []
+    for engine in still_on:
+        others = [e for e in reporters if e.id != engine.id]
+        named = others and all(engine.id in e.unresponsive_peers for e in others)
+        silent = engine.last_heartbeat_at is None or engine.last_heartbeat_at < first_report
+        if named and silent:
+            found.append((engine, [e.id for e in others]))
+    return found
+
+
+def peers_vouch(
+    size: int, generation: int, engine: EngineSeen, engines: Sequence[EngineSeen], fresh_since: datetime
+) -> bool:
+    """Every other member of the engine's generation heard from since `fresh_since`, serving it with no
+    break, and counted past it (see the module doc)."""
+    if engine.dp_rank is None or engine.generation != generation:
+        return False
+    others = [
+        e for e in engines if e.generation == generation and e.dp_rank is not None and e.id != engine.id
+    ]
+    if not others or len(others) != size - 1:
+        return False
+    return all(
+        serves(other, generation)
+        and other.last_heartbeat_at is not None
+        and other.last_heartbeat_at >= fresh_since
+        and other.broken_generation != generation
+        and other.group_steps > engine.group_steps
+        for other in others
+    )

@@ -1,0 +1,163 @@
+"""Observing: the views of every reference deployment from the record, in one read (a few queries for any
+number of deployments and engines), and the I/O observations added to them (the probes' answers, a
+starting coordinator's questions)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlmodel import Session, col, select
+
+from app.backends.reference.liveness.view import (
+    HEARD_STATES,
+    Asked,
+    DeploymentView,
+    EngineSeen,
+    Hearing,
+    JobSeen,
+)
+from app.deployments.engines.models import Engine, EngineState
+from app.deployments.models import Deployment, EngineBackend, effective_on_engine_loss
+from app.jobs.models import ReconfigurationJob
+from app.jobs.states import ACTIVE_STATES
+
+NEWEST_JOBS = 3  # enough for the self-heal attempts in a row (`Rules.max_attempts`)
+
+
+def engine_seen(row: Engine) -> EngineSeen:
+    return EngineSeen(
+        id=row.id,
+        state=row.state,
+        generation=row.generation,
+        dp_rank=row.dp_rank,
+        world_size=row.world_size,
+        last_heartbeat_at=row.last_heartbeat_at,
+        url=row.url,
+        pid=row.pid,
+        launched_by=row.launched_by,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        broken_generation=row.broken_generation,
+        unresponsive_peers=tuple(row.unresponsive_peers or ()),
+        broken_reported_at=row.broken_reported_at,
+        data_unreachable=tuple(row.data_unreachable or ()),
+        group_steps=row.group_steps,
+        link_lost_at=row.link_lost_at,
+        # refuses_agent_key: issue 32's condition `engine-refuses-agent-key`, read here once the record
+        # carries it (the judge already never counts such an engine as serving, nor as a survivor).
+    )
+
+
+def job_seen(row: ReconfigurationJob) -> JobSeen:
+    participants = tuple(str(r.get("engine_id")) for r in row.engine_results or () if r.get("engine_id"))
+    return JobSeen(
+        id=row.id,
+        state=row.state,
+        requested_by=row.requested_by,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        from_dp_size=row.from_dp_size,
+        to_dp_size=row.to_dp_size,
+        to_generation=row.to_generation,
+        phase=row.state,
+        participants=participants,
+    )
+
+
+def hearing(session: Session, *, watching_since: datetime, deaf_at: datetime | None) -> Hearing:
+    newest = session.exec(
+        select(sa.func.max(Engine.last_heartbeat_at)).where(col(Engine.state).in_(list(HEARD_STATES)))
+    ).one()
+    if newest is not None and newest.tzinfo is None:  # SQLite hands back naive UTC
+        newest = newest.replace(tzinfo=watching_since.tzinfo)
+    return Hearing(newest_heartbeat_at=newest, watching_since=watching_since, deaf_at=deaf_at)
+
+
+def views(
+    session: Session,
+    heard: Hearing,
+    broken_since: Mapping[str, datetime] | None = None,
+    *,
+    only_without_a_job: bool = False,
+) -> list[DeploymentView]:
+    """Every reference deployment's view (deployments of size 0 too: their engines' silence counts)."""
+    broken_since = broken_since or {}
+    deployments = session.exec(
+        select(Deployment)
+        .where(col(Deployment.backend) == EngineBackend.reference.value)
+        .order_by(col(Deployment.created_at), col(Deployment.id))
+    ).all()
+    ids = [d.id for d in deployments]
+    if not ids:
+        return []
+    engines: dict[str, list[EngineSeen]] = {}
+    for row in session.exec(
+        select(Engine)
+        .where(col(Engine.deployment_id).in_(ids), Engine.state != EngineState.left.value)
+        .order_by(col(Engine.created_at), col(Engine.id))
+    ).all():
+        engines.setdefault(row.deployment_id, []).append(engine_seen(row))
+    active = {
+        job.deployment_id: job_seen(job)
+        for job in session.exec(
+            select(ReconfigurationJob).where(
+                col(ReconfigurationJob.deployment_id).in_(ids),
+                col(ReconfigurationJob.state).in_([s.value for s in ACTIVE_STATES]),
+            )
+        ).all()
+    }
+    found = []
+    for deployment in deployments:
+        job = active.get(deployment.id)
+        if only_without_a_job and job is not None:
+            continue
+        newest = session.exec(
+            select(ReconfigurationJob)
+            .where(ReconfigurationJob.deployment_id == deployment.id)
+            .order_by(col(ReconfigurationJob.created_at).desc())
+            .limit(NEWEST_JOBS)
+        ).all()
+        found.append(
+            DeploymentView(
+                id=deployment.id,
+                name=deployment.name,
+                launcher=deployment.launcher,
+                policy=effective_on_engine_loss(deployment.on_engine_loss, deployment.launcher),
+                current_dp_size=deployment.current_dp_size,
+                generation=deployment.generation,
+                status=deployment.status,
+                status_detail=deployment.status_detail,
+                hearing=heard,
+                engines=tuple(engines.get(deployment.id, ())),
+                active_job=job,
+                newest_jobs=tuple(job_seen(j) for j in newest),
+                heal_lost=deployment.heal_lost,
+                heal_loss_at=deployment.heal_loss_at,
+                heal_target_dp_size=deployment.heal_target_dp_size,
+                broken_since=broken_since.get(deployment.id),
+                updated_at=deployment.updated_at,
+            )
+        )
+    return found
+
+
+def with_probes(view: DeploymentView, gone: Mapping[str, bool]) -> DeploymentView:
+    """The view with what the probes found (engine id -> its process is gone)."""
+    if not gone:
+        return view
+    engines = tuple(replace(e, process_gone=gone[e.id]) if e.id in gone else e for e in view.engines)
+    return replace(view, engines=engines)
+
+
+def with_answers(view: DeploymentView, asked: Mapping[str, Asked]) -> DeploymentView:
+    """The view with what a starting coordinator's members answered (`adoption`)."""
+    engines = tuple(replace(e, asked=asked[e.id]) if e.id in asked else e for e in view.engines)
+    return replace(view, engines=engines, at_start=True)
+
+
+def members(view: DeploymentView) -> Sequence[EngineSeen]:
+    """The engines recorded on the deployment's generation with a rank."""
+    return [e for e in view.engines if e.generation == view.generation and e.dp_rank is not None]

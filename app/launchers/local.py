@@ -129,22 +129,27 @@ def is_agent_process(pid: int, engine_id: str) -> bool:
     return engine_id.encode() in cmdline
 
 
-def stop_pid(pid: int, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM, then SIGKILL after `grace_s`; returns once the process is gone."""
+def stop_pid(pid: int, grace_s: float = STOP_GRACE_S) -> bool:
+    """SIGTERM, then SIGKILL after `grace_s`; returns once the process is gone: whether it was running.
+    SIGCONT follows the SIGTERM: a frozen (SIGSTOPped) agent handles it at once, not after the grace."""
+    if not is_alive(pid):
+        return False
     try:
         os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:
-        return
+        return False
     give_up = time.monotonic() + grace_s
     while time.monotonic() < give_up:
         if not is_alive(pid):
-            return
+            return True
         time.sleep(0.02)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     give_up = time.monotonic() + 2.0
     while time.monotonic() < give_up and is_alive(pid):
         time.sleep(0.02)
+    return True
 
 
 class LocalLauncher(Launcher):

@@ -22,6 +22,7 @@ import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -157,6 +158,37 @@ def test_an_engine_killed_in_a_scale_job_leaves_the_deployment_consistent(
     else:  # the leaver left at the agreed boundary; killed after that, or just before its answer
         assert job["state"] in ("succeeded", "failed"), job
     assert_no_wrong_answer(client)
+
+
+# The longest the freeze lasts (it ends as soon as the job does). The job's own bounds here: prepare's
+# call deadline (5 s + a 1 s hold), then an abort; a rollback that waited for the frozen engine to
+# settle took the longest agent step more (22 s with this module's settings: 33 s in all).
+PREPARE_FREEZE_S = 25.0
+
+
+def test_a_staying_engine_frozen_in_prepare_rolls_the_job_back_while_it_is_still_frozen(
+    faulted: Faulted,
+) -> None:
+    """Issue 34: SIGSTOP of rank 1 (staying) held in prepare's weight transfer. The kernel still accepts
+    the coordinator's connections and nothing answers: the job must end at the call's deadline, not
+    at the thaw (it used to stay `preparing` for the whole freeze)."""
+    stack, name = faulted.stack, faulted.name
+    coordinator = stack.coordinator
+    frozen = members(stack, name)[1]
+    frozen_pid = int(agent_info(frozen["url"])["pid"])
+    inject(frozen["url"], hang_prepare_at_step="transfer")
+    job_id = coordinator.scale(SIZE - 1, name)
+    wait_agent_step(frozen["url"], job_id, "transfer")
+    os.kill(frozen_pid, signal.SIGSTOP)
+    try:
+        job = coordinator.wait_job(job_id, timeout_s=PREPARE_FREEZE_S)
+        still_frozen = Path(f"/proc/{frozen_pid}/stat").read_text().split(") ", 1)[1][:1] == "T"
+    finally:
+        os.kill(frozen_pid, signal.SIGCONT)
+    assert still_frozen, "the job ended only once the engine was running again"
+    assert (job["state"], job["downtime_ms"]) == ("rolled_back", 0.0), job
+    assert (job["error"]["engine_id"], job["error"]["type"]) == (frozen["id"], "deadline-exceeded"), job
+    assert_recovered(stack, name)
 
 
 def test_an_engine_frozen_in_the_commit_window_past_its_lease_is_fenced_off_when_it_thaws(

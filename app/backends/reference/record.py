@@ -20,6 +20,7 @@ from app.core.errors import ConflictError
 from app.deployments.agent_keys import agent_keys_of
 from app.deployments.engines.models import Engine, EngineState
 from app.deployments.health import REASON_GENERATION_SPLIT, SERVING_STATES, announce_degraded
+from app.deployments.incidents import service as incidents
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
 from app.jobs.models import ReconfigurationJob
@@ -72,6 +73,12 @@ class JobRecord(FlowRecord[JobRun]):
             return job
 
         return await self.run_in_session(read)
+
+    async def shared_outage(self, run: JobRun) -> tuple[str, float] | None:
+        """(incident id, its client outage ms) when this job shares a measured incident's outage (it is
+        that loss's recovery): the job records that figure, so the job and its incident agree (the
+        incident's counts from the loss; this job's canaries only from its start)."""
+        return await self.run_in_session(lambda session: incidents.outage_for_job(session, run.job_id))
 
     async def note(
         self,

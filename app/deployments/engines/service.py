@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -13,6 +13,7 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, NotFoundError
 from app.deployments.engines.models import Engine, EnginePublic, EngineState
+from app.deployments.incidents import service as incidents
 from app.deployments.models import Condition, Deployment, DeploymentStatus, StatusDetail
 from app.deployments.service import get_deployment
 from app.deployments.status import set_status
@@ -108,11 +109,21 @@ def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartb
     engine.world_size = heartbeat.world_size
     if heartbeat.broken_generation is None:
         engine.broken_generation, engine.unresponsive_peers, engine.broken_reported_at = None, None, None
+        engine.broken_last_step_at = None
     else:
         if engine.broken_generation != heartbeat.broken_generation:
             engine.broken_reported_at = now
         engine.broken_generation = heartbeat.broken_generation
         engine.unresponsive_peers = list(heartbeat.unresponsive_peers) or None
+        last_step = heartbeat.broken_last_step_at
+        engine.broken_last_step_at = (
+            min(datetime.fromtimestamp(last_step, UTC), now) if last_step is not None else None
+        )
+        if engine.broken_last_step_at is not None:
+            # The survivors' record of when their group last served: the loss, for the open incident.
+            incidents.note_group_broke(
+                session, engine.deployment_id, heartbeat.broken_generation, engine.broken_last_step_at
+            )
     engine.group_steps = heartbeat.group_steps
     engine.data_unreachable = list(heartbeat.data_unreachable) or None
     if engine.link_lost_at is not None:

@@ -260,7 +260,12 @@ def probe_figures(
         per_target[target] = _ms0(max((b - a for a, b in outages), default=0.0))
         out = outages if out is None else _intersect(out, outages)
     worst = max(out or [], key=lambda w: w[1] - w[0], default=None)
+    # Still out at the stop, after a good answer (a probe never answered saw no loss: it saw nothing).
     still_out = out[-1] if out and out[-1][1] >= end else None
+    if still_out is not None and not any(
+        is_good(s, deadline_s) and s.done_at <= still_out[0] for s in samples
+    ):
+        still_out = None
     succeeded = [s for s in samples if s.ok]
     outside = [
         s.latency_s for s in succeeded if worst is None or s.done_at <= worst[0] or s.sent_at >= worst[1]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -157,6 +158,48 @@ def test_an_engine_killed_in_a_scale_job_leaves_the_deployment_consistent(
         assert job["error"]["engine_id"] == target["id"], job["error"]
     else:  # the leaver left at the agreed boundary; killed after that, or just before its answer
         assert job["state"] in ("succeeded", "failed"), job
+    assert_no_wrong_answer(client)
+
+
+def test_a_staying_engine_killed_in_prepare_the_job_and_its_incident_carry_the_outage_clients_saw(
+    faulted: Faulted,
+) -> None:
+    """Issue 34: SIGKILL of rank 1 (staying) held in prepare. Its group breaks at once, so clients lose
+    service; the job rolls back with them still out and the self-heal serves again on the survivors. The
+    incident (counted from the job's canaries' last good answer, not from its own canaries' start: it
+    used to say 0.0 against 2.1-2.7 s seen) and the job carry one figure, within a second of what an
+    independent client measured."""
+    stack, name = faulted.stack, faulted.name
+    coordinator = stack.coordinator
+    engines = members(stack, name)
+    victim = engines[1]
+    inject(victim["url"], hang_prepare_at_step="transfer")
+    client = start_client(stack, [e["url"] for e in engines])
+    try:
+        client.wait_serving()
+        job_id = coordinator.scale(SIZE - 1, name)
+        wait_agent_step(victim["url"], job_id, "transfer")
+        killed_at = time.time()
+        os.kill(int(agent_info(victim["url"])["pid"]), signal.SIGKILL)
+        job = coordinator.wait_job(job_id)
+        assert job["state"] == "rolled_back", job
+
+        def measured() -> dict[str, Any] | None:
+            found = coordinator.api.get("/v1/incidents", params={"deployment": name}).json()["data"]
+            mine = [i for i in found if i["hit_job_id"] == job_id]
+            return mine[0] if mine and mine[0]["outage_evidence"] is not None else None
+
+        incident = wait_until(measured, timeout_s=60, what="the incident's client outage")
+        assert_recovered(stack, name)
+        client.wait_serving()
+        recovered_at = time.time()
+    finally:
+        client.stop()
+    seen = client.gap_covering(killed_at, recovered_at)  # the longest stretch without an answer since
+    job = coordinator.job(job_id)
+    assert incident["outage_evidence"] == "job-probe", incident
+    assert job["client_outage_ms"] == incident["client_outage_ms"], (job, incident)
+    assert abs(incident["client_outage_ms"] - seen) <= 1000.0, (incident["client_outage_ms"], seen)
     assert_no_wrong_answer(client)
 
 

@@ -108,6 +108,6 @@ def hits(
 
 def same_loss(*, resolved_s_ago: float, operator_job_since: bool, window_s: float) -> bool:
     """Whether a deployment degraded again right after its incident resolved continues that incident
-    (one loss, one incident): within `window_s` of the resolution, with only self-heal jobs since (the
-    recovery of that loss is still going on). An operator's job since starts a new story."""
+    (one loss, one incident): within `window_s` of the resolution, with only self-heal jobs since the
+    loss was found (its recovery still going on). An operator's job since starts a new story."""
     return resolved_s_ago <= window_s and not operator_job_since

@@ -96,7 +96,7 @@ def _continued(session: Session, deployment: Deployment, now: datetime) -> Incid
     operator_job = session.exec(
         select(ReconfigurationJob.id).where(
             ReconfigurationJob.deployment_id == deployment.id,
-            col(ReconfigurationJob.created_at) >= last.serving_again_at,
+            col(ReconfigurationJob.created_at) >= last.detected_at,
             ReconfigurationJob.requested_by != RequestSource.self_heal.value,
         )
     ).first()

@@ -3,9 +3,9 @@
 Starts the coordinator in this process (uvicorn, 127.0.0.1), creates the deployment with the local
 launcher if it does not exist, scales it to two engines through the API and waits for that job, then
 prints the URL, how to use the admin token and curl commands to scale it. Ctrl-C, SIGTERM and SIGHUP
-stop the coordinator (it ends the jobs it runs first: `JobRunner.stop`) and every agent it launched;
-the deployment is recorded `stopped` with the size it had (`app.deployments.stop`), and the next
-`epctl up` brings it back at that size (or, given `--engines`, at that one, saying so).
+stop the coordinator (it ends the jobs it runs first: `JobRunner.stop(end_jobs=True)`) and every
+agent it launched; the deployment is recorded `stopped` with the size it had (`app.deployments.stop`),
+and the next `epctl up` brings it back at that size (or, given `--engines`, at that one, saying so).
 
 The data directory is locked first (`app.launchers.state_lock`): a second `epctl up` on it refuses with
 one line and touches nothing. After a crash the agents wait for a coordinator to adopt them
@@ -129,6 +129,7 @@ async def _run(settings: Settings, engines: int | None, sock: socket.socket) -> 
 
     token, first = await asyncio.to_thread(_session_admin_token, settings)
     app = create_app(settings)
+    app.state.end_jobs_on_stop = True  # its engines stop with it: the runner ends its jobs first
     server = _server_class()(server_config(app, settings, log_level="warning"))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     setup = asyncio.create_task(_set_up(server, app, settings, engines, token, first))

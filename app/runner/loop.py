@@ -121,16 +121,18 @@ class JobRunner:
             log.exception("adopting the recorded engines failed (the heartbeats will tell)")
             return []
 
-    async def stop(self) -> None:
-        """An orderly stop: claim nothing more, end the jobs running here (`_end_jobs`), hand over what
-        is left (its lease released: a successor reconciles it at once)."""
+    async def stop(self, *, end_jobs: bool = False) -> None:
+        """An orderly stop: claim nothing more and hand the jobs running here over (their leases
+        released: a successor, an HA peer or the next start, reconciles them at once). With `end_jobs`
+        (its engines are about to be stopped too: `epctl up`), end them first (`_end_jobs`)."""
         self._stopping = True
         for task in [self._loop_task, self._adoption_task]:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-        await self._end_jobs()
+        if end_jobs:
+            await self._end_jobs()
         tasks = list(self._running.values())
         for task in tasks:
             task.cancel()

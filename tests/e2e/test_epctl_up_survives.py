@@ -342,6 +342,13 @@ def test_sigint_during_a_self_heal_job_ends_it_and_a_restart_comes_back_at_the_s
             assert db.execute("select state from reconfigurations where id = ?", (job["id"],)).fetchone() == (
                 "cancelled",
             )
+            # Ended by the stopping coordinator itself (its agents told to abort), not only on the record.
+            asked = db.execute(
+                "select count(*) from job_events where job_id = ? "
+                "and message like '%the coordinator stopping%'",
+                (job["id"],),
+            ).fetchone()
+            assert asked == (1,), asked
             assert db.execute(
                 "select count(*) from reconfigurations where state not in "
                 "('succeeded', 'failed', 'rolled_back', 'cancelled')"

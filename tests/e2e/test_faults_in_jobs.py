@@ -197,7 +197,8 @@ def test_a_staying_engine_killed_in_prepare_the_job_and_its_incident_carry_the_o
         client.stop()
     seen = client.gap_covering(killed_at, recovered_at)  # the longest stretch without an answer since
     job = coordinator.job(job_id)
-    assert incident["outage_evidence"] == "job-probe", incident
+    # The loss on the survivors' own record of when their group last stepped (their heartbeats).
+    assert (incident["outage_evidence"], incident["loss_evidence"]) == ("job-probe", "agents"), incident
     assert job["client_outage_ms"] == incident["client_outage_ms"], (job, incident)
     assert abs(incident["client_outage_ms"] - seen) <= 1000.0, (incident["client_outage_ms"], seen)
     assert_no_wrong_answer(client)

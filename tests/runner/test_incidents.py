@@ -137,12 +137,13 @@ def test_a_job_rolled_back_with_its_clients_out_is_hit_and_it_its_incident_and_t
     (incident,) = incidents(stage)
     assert incident.hit_job_id == job.id and stage.job(job.id).incident_id == incident.id
     (heal_id,) = asyncio.run(heal(stage.record, {"local": stage.launcher})).jobs
+    decide(stage, incident.id, answered_at=out_since + timedelta(seconds=2.5))  # answered while it heals
     asyncio.run(stage.run(heal_id))
-    decide(stage, incident.id, answered_at=out_since + timedelta(seconds=2.5))
     (incident,) = incidents(stage)
     assert (incident.client_outage_ms, incident.outage_evidence) == (2500.0, "job-probe")
     assert stage.job(job.id).client_outage_ms == 2500.0  # the rolled-back job says clients lost service
-    assert stage.job(heal_id).client_outage_ms == 2500.0  # and its heal carries the same figure
+    # The heal ended after that: it records the incident's figure, not its own canaries' part of it.
+    assert stage.job(heal_id).client_outage_ms == 2500.0
     assert any(e.kind == "outage" and incident.id in (e.message or "") for e in stage.events(job.id))
 
 

@@ -219,10 +219,7 @@ class Flow:
             f"{figures['canaries_failed']} failed, {figures['canaries_late']} late)"
             + (f"; could not reach {', '.join(sorted(unreachable))}" if unreachable else "")
         )
-        shared = await self.record.shared_outage(run)  # a recovery's incident was measured: its figure
-        if shared is not None:
-            changes = {**changes, "client_outage_ms": shared[1]}
-            message += f"; client outage {shared[1]:.1f} ms from the loss (incident {shared[0]})"
+        changes, message = await self.record.with_shared_outage(run, changes, message)
         await self.record.note(run, "probe", message, changes=changes)
 
     async def end(self, rule: OnFailure, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:

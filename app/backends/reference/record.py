@@ -74,11 +74,18 @@ class JobRecord(FlowRecord[JobRun]):
 
         return await self.run_in_session(read)
 
-    async def shared_outage(self, run: JobRun) -> tuple[str, float] | None:
-        """(incident id, its client outage ms) when this job shares a measured incident's outage (it is
-        that loss's recovery): the job records that figure, so the job and its incident agree (the
-        incident's counts from the loss; this job's canaries only from its start)."""
-        return await self.run_in_session(lambda session: incidents.outage_for_job(session, run.job_id))
+    async def with_shared_outage(
+        self, run: JobRun, changes: dict[str, Any], message: str
+    ) -> tuple[dict[str, Any], str]:
+        """The probe's changes and line, with a measured incident's client outage when this job shares
+        it (it is that loss's recovery): the job and its incident agree (the incident's counts from the
+        loss; this job's canaries only from its start)."""
+        shared = await self.run_in_session(lambda session: incidents.outage_for_job(session, run.job_id))
+        if shared is None:
+            return changes, message
+        incident_id, outage_ms = shared
+        line = f"{message}; client outage {outage_ms:.1f} ms from the loss (incident {incident_id})"
+        return {**changes, "client_outage_ms": outage_ms}, line
 
     async def note(
         self,

@@ -112,6 +112,7 @@ class Agent:
         self._stop = threading.Event()
         self._beat_now = threading.Event()  # wakes the heartbeat (the generation broke: say so now)
         self._broken: BrokenGroup | None = None  # the last group that broke under us, and who stalled
+        self._broken_last_step_at: float | None = None  # when that group last stepped (its clients served)
         self._early: BrokenGroup | None = None  # a probe made while a serving collective waited long
         self._last_peers: list[tuple[str, StoreAddress]] = []  # our generation's peers' data addresses
         grouped = moe.grouped_step(settings.grouped_step, self.device)
@@ -185,6 +186,7 @@ class Agent:
         us, the other members are told to give the group up (`engine_agent.peers`)."""
         early = self._early if self._early and self._early.generation == active.generation else None
         self._broken = early or BrokenGroup(active.generation)  # the early probe's names, if it ran
+        self._broken_last_step_at = self.engine.counters.last_step_at
         self._beat_now.set()
         others = self._others(active)
 
@@ -262,6 +264,7 @@ class Agent:
             group_error=counters.last_error[:2000] if active is None and counters.last_error else None,
             broken_generation=broken.generation if broken else None,
             unresponsive_peers=broken.unresponsive if broken else [],
+            broken_last_step_at=self._broken_last_step_at if broken else None,
             group_steps=counters.steps + counters.dummy_steps,
             data_unreachable=self.data_reach.unreachable,
         )

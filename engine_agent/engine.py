@@ -288,6 +288,7 @@ class ReferenceEngine:
                 stall = self._on_stall
                 new.group.on_slow = lambda: stall(new)
             self.counters.last_error = None  # an old generation's failure is history once a new one serves
+            self.counters.last_step_at = None
             self._pause_requested = False
             self._armed_for = 0
             self._paused_at = None
@@ -454,6 +455,7 @@ class ReferenceEngine:
             return False
         with self._cond:
             self._iterations_since_start += 1
+            self.counters.last_step_at = time.time()  # the step's agreement collective completed
             if self._iterations_since_start == 1:
                 self._cond.notify_all()
         if sum(boundary.per_rank) == 0:

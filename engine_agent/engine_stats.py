@@ -18,6 +18,9 @@ class EngineCounters:
     tokens_served: int = 0
     pauses: int = 0
     last_error: str | None = None
+    # When the serving generation last stepped (epoch seconds): every member steps together, so its
+    # clients were served until then. Kept when the group breaks: the survivors' record of the loss.
+    last_step_at: float | None = None
 
 
 def step_ms_summary(step_ms: Iterable[float]) -> dict[str, float] | None:

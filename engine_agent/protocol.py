@@ -511,6 +511,13 @@ class AgentHeartbeat(BaseModel):
         description="members of `broken_generation` that did not answer this engine's health probe when "
         "the group broke (the coordinator fences the one every survivor names)",
     )
+    broken_last_step_at: float | None = Field(
+        None,
+        ge=0,
+        description="when `broken_generation` last stepped on this engine (epoch seconds, its clock): every "
+        "member stepped together, so the group's clients were served until then (the survivors' record of "
+        "the loss, also for a loss while no coordinator ran)",
+    )
     group_steps: int = Field(
         0, ge=0, description="lock-step iterations served so far (every one a collective with every member)"
     )

@@ -4,6 +4,8 @@ plan failures), so a job records its `JobError` without looking at HTTP.
 
 - `AgentUnreachable`: the connection failed (the agent is down or not listening);
 - `AgentDeadlineExceeded`: no answer within the call's deadline, or a wait ran out of time;
+  `AgentSilent`, its kind for one call that got no answer at all (a frozen agent: the kernel accepted
+  the connection, nothing ever answers), which is evidence about the agent, not about a phase;
 - `AgentProblem`: the agent answered with an error (problem+json: its `type` and `detail`);
 - `AgentPhaseFailed`: the reconfiguration the agent runs failed instead of reaching the phase awaited
   (failed, aborted, ...); carries the agent's `ReconfigStatus`.
@@ -38,6 +40,17 @@ class AgentUnreachable(AgentCallError):
 
 class AgentDeadlineExceeded(AgentCallError):
     type = "deadline-exceeded"
+
+
+class AgentSilent(AgentDeadlineExceeded):
+    """One call got no answer within its deadline (the agent is frozen, or its host stalled that long):
+    recorded as `deadline-exceeded` like any deadline, but a waiter treats the agent as silent."""
+
+
+def is_silence(error: BaseException) -> bool:
+    """Whether `error` says the agent itself does not answer (gone, or silent past a call's deadline),
+    rather than that it answered something unwelcome or was late to reach a phase."""
+    return isinstance(error, AgentUnreachable | AgentSilent)
 
 
 class AgentProblem(AgentCallError):

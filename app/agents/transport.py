@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from yarl import URL
 
 from app import metrics
-from app.agents.errors import AgentDeadlineExceeded, AgentProblem, AgentUnreachable, problem_type
+from app.agents.errors import AgentDeadlineExceeded, AgentProblem, AgentSilent, AgentUnreachable, problem_type
 from engine_agent.protocol import Operation
 from engine_agent.tls import client_context
 
@@ -252,9 +252,7 @@ class AgentTransport:
                         break
                     answer = await self._send(method, target, body, with_json if body is not None else plain)
         except TimeoutError as exc:  # before ClientError: aiohttp's own timeouts are both
-            raise AgentDeadlineExceeded(
-                self.engine_id, f"{method} {path}: no answer within {timeout:.1f}s"
-            ) from exc
+            raise AgentSilent(self.engine_id, f"{method} {path}: no answer within {timeout:.1f}s") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise AgentUnreachable(
                 self.engine_id, f"{method} {path}: {exc.__class__.__name__}: {exc}"

@@ -3,10 +3,11 @@
 Engines outlive their coordinator (serving never depends on it), so an `epctl up` that crashed, or a
 coordinator that is gone for good, leaves its engines serving until a later `epctl up` adopts them or
 the operator stops them here: every agent the local launcher recorded in `local-agents.json` and every
-vLLM server in `vllm-servers.json` (each checked to still be that process: pids are reused), and the
-record of the local deployments set to stopped (size 0, engines `left`), so the next `epctl up` starts
-them afresh. A directory a live coordinator holds is left alone: stop that coordinator instead (an
-`epctl up` stops its engines on Ctrl-C or SIGTERM).
+vLLM server in `vllm-servers.json` (each checked to still be that process: pids are reused; only the
+processes it stopped are named), and the record of the local deployments set to `stopped` (size 0 with
+the size they had kept, engines `left`, open jobs ended: `app.jobs.stop`), so the next `epctl up`
+brings them back at that size. A directory a live coordinator holds is left alone: stop that
+coordinator instead (an `epctl up` stops its engines on Ctrl-C or SIGTERM).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def state_dir(settings: Settings) -> Path:
     return Path(settings.data_dir)
 
 
-def stop_recorded(settings: Settings) -> Stopped:
-    """Stop every engine the data directory's records name and record the local deployments stopped."""
+def stop_recorded(settings: Settings, *, by: str = "epctl down") -> Stopped:
+    """Stop every engine the data directory's records name and record the local deployments stopped;
+    what was running and stopped (a recorded agent that had exited already is not named)."""
     from app.backends.vllm.launcher import VllmLauncher
     from app.launchers.local import LocalLauncher
 
@@ -47,38 +49,22 @@ def stop_recorded(settings: Settings) -> Stopped:
     pids = {engine_id: entry.get("pid") for engine_id, entry in local.records().items()}
     stopped = Stopped(agents=[f"{engine_id} (pid {pids.get(engine_id)})" for engine_id in local.stop_all()])
     stopped.vllm_servers = VllmLauncher(Path(settings.data_dir), python="python").stop_all()
-    stopped.recorded = _record_stopped(settings)
+    stopped.recorded = _record_stopped(settings, by)
     return stopped
 
 
-def _record_stopped(settings: Settings) -> bool:
+def _record_stopped(settings: Settings, by: str) -> bool:
     from sqlmodel import Session, select
 
-    from app.core.clock import utc_now
     from app.core.db import make_engine
-    from app.deployments.engines.models import Engine, EngineState
     from app.deployments.models import Deployment
+    from app.jobs.stop import record_stopped
 
     engine = make_engine(settings.database_url)
     try:
         with Session(engine) as session:
             for deployment in session.exec(select(Deployment).where(Deployment.launcher == "local")).all():
-                rows = session.exec(
-                    select(Engine).where(
-                        Engine.deployment_id == deployment.id, Engine.state != EngineState.left.value
-                    )
-                ).all()
-                if not rows and deployment.current_dp_size == 0:
-                    continue
-                for row in rows:
-                    row.state = EngineState.left.value
-                    row.dp_rank = None
-                    row.updated_at = utc_now()
-                    session.add(row)
-                deployment.current_dp_size = 0
-                deployment.updated_at = utc_now()
-                session.add(deployment)
-            session.commit()
+                record_stopped(session, deployment, by=by)
     except Exception as exc:  # the database may be gone; the processes are what matters
         typer.echo(f"epctl: could not record the stop in the database: {exc}", err=True)
         return False

@@ -88,10 +88,10 @@ def show_incident(
         f"[bold]{incident['id']}[/] {incident['deployment']} {incident['state']}: {incident['reason']}",
         f"  {incident['message']}",
         f"  lost: {', '.join(incident.get('engines') or []) or '-'} (generation {incident['generation']})",
-        f"  loss at {short_time(incident['loss_at'])},"
+        f"  loss at {short_time(incident['loss_at'])} ({incident.get('loss_evidence') or 'recorded'}),"
         f" detected after {fmt_ms(incident['time_to_detect_ms'])},"
         f" serving again after {fmt_ms(incident.get('time_to_serving_ms'))}",
-        f"  client outage: {fmt_ms(incident.get('client_outage_ms'))} (canary probe)",
+        f"  client outage: {_outage(incident)}",
     ]
     if incident.get("hit_job_id"):
         lines.append(f"  right after job {incident['hit_job_id']}")
@@ -99,3 +99,15 @@ def show_incident(
         lines.append(f"  recovered by {', '.join(incident['recovery_job_ids'])}")
     for line in lines:
         stdout.print(line)
+
+
+def _outage(incident: dict[str, object]) -> str:
+    """The client outage and what it rests on; "not measured" where nothing measured it (never 0)."""
+    evidence = incident.get("outage_evidence")
+    figure = incident.get("client_outage_ms")
+    if evidence == "not-measured":
+        return "not measured (nothing watched when it began, and nothing saw clients fail)"
+    if evidence is None:
+        return "not decided yet" if incident.get("state") == "open" else "-"
+    value = fmt_ms(figure if isinstance(figure, int | float) else None)
+    return f"{value} (from {evidence}, until the deployment served again)"

@@ -3,8 +3,9 @@
 Starts the coordinator in this process (uvicorn, 127.0.0.1), creates the deployment with the local
 launcher if it does not exist, scales it to two engines through the API and waits for that job, then
 prints the URL, how to use the admin token and curl commands to scale it. Ctrl-C, SIGTERM and SIGHUP
-stop the coordinator and every agent it launched (the deployment is left at size 0, so the next
-`epctl up` starts it afresh).
+stop the coordinator (it ends the jobs it runs first: `JobRunner.stop(end_jobs=True)`) and every
+agent it launched; the deployment is recorded `stopped` with the size it had (`app.jobs.stop`),
+and the next `epctl up` brings it back at that size (or, given `--engines`, at that one, saying so).
 
 The data directory is locked first (`app.launchers.state_lock`): a second `epctl up` on it refuses with
 one line and touches nothing. After a crash the agents wait for a coordinator to adopt them
@@ -12,8 +13,8 @@ one line and touches nothing. After a crash the agents wait for a coordinator to
 deployment as it runs (never rescales it, and never stops it because the job the crash interrupted
 rolled back), saying `adopted` only once every member answered it
 (`app.backends.reference.liveness.adoption`), else what is missing while self-healing makes it
-whole. When every engine of the previous run is gone, it starts the deployment afresh; `epctl down`
-stops a crashed run's engines instead.
+whole. When every engine of the previous run is gone, it starts the deployment again at the size it
+had; `epctl down` stops a crashed run's engines instead.
 
 The admin token: `EPCTL_ADMIN_TOKEN` when set; otherwise the first start creates one admin token,
 prints it once and keeps it in `<data dir>/admin-token` (mode 0600), and every later `epctl up` reuses
@@ -57,8 +58,9 @@ def up(
     engines: Annotated[
         int | None,
         typer.Option(
-            help=f"engines of the demo deployment when it starts afresh (default {DEMO_ENGINES}); a "
-            "deployment still running from an earlier `epctl up` is adopted as it is",
+            help=f"engines of the demo deployment when it starts (default: the size it had when it "
+            f"stopped, else {DEMO_ENGINES}); a deployment still running from an earlier `epctl up` is "
+            "adopted as it is",
             min=1,
             max=8,
         ),
@@ -128,6 +130,7 @@ async def _run(settings: Settings, engines: int | None, sock: socket.socket) -> 
 
     token, first = await asyncio.to_thread(_session_admin_token, settings)
     app = create_app(settings)
+    app.state.end_jobs_on_stop = True  # its engines stop with it: the runner ends its jobs first
     server = _server_class()(server_config(app, settings, log_level="warning"))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     setup = asyncio.create_task(_set_up(server, app, settings, engines, token, first))
@@ -174,9 +177,21 @@ async def _set_up(
             deployment = await _adopt(api, app, deployment, engines)
             size = int(deployment["current_dp_size"])
         else:
-            size = engines or DEMO_ENGINES
+            size, why = start_size(engines, deployment.get("stopped_dp_size"))
+            if why:
+                typer.echo(f"epctl up: {why}", err=True)
             await _start_engines(api, size)
     _print_welcome(url, token if first else None, settings, size)
+
+
+def start_size(requested: int | None, had: int | None) -> tuple[int, str | None]:
+    """The size a deployment at 0 starts at, and the line that says why when it is not the size it had:
+    the size it had when it was stopped (`stopped_dp_size`), unless `--engines` asks for another."""
+    if had is None:
+        return requested or DEMO_ENGINES, None
+    if requested is None or requested == had:
+        return had, f"bringing deployment {DEMO} back at {had} engines, the size it had when it stopped"
+    return requested, f"starting deployment {DEMO} at {requested} engines (--engines), not the {had} it had"
 
 
 async def _adopt(
@@ -351,8 +366,8 @@ def _print_welcome(url: str, new_token: str | None, settings: Settings, engines:
 
 def _forget_a_dead_run(settings: Settings) -> None:
     """A previous run whose agents are all gone (killed, or stopped by `epctl down`): record its
-    deployments as stopped, so this run starts them afresh instead of adopting a deployment that no
-    engine serves. Agents still alive are adopted instead (see `_set_up`)."""
+    deployments as stopped, so this run starts them again (at the size they had) instead of adopting a
+    deployment that no engine serves. Agents still alive are adopted instead (see `_set_up`)."""
     from app.launchers.local import LocalLauncher, is_agent_process
 
     records = LocalLauncher(state_dir(settings)).records()
@@ -360,12 +375,13 @@ def _forget_a_dead_run(settings: Settings) -> None:
         return
     if any(is_agent_process(int(entry.get("pid") or 0), engine_id) for engine_id, entry in records.items()):
         return
-    typer.echo("epctl up: the engines of the previous run are gone; starting afresh.", err=True)
-    _stop_engines(settings)
+    typer.echo("epctl up: the engines of the previous run are gone; starting them again.", err=True)
+    _stop_engines(settings, by="their processes were gone when epctl up started")
 
 
-def _stop_engines(settings: Settings) -> None:
-    """Stop every agent the local launcher started and record the demo deployment as stopped."""
-    stopped = stop_recorded(settings)
+def _stop_engines(settings: Settings, by: str = "epctl up stopped") -> None:
+    """Stop every agent the local launcher started and record the demo deployment as stopped (at the
+    size it had: the next `epctl up` brings it back)."""
+    stopped = stop_recorded(settings, by=by)
     if stopped.agents:
         typer.echo(f"epctl up: stopped {len(stopped.agents)} agent(s).", err=True)

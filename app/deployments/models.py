@@ -55,6 +55,7 @@ class LauncherKind(StrEnum):
 class DeploymentStatus(StrEnum):
     ready = "ready"
     degraded = "degraded"
+    stopped = "stopped"  # its engines stopped on purpose (`epctl up` stopping, `epctl down`)
 
 
 class OnEngineLoss(StrEnum):
@@ -90,7 +91,7 @@ class Condition(BaseModel):
 
 
 class StatusDetail(BaseModel):
-    """Why a deployment is degraded, and what to do about it."""
+    """Why a deployment is degraded (or stopped), and what to do about it."""
 
     reason: str = ApiField(description="kebab-case, e.g. engine-unreachable, engine-stuck-scaling")
     message: str
@@ -149,6 +150,8 @@ class Deployment(SQLModel, table=True):
     # When the loss happened, as far as the coordinator can tell (the lost engine's last heartbeat, or
     # when its group was found broken): the recovery jobs' figures count from it.
     heal_loss_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # The size it had when its engines were stopped (`stopped` status): what a restart brings back.
+    stopped_dp_size: int | None = None
     max_downtime_ms: int | None = Field(default=None, description="the downtime budget; NULL: none")
     # The serving generation's coverage (`Coverage.record` with its generation and since when), written
     # by the switch that made the generation; `conditions` (coverage-at-risk) are read from it.
@@ -327,6 +330,11 @@ class DeploymentPublic(RowShape):
     generation: int
     status: DeploymentStatus
     status_detail: StatusDetail | None = None
+    stopped_dp_size: int | None = ApiField(
+        None,
+        description="while `stopped`: the size it had when its engines were stopped (what `epctl up` brings "
+        "back on the same data directory)",
+    )
     on_engine_loss: OnEngineLoss = ApiField(description="in effect (the setting, or the launcher's default)")
     active_job_id: str | None = None
     desired: DesiredSize = ApiField(default_factory=DesiredSize)

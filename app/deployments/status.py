@@ -4,6 +4,10 @@
     degraded -> degraded   (the reason changes)      no event; the incident's reason follows
     degraded -> ready      (no reason)               event deployment.recovered, the incident resolves
     ready    -> ready                                 nothing (a new generation is not a status change)
+    ready, degraded -> stopped   (a reason)          its engines stopped on purpose; an open incident
+                                                      ends (not served again: no recovery figure)
+    stopped  -> ready      (no reason)               started again (a job formed a generation)
+    stopped  -> degraded   (a reason)                started again and it failed part-way
 
 Every writer (the job runner's switch and its failures, the heartbeat health pass, self-healing, the
 stall fence, the vLLM backend) calls `set_status`, in its own transaction: the status, its detail, the
@@ -31,7 +35,14 @@ MOVES: dict[tuple[DeploymentStatus, DeploymentStatus], EventType | None] = {
     (DeploymentStatus.degraded, DeploymentStatus.degraded): None,
     (DeploymentStatus.degraded, DeploymentStatus.ready): EventType.deployment_recovered,
     (DeploymentStatus.ready, DeploymentStatus.ready): None,
+    (DeploymentStatus.ready, DeploymentStatus.stopped): None,
+    (DeploymentStatus.degraded, DeploymentStatus.stopped): None,
+    (DeploymentStatus.stopped, DeploymentStatus.stopped): None,
+    (DeploymentStatus.stopped, DeploymentStatus.ready): None,
+    (DeploymentStatus.stopped, DeploymentStatus.degraded): EventType.deployment_degraded,
 }
+# The statuses that say why (a `StatusDetail`); `ready` never carries one.
+WITH_DETAIL = frozenset({DeploymentStatus.degraded, DeploymentStatus.stopped})
 
 
 class StatusRuleError(ValueError):
@@ -58,12 +69,12 @@ def set_status(
     announce_again: bool = False,
     hit_job_id: str | None = None,
 ) -> StatusChange | None:
-    """Move `deployment` to `status` (with `detail`, required for `degraded` and refused for `ready`),
-    in the caller's transaction; None when nothing changed. `serving`: how many engines serve its
-    generation, for the event. `announce_again`: a degraded deployment's new reason is announced too
+    """Move `deployment` to `status` (with `detail`, required for `degraded` and `stopped`, refused for
+    `ready`), in the caller's transaction; None when nothing changed. `serving`: how many engines serve
+    its generation, for the event. `announce_again`: a degraded deployment's new reason is announced too
     (a reason the operator must act on, such as self-healing giving up). `hit_job_id`: the job a new
     incident names as the one whose generation it hit."""
-    if (status is DeploymentStatus.degraded) != (detail is not None):
+    if (status in WITH_DETAIL) != (detail is not None):
         raise StatusRuleError(f"deployment {deployment.name}: {status.value} with detail {detail!r}")
     at = now or utc_now()
     before = DeploymentStatus(deployment.status)
@@ -71,21 +82,25 @@ def set_status(
     stored = detail.model_dump(mode="json") if detail is not None else None
     if before is status and _same(deployment.status_detail, stored):
         return None
-    if stored is not None and before is DeploymentStatus.degraded and deployment.status_detail:
+    if stored is not None and before is status is DeploymentStatus.degraded and deployment.status_detail:
         stored["since"] = deployment.status_detail.get("since") or stored["since"]  # degraded since then
     if before is status is DeploymentStatus.ready and deployment.status_detail is None:
         return None
     extra: dict[str, Any] = {}
-    if status is DeploymentStatus.ready:
+    if status is DeploymentStatus.ready and before is not DeploymentStatus.stopped:
         since = (deployment.status_detail or {}).get("since")
         if since:
             extra["degraded_for_s"] = round((at - datetime.fromisoformat(str(since))).total_seconds(), 3)
         if before is DeploymentStatus.ready:
             event = EventType.deployment_recovered  # a detail left on a ready deployment: now cleared
     deployment.status, deployment.status_detail, deployment.updated_at = status.value, stored, at
+    if status is not DeploymentStatus.stopped:
+        deployment.stopped_dp_size = None  # started again: the size it had is history
     session.add(deployment)
     opened: str | None = None
-    if detail is not None:
+    if status is DeploymentStatus.stopped:
+        incidents.ended_by_stop(session, deployment, at)
+    elif detail is not None:
         incident, new = incidents.opened(
             session, deployment, detail.reason, detail.message, at, hit_job_id=hit_job_id
         )

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.launchers import readiness
 from app.launchers.agent_args import deployment_agent_args
 from app.launchers.base import EngineHandle, Launcher, LaunchError, LaunchSpec
 from app.launchers.processes import ProcessRecords, is_alive, start_detached
@@ -129,22 +130,44 @@ def is_agent_process(pid: int, engine_id: str) -> bool:
     return engine_id.encode() in cmdline
 
 
-def stop_pid(pid: int, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM, then SIGKILL after `grace_s`; returns once the process is gone."""
+def process_cpu_s(pid: int) -> float | None:
+    """The CPU time (user + system, seconds) process `pid` has used; None without procfs."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_per_cpu() -> float:
+    """The 1-minute load average per CPU (0 where the platform has none)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
+
+
+def stop_pid(pid: int, grace_s: float = STOP_GRACE_S) -> bool:
+    """SIGTERM, then SIGKILL after `grace_s`; returns once the process is gone: whether it was running.
+    SIGCONT follows the SIGTERM: a frozen (SIGSTOPped) agent handles it at once, not after the grace."""
+    if not is_alive(pid):
+        return False
     try:
         os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:
-        return
+        return False
     give_up = time.monotonic() + grace_s
     while time.monotonic() < give_up:
         if not is_alive(pid):
-            return
+            return True
         time.sleep(0.02)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     give_up = time.monotonic() + 2.0
     while time.monotonic() < give_up and is_alive(pid):
         time.sleep(0.02)
+    return True
 
 
 class LocalLauncher(Launcher):
@@ -222,15 +245,15 @@ class LocalLauncher(Launcher):
         await asyncio.to_thread(self.stop_all)
 
     def stop_all(self, deployment: str | None = None) -> list[str]:
-        """Stop every agent recorded (of one deployment, if given), including a predecessor's."""
+        """Stop every agent recorded (of one deployment, if given), including a predecessor's; the ids
+        of those that were running (the records of the others, long gone, are dropped too)."""
         ids = [
             engine_id
             for engine_id, entry in self.records().items()
             if deployment is None or entry.get("deployment") == deployment
         ]
         ids += [i for i in self._processes if i not in ids]
-        self._stop_ids(ids)
-        return ids
+        return self._stop_ids(ids)
 
     # --- processes --------------------------------------------------------------------------------
 
@@ -265,8 +288,11 @@ class LocalLauncher(Launcher):
         return engine_id, ready_file
 
     async def _wait_ready(self, engine_id: str, ready_file: Path, timeout_s: float) -> EngineHandle:
+        """Until the agent writes its ready file; how long is `app.launchers.readiness`'s rule (the
+        deadline, stretched on a loaded machine and for an agent still working past it)."""
         process = self._processes[engine_id]
-        give_up = time.monotonic() + timeout_s
+        started = time.monotonic()
+        cpu_seen: list[tuple[float, float]] = []  # (monotonic, CPU seconds of the process)
         while True:
             data = read_ready_file(ready_file)
             if data is not None:
@@ -275,26 +301,41 @@ class LocalLauncher(Launcher):
                 entry.update({"url": url, "pid": process.pid})
                 self._records.set(engine_id, entry)
                 return EngineHandle(engine_id=str(data.get("engine_id", engine_id)), url=url, pid=process.pid)
-            code = process.poll()
-            if code is not None:
-                raise LaunchError(
-                    f"agent {engine_id} exited with code {code} before it was ready "
-                    f"(log: {self.records().get(engine_id, {}).get('log')})",
-                    engine_id,
-                )
-            if time.monotonic() >= give_up:
-                raise LaunchError(f"agent {engine_id} was not ready within {timeout_s:.1f}s", engine_id)
+            now = time.monotonic()
+            cpu = process_cpu_s(process.pid)
+            if cpu is not None:
+                cpu_seen.append((now, cpu))
+                while len(cpu_seen) > 1 and cpu_seen[1][0] <= now - readiness.PROGRESS_WINDOW_S:
+                    cpu_seen.pop(0)
+            progress = readiness.Progress(
+                elapsed_s=now - started,
+                exit_code=process.poll(),
+                cpu_gain_s=cpu_seen[-1][1] - cpu_seen[0][1]
+                if len(cpu_seen) > 1 and cpu_seen[0][0] <= now - readiness.PROGRESS_WINDOW_S
+                else None,
+                load_per_cpu=load_per_cpu(),
+            )
+            state = readiness.judge(progress, timeout_s)
+            if state is not readiness.LaunchState.waiting:
+                log_path = self.records().get(engine_id, {}).get("log")
+                type_, message = readiness.explain(state, engine_id, progress, log_path)
+                raise LaunchError(message, engine_id, type_=type_)
             await asyncio.sleep(0.05)
 
-    def _stop_ids(self, engine_ids: Sequence[str]) -> None:
+    def _stop_ids(self, engine_ids: Sequence[str]) -> list[str]:
+        """Stop these engines' processes and drop their records; the ids of those that were running."""
         records = self.records()
+        stopped: list[str] = []
         for engine_id in engine_ids:
             process = self._processes.pop(engine_id, None)
             entry = records.get(engine_id)
             pid = process.pid if process is not None else (entry or {}).get("pid")
-            if isinstance(pid, int) and pid > 0 and (process is not None or is_agent_process(pid, engine_id)):
-                stop_pid(pid)
+            if not isinstance(pid, int) or pid <= 0:
+                pass
+            elif (process is not None or is_agent_process(pid, engine_id)) and stop_pid(pid):
+                stopped.append(engine_id)
             if process is not None:
                 with contextlib.suppress(Exception):
                     process.wait(timeout=1.0)
             self._records.set(engine_id, None)
+        return stopped

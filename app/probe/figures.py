@@ -11,6 +11,9 @@ Two figures, because a slow answer is not an outage:
 - the **slowest answer**: the longest latency of a canary that succeeded (a paused engine stalls
   requests and fails none: its pause shows here), with the phase in which that canary was sent.
 
+An outage still going on at the stop (no good answer after its first failure) is `open_outage_since`:
+the job ended with its clients out, and an incident carries their outage on from there.
+
 Both cover the job itself: from the end of the baseline (the first phase, `BASELINE`, canaries sent
 before the job changes anything) to the stop; the baseline's own figures stay in its phase, for
 comparison (a first canary that sets up its connection on a busy host is no cost of the job).
@@ -145,6 +148,9 @@ class ProbeFigures:
     outage_ms: float
     outage_window: tuple[float, float] | None  # epoch seconds
     outage_phase: str | None
+    # Epoch seconds: an outage still going on when the recording stopped (no good answer since its
+    # first failure), so the clients' outage outlives the job (an incident takes it from there).
+    open_outage_since: float | None
     slowest_answer_ms: float | None  # None: no canary succeeded
     slowest_answer_phase: str | None
     longest_gap_ms: float  # any window without a successful completion, outage or not
@@ -160,6 +166,7 @@ class ProbeFigures:
             if self.outage_window
             else None,
             "outage_phase": self.outage_phase,
+            "open_outage_since": self.open_outage_since,
             "slowest_answer_ms": self.slowest_answer_ms,
             "slowest_answer_phase": self.slowest_answer_phase,
             "deadline_ms": self.deadline_ms,
@@ -253,6 +260,12 @@ def probe_figures(
         per_target[target] = _ms0(max((b - a for a, b in outages), default=0.0))
         out = outages if out is None else _intersect(out, outages)
     worst = max(out or [], key=lambda w: w[1] - w[0], default=None)
+    # Still out at the stop, after a good answer (a probe never answered saw no loss: it saw nothing).
+    still_out = out[-1] if out and out[-1][1] >= end else None
+    if still_out is not None and not any(
+        is_good(s, deadline_s) and s.done_at <= still_out[0] for s in samples
+    ):
+        still_out = None
     succeeded = [s for s in samples if s.ok]
     outside = [
         s.latency_s for s in succeeded if worst is None or s.done_at <= worst[0] or s.sent_at >= worst[1]
@@ -269,6 +282,7 @@ def probe_figures(
         outage_ms=_ms0(worst[1] - worst[0]) if worst else 0.0,
         outage_window=(worst[0] + epoch_offset, worst[1] + epoch_offset) if worst else None,
         outage_phase=_phase_of_window(spans, *worst) if worst else None,
+        open_outage_since=still_out[0] + epoch_offset if still_out else None,
         slowest_answer_ms=_ms(slowest.latency_s) if slowest else None,
         slowest_answer_phase=_phase_at(spans, slowest.sent_at) if slowest else None,
         longest_gap_ms=_ms0(longest_gap(samples, start=start, end=end)),

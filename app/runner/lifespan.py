@@ -129,4 +129,5 @@ async def run_jobs(
     try:
         yield runner
     finally:
-        await runner.stop()
+        # `epctl up` stops its engines after the coordinator: a job handed over could never finish.
+        await runner.stop(end_jobs=bool(getattr(app.state, "end_jobs_on_stop", False)))

@@ -22,14 +22,17 @@ import socket
 from collections.abc import Awaitable, Callable, Mapping
 
 from sqlalchemy.engine import Engine as DbEngine
+from sqlmodel import Session
 
 from app.agents.fleet import Fleet
 from app.agents.transport import AgentSession
 from app.backends.base import BackendContext, Backends, JobMovedOn, Periodic
 from app.backends.registry import builtin_backends
 from app.coordinators import service as coordinators
+from app.core.errors import DomainError
 from app.core.runner_settings import RunnerSettings
 from app.jobs.async_record import WorkerSessions
+from app.jobs.service import cancel_job
 from app.launchers.base import Launcher
 from app.runner.leases import Leases
 from app.runner.scheduled import Retention, Scheduled, scheduled_tasks
@@ -99,9 +102,14 @@ class JobRunner:
         self._loop_task = asyncio.create_task(self._loop(), name="job-runner")
         await self.backends.start()
 
-    async def stop(self) -> None:
+    async def stop(self, *, end_jobs: bool = False) -> None:
+        """An orderly stop: claim nothing more and hand the jobs running here over (their leases
+        released: a successor, an HA peer or the next start, reconciles them at once). With `end_jobs`
+        (its engines are about to be stopped too: `epctl up`), end them first (`_end_jobs`)."""
         self._stopping = True
-        await self.backends.stop()
+        await self.backends.stop()  # nothing starts a new job (self-healing) while they end
+        if end_jobs:
+            await self._end_jobs()
         tasks = [t for t in [self._loop_task, *self._running.values()] if t is not None]
         for task in tasks:
             task.cancel()
@@ -117,6 +125,30 @@ class JobRunner:
                 lambda s: coordinators.forget(s, coordinator_id=self.leases.owner)
             )
         await self._agent_session.aclose()
+
+    async def _end_jobs(self) -> None:
+        """Each job running here is asked to cancel (before its commit it rolls back and ends
+        `cancelled`; inside its commit it finishes), and waited for, at most as long as a commit may
+        take: a stop leaves no job half-run behind (one left `preparing` until the next start)."""
+        running = dict(self._running)
+        if not running:
+            return
+
+        def ask(session: Session) -> None:
+            for job_id in running:
+                with contextlib.suppress(DomainError):  # gone, or in its commit: it ends by itself
+                    cancel_job(session, job_id=job_id, requester="the coordinator stopping")
+
+        try:
+            await self.record.run_in_session(ask)
+        except Exception:
+            log.exception("stopping: asking the running jobs to cancel failed")
+        settings = self.settings
+        grace = max(settings.abort_deadline_s, settings.arm_deadline_s + settings.switch_deadline_s)
+        log.warning("stopping: ending %s first (at most %.0f s)", ", ".join(sorted(running)), grace)
+        _, left = await asyncio.wait(running.values(), timeout=grace)
+        if left:
+            log.warning("stopping: %d job(s) did not end in time; handed over", len(left))
 
     async def tick(self) -> None:
         """One pass: claim what can be claimed, spawn its work, run the scheduled tasks that are due."""

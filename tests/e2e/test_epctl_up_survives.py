@@ -235,18 +235,21 @@ def test_with_the_opt_in_orphan_exit_engines_of_a_killed_epctl_up_exit(up_env: U
     first.kill()
     _wait_gone(pids, timeout_s=60)
 
-    # The next `epctl up` finds the previous run's engines gone and starts the deployment afresh.
+    # The next `epctl up` finds the previous run's engines gone and starts the deployment again, at the
+    # size it had (not the default of 2).
     second = up_env.start()
     try:
         output = up_env.wait_welcome(second)
-        assert "engines of the previous run are gone" in output and "2 engines serving" in output, output
-        assert up_env.deployment()["current_dp_size"] == 2
+        assert "engines of the previous run are gone" in output and "back at 1 engines" in output, output
+        assert up_env.deployment()["current_dp_size"] == 1
         second.popen.send_signal(signal.SIGINT)
         assert second.popen.wait(timeout=60) == 0
     finally:
         second.kill()
     with sqlite3.connect(up_env.data / "epctl.db") as db:
-        assert db.execute("select current_dp_size from deployments where name = 'demo'").fetchone() == (0,)
+        assert db.execute(
+            "select current_dp_size, status, stopped_dp_size from deployments where name = 'demo'"
+        ).fetchone() == (0, "stopped", 1)
 
 
 def test_a_restarted_epctl_up_ends_the_job_its_crash_stranded_and_keeps_the_deployment_serving(
@@ -298,4 +301,76 @@ def test_a_restarted_epctl_up_ends_the_job_its_crash_stranded_and_keeps_the_depl
     finally:
         api.close()
         second.kill()
+        first.kill()
+
+
+def test_sigint_during_a_self_heal_job_ends_it_and_a_restart_comes_back_at_the_size_it_had(
+    up_env: Up,
+) -> None:
+    """Issue 34: `epctl up` at 3 engines loses one; its self-heal job (a shrink to the 2 survivors, then a
+    grow-back to 3) is held in prepare by a test-only fault switch when SIGINT arrives. The stop ends the
+    job (nothing is left `preparing` until the next start) and records the deployment `stopped` at 3;
+    the next `epctl up` brings it back at 3 (not the default 2), with no job open."""
+    up_env.env["EPCTL_RUNNER_LOCAL_AGENT_ARGS"] = "--heartbeat-s 1 --enable-fault-injection"
+    first = up_env.start("--engines", "3")
+    up_env.wait_welcome(first)
+    token = (up_env.data / "admin-token").read_text().strip()
+    api = httpx.Client(
+        base_url=f"http://127.0.0.1:{up_env.port}", headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+    try:
+        key = api.post("/v1/deployments/demo/agent-key").json()["key"]
+        agents = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=5)
+        serving = api.get("/v1/engines", params={"deployment": "demo", "state": "serving"}).json()["data"]
+        lost, survivors = serving[-1], serving[:-1]
+        for engine in survivors:
+            agents.post(
+                f"{engine['url']}/v1/faults", json={"hang_prepare_at_step": "agree"}
+            ).raise_for_status()
+        os.kill(int(lost["pid"]), signal.SIGKILL)
+
+        def healing() -> dict[str, object] | None:
+            jobs = api.get("/v1/reconfigurations", params={"deployment": "demo", "limit": 1}).json()["data"]
+            job = jobs[0] if jobs else None
+            held = job and job["requested_by"] == "self-heal" and job["progress"]["step"] == "preparing"
+            return job if held else None
+
+        job = wait_until(healing, timeout_s=60, what="a self-heal job held in prepare")
+        first.popen.send_signal(signal.SIGINT)
+        assert first.popen.wait(timeout=90) == 0, first.log_tail()
+        with sqlite3.connect(up_env.data / "epctl.db") as db:
+            assert db.execute("select state from reconfigurations where id = ?", (job["id"],)).fetchone() == (
+                "cancelled",
+            )
+            # Ended by the stopping coordinator itself (its agents told to abort), not only on the record.
+            asked = db.execute(
+                "select count(*) from job_events where job_id = ? "
+                "and message like '%the coordinator stopping%'",
+                (job["id"],),
+            ).fetchone()
+            assert asked == (1,), asked
+            assert db.execute(
+                "select count(*) from reconfigurations where state not in "
+                "('succeeded', 'failed', 'rolled_back', 'cancelled')"
+            ).fetchone() == (0,)
+            assert db.execute(
+                "select current_dp_size, status, stopped_dp_size from deployments where name = 'demo'"
+            ).fetchone() == (0, "stopped", 3)
+
+        second = up_env.start()
+        try:
+            output = up_env.wait_welcome(second)
+            assert "back at 3 engines" in output, output
+            deployment = up_env.deployment()
+            assert (deployment["current_dp_size"], deployment["status"], deployment["active_job_id"]) == (
+                3,
+                "ready",
+                None,
+            ), deployment
+            second.popen.send_signal(signal.SIGTERM)
+            assert second.popen.wait(timeout=60) == 0, second.log_tail()
+        finally:
+            second.kill()
+    finally:
+        api.close()
         first.kill()

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -164,6 +166,80 @@ def test_an_engine_killed_in_a_scale_job_leaves_the_deployment_consistent(
     else:  # the leaver left at the agreed boundary; killed after that, or just before its answer
         assert job["state"] in ("succeeded", "failed"), job
     assert_no_wrong_answer(client)
+
+
+def test_a_staying_engine_killed_in_prepare_the_job_and_its_incident_carry_the_outage_clients_saw(
+    faulted: Faulted,
+) -> None:
+    """Issue 34: SIGKILL of rank 1 (staying) held in prepare. Its group breaks at once, so clients lose
+    service; the job rolls back with them still out and the self-heal serves again on the survivors. The
+    incident (counted from the job's canaries' last good answer, not from its own canaries' start: it
+    used to say 0.0 against 2.1-2.7 s seen) and the job carry one figure, within a second of what an
+    independent client measured."""
+    stack, name = faulted.stack, faulted.name
+    coordinator = stack.coordinator
+    engines = members(stack, name)
+    victim = engines[1]
+    inject(victim["url"], hang_prepare_at_step="transfer")
+    client = start_client(stack, [e["url"] for e in engines])
+    try:
+        client.wait_serving()
+        job_id = coordinator.scale(SIZE - 1, name)
+        wait_agent_step(victim["url"], job_id, "transfer")
+        killed_at = time.time()
+        os.kill(int(agent_info(victim["url"])["pid"]), signal.SIGKILL)
+        job = coordinator.wait_job(job_id)
+        assert job["state"] == "rolled_back", job
+
+        def measured() -> dict[str, Any] | None:
+            found = coordinator.api.get("/v1/incidents", params={"deployment": name}).json()["data"]
+            mine = [i for i in found if i["hit_job_id"] == job_id]
+            return mine[0] if mine and mine[0]["outage_evidence"] is not None else None
+
+        incident = wait_until(measured, timeout_s=60, what="the incident's client outage")
+        assert_recovered(stack, name)
+        client.wait_serving()
+        recovered_at = time.time()
+    finally:
+        client.stop()
+    seen = client.gap_covering(killed_at, recovered_at)  # the longest stretch without an answer since
+    job = coordinator.job(job_id)
+    # The loss on the survivors' own record of when their group last stepped (their heartbeats).
+    assert (incident["outage_evidence"], incident["loss_evidence"]) == ("job-probe", "agents"), incident
+    assert job["client_outage_ms"] == incident["client_outage_ms"], (job, incident)
+    assert abs(incident["client_outage_ms"] - seen) <= 1000.0, (incident["client_outage_ms"], seen)
+    assert_no_wrong_answer(client)
+
+
+# The longest the freeze lasts (it ends as soon as the job does). The job's own bounds here: prepare's
+# call deadline (5 s + a 1 s hold), then an abort; a rollback that waited for the frozen engine to
+# settle took the longest agent step more (22 s with this module's settings: 33 s in all).
+PREPARE_FREEZE_S = 25.0
+
+
+def test_a_staying_engine_frozen_in_prepare_rolls_the_job_back_while_it_is_still_frozen(
+    faulted: Faulted,
+) -> None:
+    """Issue 34: SIGSTOP of rank 1 (staying) held in prepare's weight transfer. The kernel still accepts
+    the coordinator's connections and nothing answers: the job must end at the call's deadline, not
+    at the thaw (it used to stay `preparing` for the whole freeze)."""
+    stack, name = faulted.stack, faulted.name
+    coordinator = stack.coordinator
+    frozen = members(stack, name)[1]
+    frozen_pid = int(agent_info(frozen["url"])["pid"])
+    inject(frozen["url"], hang_prepare_at_step="transfer")
+    job_id = coordinator.scale(SIZE - 1, name)
+    wait_agent_step(frozen["url"], job_id, "transfer")
+    os.kill(frozen_pid, signal.SIGSTOP)
+    try:
+        job = coordinator.wait_job(job_id, timeout_s=PREPARE_FREEZE_S)
+        still_frozen = Path(f"/proc/{frozen_pid}/stat").read_text().split(") ", 1)[1][:1] == "T"
+    finally:
+        os.kill(frozen_pid, signal.SIGCONT)
+    assert still_frozen, "the job ended only once the engine was running again"
+    assert (job["state"], job["downtime_ms"]) == ("rolled_back", 0.0), job
+    assert (job["error"]["engine_id"], job["error"]["type"]) == (frozen["id"], "deadline-exceeded"), job
+    assert_recovered(stack, name)
 
 
 def test_an_engine_frozen_in_the_commit_window_past_its_lease_is_fenced_off_when_it_thaws(

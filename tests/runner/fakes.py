@@ -10,7 +10,7 @@ tested in tests/agent and tests/e2e.
 
 Faults, one name each (set with `agent.faults.add(...)`):
 - `unreachable`: every call raises `AgentUnreachable` (the process is gone);
-- `silent`: every call raises `AgentDeadlineExceeded` (frozen: connected, never answering);
+- `silent`: every call raises `AgentSilent` (frozen: connected, never answering);
 - `fail_prepare` / `fail_sync` / `fail_pause` / `fail_switch`: that step ends `failed` with an error;
 - `hang_prepare`: prepare stays `preparing` (at step "transfer") until aborted;
 - `silent_pause`: the pause is never confirmed (stays `pausing`).
@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from app.agents.client import AgentClient
-from app.agents.errors import AgentDeadlineExceeded, AgentProblem, AgentUnreachable
+from app.agents.errors import AgentProblem, AgentSilent, AgentUnreachable
 from app.agents.fleet import Fleet
 from app.launchers.base import EngineHandle, Launcher, LaunchSpec
 from engine_agent.protocol import (
@@ -113,7 +113,7 @@ class FakeAgent(AgentClient):
         if "unreachable" in self.faults:
             raise AgentUnreachable(self.engine_id, f"{operation}: fake agent is down")
         if "silent" in self.faults:
-            raise AgentDeadlineExceeded(self.engine_id, f"{operation}: fake agent does not answer")
+            raise AgentSilent(self.engine_id, f"{operation}: fake agent does not answer")
         if self.before is not None:
             self.before(operation)
 

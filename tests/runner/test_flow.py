@@ -143,6 +143,45 @@ def test_one_participant_failing_prepare_aborts_the_others_while_they_still_prep
     assert all(agent.ops(job_id)[-1] == "abort" for agent in [*stage.serving, joiner])
 
 
+@pytest.mark.parametrize("who", ["staying", "joiner"])
+def test_a_participant_that_freezes_while_prepare_waits_ends_the_step_and_the_rollback_waits_for_no_thaw(
+    db_engine: DbEngine, who: str
+) -> None:
+    """Issue 34: a frozen engine (connected, never answering) fails prepare at the first call it leaves
+    unanswered, and the rollback does not wait for it to settle: its abort is sent, no status read
+    follows. The step's deadline and every agent step's own are an hour here: waiting for either (as
+    the step's long-polls and the rollback's settling did) would hang the test."""
+    stage = make_scenario(
+        db_engine,
+        settings=fast_settings(
+            prepare_deadline_s=3600.0, abort_deadline_s=3600.0, transfer_s=3600.0, rendezvous_s=3600.0
+        ),
+    )
+    frozen = stage.serving[1] if who == "staying" else stage.idle[0]
+    frozen.faults.add("hang_prepare")  # held in its weight transfer, where it freezes
+
+    def freeze_after_the_first_watch(operation: str) -> None:
+        if operation == "watch":
+            frozen.faults.add("silent")
+
+    frozen.before = freeze_after_the_first_watch
+    job_id = stage.new_job(3)
+
+    async def go() -> None:
+        await asyncio.wait_for(stage.run(job_id), 60)  # a guard against a hang only
+
+    asyncio.run(go())
+    job = stage.job(job_id)
+    assert job.state == JobState.rolled_back
+    assert job.error is not None
+    assert (job.error["engine_id"], job.error["type"]) == (frozen.engine_id, "deadline-exceeded")
+    after = [op for op, _ in frozen.calls[frozen.calls.index(("watch", job_id)) + 1 :]]
+    assert after == ["watch", "abort"], after  # the unanswered long-poll, its abort; nothing waits on it
+    others = [a for a in [*stage.serving, *stage.idle] if a is not frozen]
+    assert all(a.ops(job_id)[-1] == "abort" for a in others)
+    assert job.downtime_ms == 0.0
+
+
 def test_an_unreachable_member_fails_the_plan_and_nothing_is_sent(stage: Scenario) -> None:
     down = stage.serving[1]
     down.faults.add("unreachable")

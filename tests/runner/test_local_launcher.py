@@ -59,3 +59,18 @@ def test_an_agent_that_exits_before_it_is_ready_is_a_launch_error(tmp_path: Path
         asyncio.run(launcher.ensure_engines(SPEC, 1, [], deadline_s=20))
     assert caught.value.engine_id is not None and "exited with code 3" in caught.value.message
     assert launcher.records() == {}
+
+
+def test_stop_all_names_only_the_agents_it_stopped(tmp_path: Path) -> None:
+    """`epctl down` reports what it stopped: an agent whose process had exited long before is not named
+    (its record is dropped all the same)."""
+    script = tmp_path / "fake_agent.py"
+    script.write_text(FAKE_AGENT)
+    launcher = LocalLauncher(tmp_path, executable=[sys.executable, str(script)])
+    running, exited = asyncio.run(launcher.ensure_engines(SPEC, 2, [], deadline_s=20))
+    launcher._processes[exited.engine_id].kill()
+    launcher._processes[exited.engine_id].wait()
+    after_restart = LocalLauncher(tmp_path)  # a later `epctl down`: only the records to go by
+    assert after_restart.stop_all() == [running.engine_id]
+    assert after_restart.records() == {}
+    launcher._processes[running.engine_id].wait(timeout=10)

@@ -80,3 +80,24 @@ def test_a_stopped_loop_lets_its_leases_go_so_a_successor_reconciles_at_once(db_
     assert stage.job(job_id).state == JobState.preparing
     with Session(db_engine) as session:
         assert Leases("successor", lease_s=30.0).claim_stranded(session) == [job_id]
+
+
+def test_a_loop_stopped_with_its_engines_ends_the_job_it_runs_before_commit(db_engine: DbEngine) -> None:
+    """`epctl up` stops its engines right after its coordinator (`stop(end_jobs=True)`): a job handed
+    over could never finish, so it is cancelled (rolled back on the agents) before the loop exits, not
+    left `preparing` until the next start (issue 34)."""
+    stage = make_scenario(db_engine)
+    stage.serving[0].faults.add("hang_prepare")
+    job_id = stage.new_job(3)
+    runner = loop_for(stage)
+
+    async def go() -> None:
+        await runner.start()
+        while stage.serving[0].status is None:
+            await asyncio.sleep(0.02)
+        await runner.stop(end_jobs=True)
+
+    asyncio.run(go())
+    job = stage.job(job_id)
+    assert (job.state, job.lease_owner) == (JobState.cancelled, None)
+    assert stage.serving[0].ops(job_id)[-1] == "abort"

@@ -11,9 +11,11 @@ from sqlmodel import Session, select
 
 from app.core.clock import utc_now
 from app.core.db import make_engine
+from app.deployments.incidents import outage
 from app.deployments.incidents import service as incidents
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
+from app.jobs import incident_outage
 from tests.support.job_driver import create_static_deployment
 from tests.support.processes import Coordinator
 from tests.ui.conftest import screenshot
@@ -34,7 +36,8 @@ def test_an_incident_shows_with_its_figures(page: Any, coordinator: Coordinator)
             set_status(session, deployment, DeploymentStatus.ready)
             (opened,) = incidents.list_incidents(session, deployment_id=deployment.id)
             session.commit()
-            incidents.record_client_outage(session, opened.id, utc_now())
+            measured = outage.ClientOutage(2000.0, opened.loss_at, outage.OutageSource.canaries)
+            incident_outage.record_client_outage(session, opened.id, measured)
     finally:
         engine.dispose()
     page.goto("/ui/")

@@ -7,18 +7,31 @@ until the step's phase, see `AgentClient._step`), then bounded long-polls of `GE
 engine is followed on its own, so nobody waits for a round of polls. Whether an engine got where it
 was sent is decided by `engine_agent.protocol.is_settled`, the one rule shared with the agent client,
 the tests and the benchmarks.
+
+A call's deadline is final (`app.agents.errors.is_silence`): an agent that does not answer one call
+within it (frozen: SIGSTOP, a GC pause, a swap storm; the kernel still accepts its connections) fails
+the step at once, and is `silent` for the rest of the job: its abort is sent with a short deadline and
+nobody waits for it to settle. (The step used to ask again until the step's own deadline, and the
+rollback waited for every engine to settle for up to the longest agent step: a job whose participant
+froze stayed `preparing` until the thaw.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from app.agents.client import AgentClient
-from app.agents.errors import AgentCallError, AgentDeadlineExceeded, AgentPhaseFailed, AgentUnreachable
+from app.agents.errors import (
+    AgentCallError,
+    AgentDeadlineExceeded,
+    AgentPhaseFailed,
+    AgentSilent,
+    AgentUnreachable,
+    is_silence,
+)
 from app.agents.fleet import Fleet
 from app.backends.base import JobCancelled, JobFailure
 from app.backends.reference.job import JobRun, progress_fraction
@@ -38,7 +51,9 @@ ShouldCancel = Callable[[], Awaitable[bool]]
 
 # How often a step with progress or cancellation wakes up to report or check (seconds).
 TICK_S = 0.2
-# A participant's /healthz when another failed: a live agent answers in milliseconds.
+# A participant's /healthz when another failed: a live agent answers in milliseconds. Also the deadline
+# of the abort sent to an engine already silent in this job (sent so a thawed engine finds it; not
+# waited for).
 HEALTH_CHECK_S = 1.0
 
 
@@ -102,8 +117,10 @@ class Fanout:
                     task = tasks[client.engine_id]
                     error = task.exception() if task in done else None
                     if error is not None:
-                        culprit = await self.silent_peer(client, clients, error)
-                        raise JobFailure.from_exception(job_phase, culprit or error)
+                        culprit = await self.silent_peer(client, clients, error) or error
+                        if is_silence(culprit):
+                            run.silent.add(getattr(culprit, "engine_id", client.engine_id))
+                        raise JobFailure.from_exception(job_phase, culprit)
                 if not pending:
                     break
                 if on_progress is not None:
@@ -164,10 +181,10 @@ class Fanout:
                 raise _late(run, client.engine_id, wanted, deadline_s)
             try:
                 status = await client.watch(run.job_id, wanted, wait_s=min(remaining, hold_s))
-            except AgentUnreachable:
-                raise
-            except AgentCallError:
-                status = None  # a slow answer: ask again
+            except AgentCallError as exc:
+                if is_silence(exc):
+                    raise  # gone, or no answer within the call's deadline: frozen, not slow
+                status = None  # it answered, with an error (a refusal, a 5xx): ask again
             if status is None or not client.long_poll:
                 # Not held by the agent (no job there yet, an error, or an agent that cannot hold).
                 await asyncio.sleep(min(poll_interval_s, max(give_up - time.monotonic(), 0.0)))
@@ -190,7 +207,7 @@ class Fanout:
         for client in others:
             answer = answers[client.engine_id]
             if isinstance(answer, AgentCallError):
-                kind = AgentUnreachable if isinstance(answer, AgentUnreachable) else AgentDeadlineExceeded
+                kind = AgentUnreachable if isinstance(answer, AgentUnreachable) else AgentSilent
                 because = getattr(error, "message", str(error))
                 return kind(
                     client.engine_id,
@@ -211,7 +228,8 @@ class Fanout:
         while waiting and time.monotonic() < give_up:
             results = await self.fleet.each(waiting.values(), lambda c: c.reconfig())
             for engine_id, result in results.items():
-                if isinstance(result, AgentUnreachable):
+                if isinstance(result, AgentCallError) and is_silence(result):
+                    run.silent.add(engine_id)  # gone or frozen: its own deadlines end its step
                     waiting.pop(engine_id)
                 elif isinstance(result, AgentCallError):
                     continue
@@ -236,9 +254,16 @@ class Fanout:
     ) -> None:
         """`abort` on every client (the agents' one way back from any phase before the switch: it
         resumes a paused engine on the generation it still holds and destroys what prepare built),
-        then wait for them to settle."""
-        await self.fleet.each(clients, lambda c: c.abort(run.job_id))
-        await self.await_settled(run, clients, phases)
+        then wait for the ones that answer to settle. An engine silent in this job is sent its abort
+        with a short deadline (a thawed engine finds it) and not waited for."""
+
+        def abort(client: AgentClient) -> Awaitable[ReconfigStatus]:
+            silent = client.engine_id in run.silent
+            return client.abort(run.job_id, timeout_s=HEALTH_CHECK_S if silent else None)
+
+        results = await self.fleet.each(clients, abort)
+        run.silent.update(e for e, r in results.items() if isinstance(r, AgentCallError) and is_silence(r))
+        await self.await_settled(run, [c for c in clients if c.engine_id not in run.silent], phases)
 
     async def busy_with_other_jobs(self, run: JobRun, clients: Sequence[AgentClient]) -> dict[str, str]:
         """The engines still running another job (an abort finishing, or a job a crashed coordinator
@@ -254,9 +279,7 @@ class Fanout:
         """Abort the other jobs `busy` names (one deployment has one active job, so any other is stale)
         and wait until those engines are free, so this job's prepare is not refused."""
         by_id = {c.engine_id: c for c in clients}
-        for engine_id, stale_job in busy.items():
-            with contextlib.suppress(AgentCallError):
-                await by_id[engine_id].abort(stale_job)
+        await self.fleet.each([by_id[e] for e in busy], lambda c: c.abort(busy[c.engine_id]))
         settings = self.settings
         give_up = time.monotonic() + settings.longest_agent_step_s() + settings.abort_deadline_s
         left = dict(busy)

@@ -59,6 +59,9 @@ class JobRun:
     statuses: dict[str, ReconfigStatus] = field(default_factory=dict)
     infos: dict[str, AgentInfo] = field(default_factory=dict)
     launched: list[EngineHandle] = field(default_factory=list)
+    # Participants that did not answer a call within its deadline, or could not be reached, in this job
+    # (`app.agents.errors.is_silence`): an abort does not wait for them.
+    silent: set[str] = field(default_factory=set)
     progress_step: str | None = None
     progress_percent: float = 0.0
     # Coordinator-side timing of the commit window (monotonic seconds), to show where downtime goes.

@@ -22,6 +22,7 @@ from app.deployments.agent_keys import agent_keys_of
 from app.deployments.engines.models import SERVING_STATES, Engine, EngineState
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
+from app.jobs import incident_outage
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import JobState
 from app.jobs.transitions import append_event
@@ -72,6 +73,21 @@ class JobRecord(FlowRecord[JobRun]):
             return job
 
         return await self.run_in_session(read)
+
+    async def with_shared_outage(
+        self, run: JobRun, changes: dict[str, Any], message: str
+    ) -> tuple[dict[str, Any], str]:
+        """The probe's changes and line, with a measured incident's client outage when this job shares
+        it (it is that loss's recovery): the job and its incident agree (the incident's counts from the
+        loss; this job's canaries only from its start)."""
+        shared = await self.run_in_session(
+            lambda session: incident_outage.outage_for_job(session, run.job_id)
+        )
+        if shared is None:
+            return changes, message
+        incident_id, outage_ms = shared
+        line = f"{message}; client outage {outage_ms:.1f} ms from the loss (incident {incident_id})"
+        return {**changes, "client_outage_ms": outage_ms}, line
 
     async def note(
         self,

@@ -59,6 +59,8 @@ class Engine(SQLModel, table=True):
     broken_generation: int | None = None
     unresponsive_peers: list[str] | None = Field(default=None, sa_type=NullableJSON)
     broken_reported_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # When that group last stepped on it (its own clock): its clients were served until then.
+    broken_last_step_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     # Its data address, and what its data network reaches (peers that did not accept a connection).
     data_host: str | None = Field(default=None, max_length=255)
     data_unreachable: list[str] | None = Field(default=None, sa_type=NullableJSON)
@@ -126,6 +128,9 @@ class EnginePublic(RowShape):
     hostname: str | None = None
     broken_generation: int | None = None
     unresponsive_peers: list[str] | None = None
+    broken_last_step_at: datetime | None = ApiField(
+        None, description="when `broken_generation` last stepped on it, as it reported (its clock)"
+    )
     data_host: str | None = None
     data_unreachable: list[str] | None = ApiField(
         None, description="peers whose data address it could not reach (its last heartbeat)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from datetime import datetime
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -15,6 +15,7 @@ from app.core.clock import utc_now
 from app.core.errors import ConflictError, NotFoundError
 from app.deployments.coverage import coverage_condition
 from app.deployments.engines.models import Engine, EngineState
+from app.deployments.incidents import service as incidents
 from app.deployments.models import Condition, Deployment
 from app.deployments.service import get_deployment
 from engine_agent.protocol import AgentHeartbeat, AgentRegistration, EngineConfig
@@ -106,11 +107,21 @@ def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartb
     engine.world_size = heartbeat.world_size
     if heartbeat.broken_generation is None:
         engine.broken_generation, engine.unresponsive_peers, engine.broken_reported_at = None, None, None
+        engine.broken_last_step_at = None
     else:
         if engine.broken_generation != heartbeat.broken_generation:
             engine.broken_reported_at = now
         engine.broken_generation = heartbeat.broken_generation
         engine.unresponsive_peers = list(heartbeat.unresponsive_peers) or None
+        last_step = heartbeat.broken_last_step_at
+        engine.broken_last_step_at = (
+            min(datetime.fromtimestamp(last_step, UTC), now) if last_step is not None else None
+        )
+        if engine.broken_last_step_at is not None:
+            # The survivors' record of when their group last served: the loss, for the open incident.
+            incidents.note_group_broke(
+                session, engine.deployment_id, heartbeat.broken_generation, engine.broken_last_step_at
+            )
     engine.group_steps = heartbeat.group_steps
     engine.data_unreachable = list(heartbeat.data_unreachable) or None
     if engine.link_lost_at is not None:

@@ -46,6 +46,10 @@ class Incident(SQLModel, table=True):
     time_to_detect_ms: float = 0.0
     time_to_serving_ms: float | None = None
     client_outage_ms: float | None = None
+    # What the loss time and the outage's start rest on (`app.deployments.incidents.outage`).
+    loss_evidence: str | None = Field(default=None, sa_type=sa.String(16))
+    outage_started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    outage_evidence: str | None = Field(default=None, sa_type=sa.String(16))
     hit_job_id: str | None = Field(default=None, max_length=40)
     recovery_job_ids: list[str] = Field(default_factory=list, sa_type=sa.JSON)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
@@ -64,18 +68,34 @@ class IncidentPublic(RowShape):
     generation: int = ApiField(description="the generation it hit")
     engines: list[str] = ApiField(description="the engines lost (written off or fenced)")
     loss_at: datetime = ApiField(
-        description="when it happened: the lost engine's last heartbeat, or when found"
+        description="when it happened, on the best evidence (`loss_evidence`): when the survivors' group "
+        "last stepped (the agents' record), else the lost engine's last heartbeat, else when found"
+    )
+    loss_evidence: str | None = ApiField(
+        None, description="what `loss_at` rests on: agents, heartbeat or detected (null: recorded before)"
     )
     detected_at: datetime = ApiField(description="when the deployment was marked degraded")
     serving_again_at: datetime | None = ApiField(description="when it was ready again")
     time_to_detect_ms: float
     time_to_serving_ms: float | None = ApiField(description="from loss_at to serving again")
     client_outage_ms: float | None = ApiField(
-        description="what clients saw: from loss_at to the first canary the recovered generation answered "
-        "(the canary probe); null when no canary was answered yet"
+        description="what clients saw: from the outage's start (`outage_started_at`) to the first moment "
+        "the deployment served again (a canary answered, or the recovery's generation served); null while "
+        "not over, or when nothing measured it (`outage_evidence` not-measured), never a 0 nobody saw"
+    )
+    outage_started_at: datetime | None = ApiField(
+        None, description="when clients lost service, on the evidence `outage_evidence` names"
+    )
+    outage_evidence: str | None = ApiField(
+        None,
+        description="what the client outage rests on: job-probe (a job's canaries saw it begin), agents "
+        "(when the survivors' group last served), canaries (the incident's own, from loss_at) or "
+        "not-measured",
     )
     hit_job_id: str | None = ApiField(
-        description="the job whose generation it hit, when that job had ended within the minute before"
+        description="the job it hit: one that made its generation and ended within the minute before, or "
+        "one that ended (rolled back) while its clients had no answer; that job carries the same client "
+        "outage"
     )
     recovery_job_ids: list[str] = ApiField(description="the self-heal jobs that recovered from it")
     created_at: datetime

@@ -128,6 +128,8 @@ def _status(session: Session, deployment: Deployment, verdict: Verdict, now: dat
         if status.reason is None
         else StatusDetail(reason=status.reason, message=status.message, hint=status.hint, since=now)
     )
+    if detail is not None:  # a relapse that continues a loss reopens its incident (one loss, one incident)
+        incidents.reopen_if_same_loss(session, deployment, now, operator_job_at=status.operator_job_at)
     change = set_status(
         session,
         deployment,

@@ -18,8 +18,12 @@ from app.backends.reference.liveness.verdict import (
 )
 from app.backends.reference.liveness.view import DeploymentView, EngineSeen, Rules
 from app.deployments.engines.models import EngineState
+from app.deployments.incidents import outage
 from app.deployments.models import OnEngineLoss
 from app.jobs.models import RequestSource
+from app.jobs.states import TERMINAL_STATES, JobState
+
+TERMINAL_JOB_STATES = frozenset(state.value for state in TERMINAL_STATES)
 
 
 @dataclass
@@ -166,14 +170,25 @@ class Board:
         self.memory_changed = True
 
     def hit_job(self) -> str | None:
-        """The job an incident opened now hit: the newest, when it succeeded, made the deployment's
-        generation, and ended within the hit window (clients' outage right after a job belongs on that
-        job's record too)."""
+        """The job an incident opened now hit (`outage.hits`): the newest, when it ended within the hit
+        window and either made the deployment's generation (clients' outage right after a job belongs
+        on that job's record too) or ended while its clients had no answer (they share the figure)."""
         newest = self.view.newest_jobs[0] if self.view.newest_jobs else None
-        if newest is None or newest.state != "succeeded" or newest.to_generation != self.generation:
+        if newest is None or newest.state not in TERMINAL_JOB_STATES:
             return None
-        ended = (self.now - newest.updated_at).total_seconds()
-        return newest.id if ended <= self.rules.hit_window_s else None
+        hit = outage.hits(
+            ended_s_ago=(self.now - newest.updated_at).total_seconds(),
+            succeeded=newest.state == JobState.succeeded.value,
+            made_this_generation=newest.to_generation == self.generation,
+            clients_out_at_end=newest.clients_out_at_end,
+            window_s=self.rules.hit_window_s,
+        )
+        return newest.id if hit else None
+
+    def operator_job_at(self) -> datetime | None:
+        """When the newest job self-healing did not start was created (None: none among the newest)."""
+        heal = RequestSource.self_heal.value
+        return next((j.created_at for j in self.view.newest_jobs if j.requested_by != heal), None)
 
     # --- the verdict ---------------------------------------------------------------------------------
 
@@ -208,7 +223,7 @@ class Board:
         )
         status = self.status_written
         if status is not None and status.status == "degraded":
-            status = replace(status, hit_job_id=self.hit_job())
+            status = replace(status, hit_job_id=self.hit_job(), operator_job_at=self.operator_job_at())
         return Verdict(
             deployment=self.view.name,
             engines=tuple(engines),

@@ -64,6 +64,7 @@ def job_seen(row: ReconfigurationJob) -> JobSeen:
         to_generation=row.to_generation,
         phase=row.state,
         participants=participants,
+        clients_out_at_end=(row.probe or {}).get("open_outage_since") is not None,
     )
 
 

@@ -48,6 +48,9 @@ class StatusVerdict:
     serving: int = 0
     announce_again: bool = False  # a new reason the operator must act on is announced again
     hit_job_id: str | None = None  # a new incident is linked to the job that just made the generation
+    # When the newest job self-healing did not start was created: an operator's job since an incident
+    # resolved makes a relapse a new loss (`app.deployments.incidents.service.reopen_if_same_loss`).
+    operator_job_at: datetime | None = None
 
 
 @dataclass(frozen=True)

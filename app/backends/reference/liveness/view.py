@@ -92,6 +92,7 @@ class JobSeen:
     # Phase and participants of an active job (`phases` and `engine_results` of its row).
     phase: str | None = None
     participants: tuple[str, ...] = ()
+    clients_out_at_end: bool = False  # its probe's canaries had no answer when it ended
 
 
 @dataclass(frozen=True)

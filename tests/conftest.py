@@ -19,8 +19,14 @@ from tests.support.databases import backends_for
 
 os.environ.setdefault("EPCTL_RUNNER_ENABLED", "false")
 
-# The shared fixtures (a database per test, the in-process app and its client; an app served on a port).
-pytest_plugins = ["tests.support.fixtures", "tests.support.served"]
+# The shared fixtures (a database per test, the in-process app and its client; an app served on a port);
+# the guard that keeps the `processes` marker true; `--durations-file`.
+pytest_plugins = [
+    "tests.support.fixtures",
+    "tests.support.served",
+    "tests.support.process_guard",
+    "tests.support.durations",
+]
 
 
 def pytest_configure(config: pytest.Config) -> None:

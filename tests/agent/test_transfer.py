@@ -26,6 +26,8 @@ from engine_agent.transfer import (
 from tests.agent.transfer_worker import HARNESS_TIMEOUT_S, RELEASE_KEY, run_participant
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.processes
+
 # b leaves (the only holder of experts 2 and 3), c joins, a stays and also serves; expert 4 is new
 # to everyone (checkpoint load, not the channel's business).
 OLD_MEMBERS = ["a", "b"]

@@ -49,6 +49,15 @@ def backend_params() -> list[Any]:
     ]
 
 
+def forkserver() -> Any:
+    """Participants forked from multiprocessing's fork server, which imports torch and the channels
+    once (`set_forkserver_preload`) instead of once per participant as a spawned process does: a
+    fresh single-threaded process per participant all the same."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tests.agent.transfer_worker"])
+    return context
+
+
 def run_participants(
     backend: str,
     engines: list[str],
@@ -58,11 +67,11 @@ def run_participants(
     absent_from_transfer: frozenset[str] = frozenset(),
     broken_sources: frozenset[str] = frozenset(),
 ) -> dict[str, dict[str, Any]]:
-    """Start one spawned process per engine, return each one's report; always reap them."""
+    """Start one process per engine, return each one's report; always reap them."""
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
     )
-    context = multiprocessing.get_context("spawn")
+    context = forkserver()
     results = context.Queue()
     processes = [
         context.Process(
@@ -77,7 +86,7 @@ def run_participants(
     try:
         for process in processes:
             process.start()
-        # A guard against hangs only: spawning and importing torch on a loaded host can take a while.
+        # A guard against hangs only: starting the fork server (torch's import) on a loaded host is slow.
         deadline = time.monotonic() + 3 * HARNESS_TIMEOUT_S
         while len(reports) < len(processes):
             try:

@@ -82,7 +82,13 @@ def _load(load: tuple[float, float, float]) -> str:
 
 
 def _args(session: pytest.Session) -> str:
-    args = [a for a in session.config.invocation_params.args if not a.startswith("--durations-file")]
+    args: list[str] = []
+    skip = False
+    for arg in session.config.invocation_params.args:
+        if skip or arg.startswith("--durations-file"):
+            skip = arg == "--durations-file"  # its value follows
+            continue
+        args.append(arg)
     return " ".join(["pytest", *args])
 
 

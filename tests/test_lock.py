@@ -58,3 +58,18 @@ def test_this_environment_is_the_locked_set() -> None:
         if installed != version:
             drift[name] = (version, installed)
     assert not drift, f"locked != installed (scripts/bootstrap installs the lock): {drift}"
+
+
+def test_every_install_takes_the_locked_pins() -> None:
+    """The set-up scripts and the image install the lock's pins as they are (no resolver), then check."""
+    installs = {
+        "scripts/bootstrap": "requirements/project.txt",
+        "scripts/vllm-env": "requirements/vllm.txt",
+        "Dockerfile": "requirements/runtime.txt",
+    }
+    for path, lock in installs.items():
+        text = (ROOT / path).read_text()
+        assert lock in text and "--no-deps" in text, path
+        assert "requirements/pip.txt" in text, path
+    assert "pip check" in (ROOT / "scripts/bootstrap").read_text()
+    assert "pip check" in (ROOT / "Dockerfile").read_text()

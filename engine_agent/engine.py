@@ -23,41 +23,25 @@ at once; `on_broken` tells the agent, which tells the peers and the coordinator.
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import torch
 
-from engine_agent import lockstep, moe, step_graphs
+from engine_agent import moe, step_graphs
 from engine_agent.engine_stats import STEP_TIMES_KEPT, EngineCounters, step_ms_summary
 from engine_agent.grouped import Kernel
-from engine_agent.groups import CollectiveTimeout, CommGroup, abort_group
+from engine_agent.groups import CollectiveTimeout
 from engine_agent.protocol import AgentState, EngineConfig
 from engine_agent.serving import ActiveGeneration, EngineUnavailable, InferResult, PausedAt
-
-log = logging.getLogger(__name__)
-
-# Between dummy steps: short at first (a burst of requests keeps latency low), longer once the whole
-# generation has been idle a while (many agents on few cores stay cheap). A submit or pause wakes at once.
-IDLE_SLEEP_S = 0.002
-IDLE_SLEEP_LONG_S = 0.02
-IDLE_STREAK_BEFORE_LONG = 100
-MAX_TOKENS_PER_STEP = 256
+from engine_agent.serving_loop import QueuedRequest, ServingLoop
 
 
-@dataclass
-class _Request:
-    tokens: torch.Tensor
-    future: Future[InferResult]
-
-
-class ReferenceEngine:
-    """The reference MoE engine (see module doc)."""
+class ReferenceEngine(ServingLoop):
+    """The reference MoE engine (see module doc); its serving thread runs `ServingLoop._loop`."""
 
     def __init__(
         self,
@@ -85,7 +69,7 @@ class ReferenceEngine:
         self._on_broken = on_broken
         self._on_stall = on_stall  # a serving collective waits unusually long: who stalled?
         self._cond = threading.Condition()
-        self._queue: collections.deque[_Request] = collections.deque()
+        self._queue: collections.deque[QueuedRequest] = collections.deque()
         self._state = AgentState.idle
         self._active: ActiveGeneration | None = None
         self._layers: list[moe.LayerView] | None = None
@@ -128,7 +112,7 @@ class ReferenceEngine:
                 raise EngineUnavailable("this engine is in no generation (idle)")
             if not self._admitting:
                 raise EngineUnavailable("this engine is leaving and no longer admits requests")
-            self._queue.append(_Request(tokens.to(self.device, torch.float32), future))
+            self._queue.append(QueuedRequest(tokens.to(self.device, torch.float32), future))
             self._cond.notify_all()
         return future
 
@@ -370,173 +354,3 @@ class ReferenceEngine:
         for request in queued:
             request.future.set_exception(EngineUnavailable("the agent is shutting down"))
         self._thread.join(timeout=5)
-
-    # ---- the serving loop ------------------------------------------------------------------------
-
-    def _loop(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)  # the current device is per thread
-        idle_streak = 0
-        while True:
-            with self._cond:
-                while not self._stopped and self._state != AgentState.serving:
-                    self._cond.wait()
-                if self._stopped:
-                    return
-                active = self._active
-                layers = self._layers
-                batch = self._take_batch()
-                # Every member stepped since the last switch or resume: the serving deadline applies.
-                settled = self._iterations_since_start > 0
-                pause_flag = int(self._pause_requested)
-                hold_flag = int(self._drain_before_pause and (bool(self._queue) or bool(batch)))
-                armed_for = self._armed_for
-                self._arm_in_flight = armed_for > 0
-            assert active is not None and layers is not None
-            timeout_s = active.group.serving_timeout_s if settled else None
-            try:
-                served = self._iteration(active, layers, batch, pause_flag, hold_flag, armed_for, timeout_s)
-            except Exception as exc:  # a broken group: nothing more this generation can serve
-                self._end_arm_flight()
-                self._fail_generation(active, batch, exc)
-                continue
-            if armed_for:
-                self._end_arm_flight()
-            idle_streak = 0 if served else idle_streak + 1
-            if not served:
-                with self._cond:
-                    self._queue.extendleft(reversed(batch))  # paused before the step: keep order
-                    if self._state == AgentState.serving and not self._queue and not self._pause_requested:
-                        long_idle = idle_streak > IDLE_STREAK_BEFORE_LONG
-                        self._cond.wait(IDLE_SLEEP_LONG_S if long_idle else IDLE_SLEEP_S)
-
-    def _end_arm_flight(self) -> None:
-        with self._cond:
-            self._arm_in_flight = False
-            self._cond.notify_all()
-
-    def _take_batch(self) -> list[_Request]:
-        batch: list[_Request] = []
-        tokens = 0
-        while self._queue and (not batch or tokens + self._queue[0].tokens.shape[0] <= MAX_TOKENS_PER_STEP):
-            request = self._queue.popleft()
-            batch.append(request)
-            tokens += request.tokens.shape[0]
-        return batch
-
-    def _iteration(
-        self,
-        active: ActiveGeneration,
-        layers: list[moe.LayerView],
-        batch: list[_Request],
-        pause_flag: int,
-        hold_flag: int,
-        armed_for: int = 0,
-        timeout_s: float | None = None,
-    ) -> bool:
-        """One lock-step iteration. False when it did no real step (paused, or nothing anywhere)."""
-        started = time.perf_counter()
-        group = active.group
-        my_count = sum(r.tokens.shape[0] for r in batch)
-        boundary = lockstep.agree_boundary(
-            group,
-            self.device,
-            pause_flag=pause_flag,
-            hold_flag=hold_flag,
-            armed_for=armed_for,
-            my_count=my_count,
-            timeout_s=timeout_s,
-        )
-        if boundary.pause:
-            self._enter_pause(by_peer=pause_flag == 0)
-            return False
-        if boundary.armed:
-            self._enter_pause(by_peer=False, armed=True)
-            return False
-        with self._cond:
-            self._iterations_since_start += 1
-            self.counters.last_step_at = time.time()  # the step's agreement collective completed
-            if self._iterations_since_start == 1:
-                self._cond.notify_all()
-        if sum(boundary.per_rank) == 0:
-            self.counters.dummy_steps += 1
-            return False
-        if batch:
-            hidden_own = batch[0].tokens if len(batch) == 1 else torch.cat([r.tokens for r in batch])
-        else:
-            hidden_own = torch.empty(0, self.config.hidden_size, dtype=torch.float32, device=self.device)
-        hidden_own, loads, from_graphs = lockstep.moe_step(
-            self.config, group, layers, hidden_own, boundary.per_rank, self.device, timeout_s, active.graphs
-        )
-        with self._cond:
-            self._load += loads
-        mine = self._to_host(hidden_own, group, timeout_s)
-        with self._cond:
-            self.counters.steps += 1
-            self.counters.graph_steps += int(from_graphs)
-            step = self.counters.steps
-            self.counters.tokens_served += my_count
-            self.counters.requests_served += len(batch)
-            self._step_ms.append((time.perf_counter() - started) * 1000.0)
-        row = 0
-        for request in batch:
-            n = request.tokens.shape[0]
-            request.future.set_result(InferResult(mine[row : row + n], active.generation, group.rank, step))
-            row += n
-        if self._on_step is not None:
-            self._on_step(step)
-        return True
-
-    def _to_host(self, rows: torch.Tensor, group: CommGroup, timeout_s: float | None) -> torch.Tensor:
-        """The step's outputs on the host: the step's one wait for the device (besides the control
-        all-reduce), held to the collective deadline (a peer that stalls a collective fails it)."""
-        if self.device.type != "cuda":
-            return rows.cpu()
-        host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
-        host.copy_(rows, non_blocking=True)
-        group.wait_device(timeout_s)
-        return host
-
-    def _enter_pause(self, *, by_peer: bool, armed: bool = False) -> None:
-        now = time.monotonic()
-        with self._cond:
-            # Armed: the engine served up to the agreed boundary, so nothing was spent waiting for it.
-            requested_at = self._pause_requested_at if not (by_peer or armed) else now
-            paused = PausedAt(
-                wall=time.time(),
-                monotonic=now,
-                boundary_wait_ms=(now - requested_at) * 1000.0,
-                by_peer=by_peer,
-                armed=armed,
-            )
-            self._paused_at = paused
-            self._state = AgentState.paused
-            self.counters.pauses += 1
-            self._cond.notify_all()
-        if self._on_paused is not None:
-            self._on_paused(paused)
-
-    def _fail_generation(self, active: ActiveGeneration, batch: list[_Request], exc: Exception) -> None:
-        log.error("serving generation %s failed: %s", active.generation, exc)
-        with self._cond:
-            if self._active is not active:
-                return
-            self.counters.last_error = f"{type(exc).__name__}: {exc}"
-            self._state = AgentState.idle
-            self._active, self._layers = None, None
-            queued = batch + list(self._queue)
-            self._queue.clear()
-            self._cond.notify_all()
-        for request in queued:
-            request.future.set_exception(EngineUnavailable(f"generation {active.generation} broke: {exc}"))
-        # Give the group up at once; NCCL's abort also ends the peers' waits (gloo's cannot: the agent's
-        # notice to the peers does, `on_broken`).
-        try:
-            abort_group(active.group, f"{type(exc).__name__}: {exc}"[:300])
-        except Exception as abort_error:
-            log.warning("aborting the broken group of generation %s: %s", active.generation, abort_error)
-        if self._on_broken is not None:
-            try:
-                self._on_broken(active, exc)
-            except Exception:
-                log.exception("reporting the broken generation %s failed", active.generation)

@@ -12,9 +12,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("torch", "numpy", "ray", "vllm", "nixl", "transformers")
 
 
+@pytest.mark.processes
 def test_importing_the_coordinator_imports_none_of_the_heavy_modules() -> None:
     probe = "import json, sys, app.main; print(json.dumps(sorted(sys.modules)))"
     loaded = set(

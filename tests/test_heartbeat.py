@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.processes import ROOT
 
 SLOW_TEST = """
@@ -19,6 +21,7 @@ def test_slow():
 """
 
 
+@pytest.mark.processes
 def test_a_long_test_is_named_while_it_runs(tmp_path: Path) -> None:
     (tmp_path / "test_slow.py").write_text(SLOW_TEST)
     env = {**os.environ, "EPCTL_TEST_HEARTBEAT_S": "1", "PYTHONPATH": str(ROOT)}

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("app", "engine_agent")
 
@@ -167,6 +169,7 @@ def test_every_arrow_left_closes_a_cycle() -> None:
         assert any(source in group and target in group for group in find_cycles(folders)), (source, target)
 
 
+@pytest.mark.processes
 def test_the_coordinator_imports_no_torch() -> None:
     """`import app.main` (every router, the runner, both backends) leaves torch unloaded: the import
     contracts see only static imports, this sees what actually loads."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from app.probe.canary import Canary, CanaryResult, CanarySample
-from app.probe.figures import ProbeFigures, probe_figures
+from app.probe.figures import ProbeFigures, is_good, probe_figures
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,11 @@ class CanaryRecorder:
         """The targets that serve now; canaries go to these from the next tick on."""
         self._targets = list(dict.fromkeys(targets))
 
-    def mark(self, phase: str) -> None:
-        """A phase starts now (it ends where the next one starts, the last at stop)."""
-        self._marks.append((phase, self._clock()))
+    def mark(self, phase: str) -> float:
+        """A phase starts now (it ends where the next one starts, the last at stop); returns when."""
+        at = self._clock()
+        self._marks.append((phase, at))
+        return at
 
     async def start(self) -> None:
         if self._loop_task is not None:
@@ -108,6 +110,21 @@ class CanaryRecorder:
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+
+    async def until_answered(self, since: float, timeout_s: float) -> bool:
+        """Wait until every target has answered well (a success within the deadline) to a canary sent
+        at or after `since` (this recorder's clock), at most `timeout_s`; True when they all have.
+
+        A job that stops its probe right after the engine says it serves again would end the outage
+        at that stop, and keep no answer from after the change: this closes it on an observation."""
+        give_up = self._clock() + timeout_s
+        while True:
+            answered = {s.target for s in self._samples if s.sent_at >= since and is_good(s, self.deadline_s)}
+            if all(t in answered for t in self._targets):
+                return True
+            if self._clock() >= give_up or self._loop_task is None or self._stopped_at is not None:
+                return False
+            await asyncio.sleep(min(self.interval_s / 2, 0.05))
 
     async def __aenter__(self) -> CanaryRecorder:
         await self.start()

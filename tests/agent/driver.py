@@ -42,6 +42,7 @@ from engine_agent.protocol import (
     is_settled,
 )
 from tests.support import processes
+from tests.support.agent_zygote import Zygote
 
 SMALL = EngineConfig(
     num_logical_experts=8, num_redundant_experts=2, hidden_size=32, intermediate_size=64, top_k=2, seed=7
@@ -55,7 +56,7 @@ POLL_S = 0.02
 class AgentProcess:
     engine_id: str
     url: str
-    process: subprocess.Popen[bytes]
+    process: processes.ProcessHandle
     log_path: Path
     client: httpx.Client
 
@@ -98,8 +99,10 @@ def start_agents(
     device: str | None = None,
     ready_timeout_s: float = 60.0,
     env: dict[str, str] | None = None,
+    zygote: Zygote | None = None,
 ) -> list[AgentProcess]:
-    """Start `count` agent processes at once (the harness's) and wait until every one serves HTTP."""
+    """Start `count` agent processes at once (the harness's) and wait until every one serves HTTP;
+    `zygote`: forked from that warmed interpreter (torch imported once)."""
     flags = {"platform": platform, "log_level": "info", **({"device": device} if device else {})}
     started = processes.start_agents(
         [f"{prefix}{index}" for index in range(first, first + count)],
@@ -108,6 +111,7 @@ def start_agents(
         engine_args=[*engine_args(config), *extra_args],
         ready_timeout_s=ready_timeout_s,
         env=env,
+        zygote=zygote,
     )
     return [
         AgentProcess(

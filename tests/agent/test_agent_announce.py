@@ -15,6 +15,8 @@ import pytest
 from engine_agent.protocol import AgentHeartbeat, AgentRegistration
 from tests.agent.driver import AgentProcess
 
+pytestmark = pytest.mark.processes
+
 Spawn = Callable[..., list[AgentProcess]]
 
 

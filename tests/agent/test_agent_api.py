@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from engine_agent.protocol import AgentState, ReconfigPhase
 from tests.agent.driver import SMALL, AgentProcess, Driver, assert_serves_reference, random_tokens
+
+pytestmark = pytest.mark.processes
 
 Spawn = Callable[..., list[AgentProcess]]
 PROBLEM = "application/problem+json"

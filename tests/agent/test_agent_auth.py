@@ -24,6 +24,8 @@ from engine_agent import moe
 from tests.agent.driver import SMALL, AgentProcess, Driver, random_tokens, start_agents, stop_agents
 from tests.support.processes import AGENT_KEY, PYTHON
 
+pytestmark = pytest.mark.processes
+
 DATA_KEY = "epdk_test_" + secrets.token_urlsafe(16)
 WRONG_KEY = "epak_wrong_" + secrets.token_urlsafe(16)
 CALLERS = {

@@ -10,8 +10,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.processes import AGENT_KEY_HEADERS, PYTHON, clean_environment, start_agents
+
+pytestmark = pytest.mark.processes
 
 
 def test_json_log_lines_carry_the_engine_and_the_deployment(tmp_path: Path) -> None:

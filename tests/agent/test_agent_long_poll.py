@@ -8,9 +8,12 @@ import threading
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from engine_agent.protocol import LONG_POLL_HEADER, ReconfigPhase, ReconfigStatus
 from tests.agent.driver import AgentProcess, Driver
+
+pytestmark = pytest.mark.processes
 
 Spawn = Callable[..., list[AgentProcess]]
 PROBLEM = "application/problem+json"

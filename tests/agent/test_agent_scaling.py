@@ -28,6 +28,8 @@ from tests.agent.driver import (
     relative_error,
 )
 
+pytestmark = pytest.mark.processes
+
 Spawn = Callable[..., list[AgentProcess]]
 
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 
+import pytest
+
 from engine_agent.protocol import AgentState, Timeouts
 from tests.agent.driver import AgentProcess, Driver, assert_serves_reference
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.processes
 
 Spawn = Callable[..., list[AgentProcess]]
 

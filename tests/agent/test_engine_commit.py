@@ -19,6 +19,8 @@ from tests.agent.driver import (
     random_tokens,
 )
 
+pytestmark = pytest.mark.processes
+
 Spawn = Callable[..., list[AgentProcess]]
 
 ENGINES = "engines"

@@ -69,6 +69,7 @@ def test_every_code_written_is_kebab_case(path: Path) -> None:
     assert bad == [], f"{path.relative_to(ROOT)}: codes not in kebab-case (line, code): {bad}"
 
 
+@pytest.mark.processes  # a fresh interpreter: what importing the module alone pulls in
 def test_the_shared_problem_module_imports_no_torch() -> None:
     probe = "import sys, engine_agent.problems, engine_agent.protocol; print('torch' in sys.modules)"
     result = subprocess.run(

@@ -10,9 +10,13 @@ import signal
 import time
 from collections.abc import Callable
 
+import pytest
+
 from engine_agent.protocol import AgentState, ReconfigPhase
 from tests.agent.driver import AgentProcess, Driver, assert_serves_reference
 from tests.agent.test_agent_failures import start_job
+
+pytestmark = pytest.mark.processes
 
 Spawn = Callable[..., list[AgentProcess]]
 LEASE_S = 1.0

@@ -25,6 +25,7 @@ from tests.agent.driver import (
 from tests.support.waiting import wait_until
 
 pytestmark = [
+    pytest.mark.processes,
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]

@@ -15,6 +15,8 @@ import torch
 from engine_agent import moe, tensor_wire
 from tests.agent.driver import REL_TOL, SMALL, AgentProcess, Driver, random_tokens, start_agents, stop_agents
 
+pytestmark = pytest.mark.processes
+
 PROBLEM = "application/problem+json"
 BINARY = {"content-type": tensor_wire.MEDIA_TYPE}
 

@@ -17,6 +17,8 @@ from engine_agent.layer_placement import rebalance_layers
 from engine_agent.protocol import PrepareRequest
 from tests.agent.driver import SMALL, AgentProcess, Driver, JobOutcome, assert_serves_reference, random_tokens
 
+pytestmark = pytest.mark.processes
+
 LAYERED = SMALL.model_copy(update={"num_moe_layers": 2})
 Spawn = Callable[..., list[AgentProcess]]
 

@@ -26,6 +26,8 @@ from engine_agent.transfer import (
 from tests.agent.transfer_worker import HARNESS_TIMEOUT_S, RELEASE_KEY, run_participant
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.processes
+
 # b leaves (the only holder of experts 2 and 3), c joins, a stays and also serves; expert 4 is new
 # to everyone (checkpoint load, not the channel's business).
 OLD_MEMBERS = ["a", "b"]
@@ -47,6 +49,15 @@ def backend_params() -> list[Any]:
     ]
 
 
+def forkserver() -> Any:
+    """Participants forked from multiprocessing's fork server, which imports torch and the channels
+    once (`set_forkserver_preload`) instead of once per participant as a spawned process does: a
+    fresh single-threaded process per participant all the same."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tests.agent.transfer_worker"])
+    return context
+
+
 def run_participants(
     backend: str,
     engines: list[str],
@@ -56,11 +67,11 @@ def run_participants(
     absent_from_transfer: frozenset[str] = frozenset(),
     broken_sources: frozenset[str] = frozenset(),
 ) -> dict[str, dict[str, Any]]:
-    """Start one spawned process per engine, return each one's report; always reap them."""
+    """Start one process per engine, return each one's report; always reap them."""
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
     )
-    context = multiprocessing.get_context("spawn")
+    context = forkserver()
     results = context.Queue()
     processes = [
         context.Process(
@@ -75,7 +86,7 @@ def run_participants(
     try:
         for process in processes:
             process.start()
-        # A guard against hangs only: spawning and importing torch on a loaded host can take a while.
+        # A guard against hangs only: starting the fork server (torch's import) on a loaded host is slow.
         deadline = time.monotonic() + 3 * HARNESS_TIMEOUT_S
         while len(reports) < len(processes):
             try:

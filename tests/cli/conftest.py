@@ -13,9 +13,10 @@ from tests.support.processes import Coordinator
 _names = itertools.count()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
-    """One real coordinator per test module, job runner off: the tests move jobs themselves."""
+    """One real coordinator for the CLI tests, job runner off: the tests move jobs themselves, each on
+    a deployment of its own (`deployment_name`), so they share it as users share a coordinator."""
     tmp_dir: Path = tmp_path_factory.mktemp("coordinator")
     with run_coordinator(tmp_dir, EPCTL_RUNNER_ENABLED="false") as process:
         yield process

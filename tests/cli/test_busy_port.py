@@ -23,6 +23,7 @@ def busy_port() -> Iterator[int]:
 
 
 @pytest.mark.parametrize("command", ["up", "serve"])
+@pytest.mark.processes
 def test_a_busy_port_is_one_line_and_a_non_zero_exit(command: str, busy_port: int, tmp_path: Path) -> None:
     data = tmp_path / "data"
     done = subprocess.run(

@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.processes import ROOT, clean_environment
 
 HEAVY = (
@@ -40,10 +42,12 @@ def imported_heavy(*argv: str) -> list[str]:
     return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.processes
 def test_the_top_level_help_imports_nothing_heavy() -> None:
     assert set(imported_heavy("--help")) <= HELP_MAY_LOAD
 
 
+@pytest.mark.processes
 def test_a_simple_read_imports_nothing_heavy() -> None:
     assert imported_heavy("--json", "jobs", "list") == []
     assert imported_heavy("jobs", "show", "rcfg_x") == []

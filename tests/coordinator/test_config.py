@@ -45,6 +45,7 @@ def test_importing_the_app_with_bad_configuration_works_but_starting_it_fails(
         pass
 
 
+@pytest.mark.processes
 def test_epctl_serve_with_bad_configuration_exits_with_the_reason(tmp_path: Path) -> None:
     result = subprocess.run(
         [EPCTL, "serve"],

@@ -134,6 +134,7 @@ def test_moving_a_deployments_engines_to_another_cluster_waits_until_none_run(cl
     assert resized.status_code == 200  # resources apply to the next launch: allowed any time
 
 
+@pytest.mark.processes
 def test_the_coordinator_never_imports_ray_by_itself() -> None:
     """Importing the app (and the Ray launcher's module) leaves `ray` unloaded: it is imported on the
     first launch or release of a `launcher: ray` deployment only."""

@@ -76,6 +76,7 @@ def test_an_unknown_log_format_is_refused_naming_the_setting(monkeypatch: pytest
         load_settings()
 
 
+@pytest.mark.processes
 def test_epctl_serve_with_an_unknown_log_format_exits_with_the_reason(tmp_path: Path) -> None:
     result = subprocess.run(
         [*epctl_command(), "serve"],
@@ -91,6 +92,7 @@ def test_epctl_serve_with_an_unknown_log_format_exits_with_the_reason(tmp_path: 
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])
+@pytest.mark.processes
 def test_a_running_coordinator_writes_every_log_line_in_its_format(tmp_path: Path, log_format: str) -> None:
     """`epctl serve` (uvicorn's own lines included) and `uvicorn app.main:app` alike."""
     for command in ("serve", "uvicorn"):

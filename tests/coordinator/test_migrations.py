@@ -61,6 +61,7 @@ def test_downgrade_base_removes_every_table(empty_database_url: str) -> None:
 
 
 @pytest.mark.databases("postgres")
+@pytest.mark.processes
 def test_coordinators_starting_together_on_an_empty_postgres_all_come_up(
     empty_database_url: str, tmp_path: Path
 ) -> None:

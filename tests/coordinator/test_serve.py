@@ -6,10 +6,12 @@ import os
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.processes import epctl_command, free_port, spawn
 
 
+@pytest.mark.processes
 def test_serve_migrates_prints_the_first_admin_token_and_answers(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "EPCTL_ADMIN_TOKEN")}

@@ -57,6 +57,7 @@ def client(running: Coordinator, token: str) -> httpx.AsyncClient:
     )
 
 
+@pytest.mark.processes
 def test_simultaneous_requests_and_streams_never_get_a_5xx(database_url: str, tmp_path: Path) -> None:
     with Coordinator(database_url, tmp_path / "data") as running:
         job_id = make_pending_job(running)
@@ -112,6 +113,7 @@ def test_simultaneous_requests_and_streams_never_get_a_5xx(database_url: str, tm
         assert "Traceback" not in running.log_tail(), running.log_tail()
 
 
+@pytest.mark.processes
 def test_concurrent_retries_of_a_refused_request_are_refused_cleanly(
     database_url: str, tmp_path: Path
 ) -> None:

@@ -79,6 +79,7 @@ def st_command(url: str) -> list[str]:
     ]
 
 
+@pytest.mark.processes
 def test_every_operation_under_every_check(database_url: str, tmp_path: Path) -> None:
     with Coordinator(database_url, tmp_path / "data") as running:
         with running.client() as api:

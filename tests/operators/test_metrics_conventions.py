@@ -78,6 +78,7 @@ def fleet(client: TestClient, db_engine: Engine) -> str:
         return deployment.id
 
 
+@pytest.mark.processes
 def test_coordinator_metrics_pass_promtool_and_carry_no_created_series(
     client: TestClient, db_engine: Engine
 ) -> None:
@@ -92,6 +93,7 @@ def test_coordinator_metrics_pass_promtool_and_carry_no_created_series(
 
 
 @needs_promtool
+@pytest.mark.processes
 def test_agent_metrics_pass_promtool_in_base_units() -> None:
     from engine_agent.agent import AgentMetrics
 

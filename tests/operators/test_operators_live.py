@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
@@ -16,6 +17,7 @@ from tests.operators.receiver import WebhookReceiver
 from tests.support.processes import Coordinator
 
 
+@pytest.mark.processes
 def test_alertmanager_scale_streams_progress_and_notifies_subscribers(
     database_url: str, tmp_path: Path, db_engine: Engine
 ) -> None:

@@ -337,6 +337,7 @@ def _plus(stamp: str, seconds: float) -> str:
 
 
 @pytest.mark.skipif(shutil.which("amtool") is None, reason=missing("amtool") or "")
+@pytest.mark.processes
 def test_the_readmes_alertmanager_config_is_valid(tmp_path: Path) -> None:
     guide = (ROOT / "docs" / "operations" / "webhooks-and-autoscalers.md").read_text()
     block = re.search(r"```yaml\n(  route:.*?receivers:.*?)```", guide, re.S)
@@ -402,6 +403,7 @@ def readme_prometheus_config(coordinator: Coordinator, token_file: Path) -> str:
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason=missing("promtool") or "")
+@pytest.mark.processes
 def test_the_readmes_prometheus_config_is_valid(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("secret")
@@ -417,6 +419,7 @@ def test_the_readmes_prometheus_config_is_valid(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(bool(missing(PROMETHEUS)), reason=missing(PROMETHEUS) or "")
+@pytest.mark.processes
 def test_prometheus_scrapes_the_coordinator_and_discovers_agents(database_url: str, tmp_path: Path) -> None:
     with Coordinator(database_url, tmp_path / "coordinator") as coordinator, fake_agent() as agent_url:
         admin = coordinator.api

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
@@ -45,6 +46,7 @@ def move(db_engine: Engine, job_id: str, before: JobState, after: JobState) -> N
         transition(session, job_id=job_id, from_state=before, to_state=after)
 
 
+@pytest.mark.processes
 def test_coordinator_killed_mid_delivery_delivers_every_event_after_restart(
     database_url: str, tmp_path: Path, session: Session, db_engine: Engine
 ) -> None:

@@ -27,6 +27,7 @@ FAKE_AGENT = textwrap.dedent(
 )
 
 
+@pytest.mark.processes
 def test_started_agents_are_recorded_and_released_agents_stopped(tmp_path: Path) -> None:
     script = tmp_path / "fake_agent.py"
     script.write_text(FAKE_AGENT)
@@ -53,6 +54,7 @@ def test_idle_engines_are_used_before_starting_new_ones(tmp_path: Path) -> None:
     assert asyncio.run(launcher.ensure_engines(SPEC, 1, idle, deadline_s=5)) == idle
 
 
+@pytest.mark.processes
 def test_an_agent_that_exits_before_it_is_ready_is_a_launch_error(tmp_path: Path) -> None:
     launcher = LocalLauncher(tmp_path, executable=[sys.executable, "-c", "raise SystemExit(3)"])
     with pytest.raises(LaunchError) as caught:

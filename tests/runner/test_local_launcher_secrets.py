@@ -45,6 +45,7 @@ REPORTING_AGENT = textwrap.dedent(
 )
 
 
+@pytest.mark.processes
 def test_the_agent_token_travels_in_the_environment_not_argv(tmp_path: Path) -> None:
     script = tmp_path / "reporting_agent.py"
     script.write_text(REPORTING_AGENT)

@@ -27,6 +27,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.processes
 def test_a_second_process_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     state = tmp_path / "state"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(state)], stdout=subprocess.PIPE)
@@ -59,6 +60,7 @@ def test_the_holder_of_a_data_dir_keeps_its_lease_owner_name_across_restarts(tmp
     assert runner.leases.owner == f"{socket.gethostname()}:{tmp_path.resolve()}"
 
 
+@pytest.mark.processes
 def test_epctl_serve_on_a_data_dir_in_use_refuses_with_one_line_before_touching_it(tmp_path: Path) -> None:
     state = tmp_path / "data"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(state)], stdout=subprocess.PIPE)

@@ -26,12 +26,15 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, TypeVar
 
 import httpx
 
 from tests.support.jobs import TERMINAL_JOB_STATES, job, wait_job
 from tests.support.waiting import WaitTimeout, wait_until
+
+if TYPE_CHECKING:
+    from tests.support.agent_zygote import Zygote
 
 T = TypeVar("T")
 
@@ -59,12 +62,25 @@ def clean_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 # --- one child process --------------------------------------------------------------------------------
 
 
+class ProcessHandle(Protocol):
+    """What the harness uses of `subprocess.Popen` (an agent forked by the zygote has the same)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+
+
 @dataclass
 class Child:
     """A child in its own session (process group), its output appended to `log_path`."""
 
     name: str
-    popen: subprocess.Popen[bytes]
+    popen: ProcessHandle
     log_path: Path
 
     @property
@@ -359,10 +375,12 @@ def start_agents(
     env: Mapping[str, str] | None = None,
     ready_timeout_s: float = 60.0,
     per_agent_env: Mapping[str, Mapping[str, str]] | None = None,
+    zygote: Zygote | None = None,
 ) -> list[StartedAgent]:
     """Start one agent per id at once (they import torch in parallel), then wait until every one serves
     HTTP. On any failure every one of them is stopped before the error propagates. `per_agent_env`:
-    more variables for some agents, by id."""
+    more variables for some agents, by id; `zygote`: fork them from that warmed interpreter instead
+    (`agent_zygote.py`: the same agent, without importing torch again)."""
     environment = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -377,7 +395,11 @@ def start_agents(
             ready.unlink(missing_ok=True)
             argv = agent_argv(engine_id, ready, flags=flags, engine_args=engine_args)
             own = {**environment, **(per_agent_env or {}).get(engine_id, {})}
-            child = spawn(f"agent {engine_id}", argv, workdir / f"{engine_id}.log", env=own)
+            log_path = workdir / f"{engine_id}.log"
+            if zygote is not None:
+                child = Child(f"agent {engine_id}", zygote.spawn(argv, log_path, own, ROOT), log_path)
+            else:
+                child = spawn(f"agent {engine_id}", argv, log_path, env=own)
             launched.append((engine_id, ready, child))
         return [
             StartedAgent(engine_id, wait_ready_file(ready, child, ready_timeout_s), child)

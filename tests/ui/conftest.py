@@ -117,8 +117,9 @@ def _fail_cleanup(driver: JobDriver, *, engine_id: str) -> None:
         )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    """One Chromium for the dashboard tests (each test gets a fresh context: no shared state)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

@@ -230,3 +230,42 @@ async def _recorder_stopped_over_a_hanging_canary() -> None:
     assert figures.failed >= 1
     assert figures.failures.get("no answer when the probe stopped", 0) >= 1
     assert figures.outage_ms > 0.0
+
+
+def test_waiting_for_an_answer_after_a_change_ends_the_outage_on_an_answer_not_on_the_stop() -> None:
+    asyncio.run(_recorder_waiting_for_the_first_answer_after_an_outage())
+
+
+async def _recorder_waiting_for_the_first_answer_after_an_outage() -> None:
+    # A long interval: stopped right after the change, no canary would have been sent since.
+    canary = FlakyCanary()
+    async with CanaryRecorder(canary, interval_s=0.2, timeout_s=1.0, deadline_s=0.5) as recorder:
+        recorder.set_targets(["http://a"])
+        recorder.mark("before")
+        await asyncio.sleep(0.3)
+        recorder.mark("committing")
+        canary.down = True
+        await asyncio.sleep(0.5)
+        canary.down = False
+        back = recorder.mark("verifying")
+        assert await recorder.until_answered(back, timeout_s=2.0)
+    figures = recorder.figures()
+    phases = {p.name: p for p in figures.phases}
+    assert phases["verifying"].sent >= 1 and phases["verifying"].failed == 0
+    assert figures.slowest_answer_ms is not None
+    # The outage ends at the moment a canary answered (in epoch seconds), not at the recorder's stop.
+    assert figures.outage_window is not None and figures.outage_ms > 0.0
+    answered = [s.done_at + recorder._epoch_offset for s in recorder.samples if s.ok]
+    assert min(abs(figures.outage_window[1] - t) for t in answered) < 1e-6
+
+
+def test_waiting_for_an_answer_gives_up_at_its_timeout_when_the_target_stays_down() -> None:
+    asyncio.run(_recorder_waiting_on_a_target_that_stays_down())
+
+
+async def _recorder_waiting_on_a_target_that_stays_down() -> None:
+    canary = FlakyCanary()
+    canary.down = True
+    async with CanaryRecorder(canary, interval_s=0.02, timeout_s=1.0) as recorder:
+        recorder.set_targets(["http://a"])
+        assert not await recorder.until_answered(recorder.mark("verifying"), timeout_s=0.2)

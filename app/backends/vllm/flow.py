@@ -222,7 +222,7 @@ class VllmFlow:
             data={"http_status": outcome.http_status, "message": outcome.said, "elapsed_ms": took_ms},
         )
         if outcome.accepted:
-            recorder.mark("verifying")
+            answered_at = recorder.mark("verifying")
             await self.record.move(
                 job, S.cleaning_up, message=f"vLLM answered 200 in {took_ms} ms; verifying"
             )
@@ -230,6 +230,9 @@ class VllmFlow:
                 await self.checks.verify(job, client, model)
             except FlowFailure as failure:
                 return Scaled(outcome, failure=failure)
+            # The canaries, too, see it serve again before the probe stops: the outage ends on an
+            # answer, not on the stop, and the slowest answer includes one from after the change.
+            await recorder.until_answered(answered_at, self.settings.canary_deadline_s + recorder.interval_s)
             return Scaled(outcome)
         recorder.mark("after")
         degradation = (

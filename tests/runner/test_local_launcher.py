@@ -63,6 +63,7 @@ def test_an_agent_that_exits_before_it_is_ready_is_a_launch_error(tmp_path: Path
     assert launcher.records() == {}
 
 
+@pytest.mark.processes
 def test_stop_all_names_only_the_agents_it_stopped(tmp_path: Path) -> None:
     """`epctl down` reports what it stopped: an agent whose process had exited long before is not named
     (its record is dropped all the same)."""

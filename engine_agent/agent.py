@@ -264,6 +264,7 @@ class Agent:
             unresponsive_peers=broken.unresponsive if broken else [],
             group_steps=counters.steps + counters.dummy_steps,
             data_unreachable=self.data_reach.unreachable,
+            key_check=self.keys.key_check(),
         )
 
     def _announce(self) -> None:

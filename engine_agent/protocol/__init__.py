@@ -59,8 +59,10 @@ from engine_agent.choreography import ReconfigPhase as ReconfigPhase
 from engine_agent.choreography import Strategy as Strategy
 from engine_agent.choreography import calls_for as calls_for
 from engine_agent.protocol.bounds import LONG_POLL_HEADER as LONG_POLL_HEADER
+from engine_agent.protocol.bounds import MAX_CONTROL_BODY_BYTES as MAX_CONTROL_BODY_BYTES
 from engine_agent.protocol.bounds import MAX_JOB_TIMEOUT_S as MAX_JOB_TIMEOUT_S
 from engine_agent.protocol.bounds import MAX_PAUSE_LEASE_S as MAX_PAUSE_LEASE_S
+from engine_agent.protocol.bounds import MAX_PREPARE_BODY_BYTES as MAX_PREPARE_BODY_BYTES
 from engine_agent.protocol.bounds import MAX_SERVING_COLLECTIVE_S as MAX_SERVING_COLLECTIVE_S
 from engine_agent.protocol.bounds import MAX_WAIT_S as MAX_WAIT_S
 from engine_agent.protocol.bounds import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -72,9 +74,12 @@ from engine_agent.protocol.engine import InferRequest as InferRequest
 from engine_agent.protocol.engine import InferResponse as InferResponse
 from engine_agent.protocol.engine import Platform as Platform
 from engine_agent.protocol.engine import graph_buckets as graph_buckets
+from engine_agent.protocol.keys import KEY_CHECK_CONTEXT as KEY_CHECK_CONTEXT
 from engine_agent.protocol.keys import MAX_KEY_OVERLAP_S as MAX_KEY_OVERLAP_S
+from engine_agent.protocol.keys import MIN_KEY_OVERLAP_S as MIN_KEY_OVERLAP_S
 from engine_agent.protocol.keys import AgentKeyRotated as AgentKeyRotated
 from engine_agent.protocol.keys import AgentKeyRotation as AgentKeyRotation
+from engine_agent.protocol.keys import key_check as key_check
 from engine_agent.protocol.membership import AgentHeartbeat as AgentHeartbeat
 from engine_agent.protocol.membership import AgentInfo as AgentInfo
 from engine_agent.protocol.membership import AgentRegistration as AgentRegistration

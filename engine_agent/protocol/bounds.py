@@ -12,3 +12,9 @@ MAX_PAUSE_LEASE_S = 300.0
 MAX_JOB_TIMEOUT_S = 3600.0
 MAX_SERVING_COLLECTIVE_S = 600.0
 LONG_POLL_HEADER = "Epctl-Wait-Max-S"  # on reconfig answers of an agent that supports wait_s
+
+# Control bodies are read only after the key is checked, and never past these bounds (413): a prepare
+# request lists every member and every layer's placement (DeepSeek-V3's 58 layers x 288 slots at 128
+# ranks is ~0.2 MB); every other control body is a job id and a few numbers.
+MAX_PREPARE_BODY_BYTES = 1_048_576
+MAX_CONTROL_BODY_BYTES = 65_536

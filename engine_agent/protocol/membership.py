@@ -123,6 +123,12 @@ class AgentHeartbeat(BaseModel):
         description="peers (of its current generation, or the last it was in) whose data address did not "
         "accept a connection from this engine: the data network's view from here",
     )
+    key_check: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{16}$",
+        description="the fingerprint of the agent key it accepts as current (`protocol.key_check`): the "
+        "coordinator compares it with its own; null: it needs no key (started insecure)",
+    )
 
 
 class GenerationBroken(BaseModel):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
-from app.deployments.engines.models import Engine, EngineState
+from app.deployments.engines.models import Engine, EngineState, refuses_key
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, StatusDetail
 from app.deployments.status import set_status
 from app.jobs.service import active_job_id
@@ -31,7 +31,10 @@ SERVING_STATES = frozenset({EngineState.serving.value, EngineState.paused.value}
 REASON_UNREACHABLE = "engine-unreachable"
 REASON_MEMBERS_MISSING = "members-missing"
 REASON_GENERATION_SPLIT = "generation-split"
-HEALTH_REASONS = frozenset({REASON_UNREACHABLE, REASON_MEMBERS_MISSING, REASON_GENERATION_SPLIT})
+REASON_KEY_REFUSED = "engine-refuses-agent-key"
+HEALTH_REASONS = frozenset(
+    {REASON_UNREACHABLE, REASON_MEMBERS_MISSING, REASON_GENERATION_SPLIT, REASON_KEY_REFUSED}
+)
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,10 @@ class HealthChange:
 def assess(deployment: Deployment, engines: Sequence[Engine]) -> Health:
     """Whether the engines (the deployment's, not `left`) say the deployment is whole."""
     size, generation = deployment.current_dp_size, deployment.generation
-    on_generation = [e for e in engines if e.generation == generation and e.state in SERVING_STATES]
+    # An engine that refuses the coordinator's key serves, but no job can reach it: no member to count on.
+    on_generation = [
+        e for e in engines if e.generation == generation and e.state in SERVING_STATES and not refuses_key(e)
+    ]
     ranks = sorted(e.dp_rank for e in on_generation if e.dp_rank is not None)
     # An engine serving another generation is a second group beside the deployment's (a switch that
     # failed part-way): the deployment is not whole even when its own generation is.
@@ -73,9 +79,12 @@ def assess(deployment: Deployment, engines: Sequence[Engine]) -> Health:
         if e.generation != generation and e.state == EngineState.idle.value and e.dp_rank is None
     )
     fenced = sorted(e.id for e in engines if e.state == EngineState.fenced.value)
+    refusing = sorted(e.id for e in engines if refuses_key(e))
     parts = [f"{len(on_generation)} of {size} engines serve generation {generation}"]
     if unreachable:
         parts.append(f"unreachable: {', '.join(unreachable)}")
+    if refusing:
+        parts.append(f"refuse the coordinator's agent key: {', '.join(refusing)}")
     if fenced:
         parts.append(f"fenced (stalled): {', '.join(fenced)}")
     if len(on_generation) > size or len(set(ranks)) != len(ranks) or own_whole:
@@ -84,6 +93,8 @@ def assess(deployment: Deployment, engines: Sequence[Engine]) -> Health:
         parts.append(f"ranks reported: {ranks}")
     elif unreachable:
         reason = REASON_UNREACHABLE
+    elif refusing:
+        reason = REASON_KEY_REFUSED
     else:
         # A member missing is the reason even with a stray beside it: self-healing re-forms the
         # generation on what there is (a stray's fenced group ends at its first collective's deadline).

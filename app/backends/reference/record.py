@@ -17,7 +17,7 @@ from app.backends.reference.job import JobRun, progress_percent
 from app.backends.reference.planner import Plan
 from app.core.clock import utc_now
 from app.core.errors import ConflictError
-from app.deployments.agent_keys import agent_keys_of
+from app.deployments.agent_keys import agent_keys_of, previous_until_epoch
 from app.deployments.engines.models import Engine, EngineState
 from app.deployments.health import REASON_GENERATION_SPLIT, SERVING_STATES, announce_degraded
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
@@ -60,6 +60,7 @@ class JobRecord(FlowRecord[JobRun]):
                 max_downtime_ms=job.max_downtime_ms,
                 retire=tuple(job.retire or ()),
                 agent_keys=agent_keys_of(deployment),
+                agent_key_previous_until=previous_until_epoch(deployment),
             )
 
         return await self.run_in_session(load)

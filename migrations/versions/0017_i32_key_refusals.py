@@ -1,0 +1,33 @@
+"""keys that end: an engine that refuses the coordinator's agent key (`engines.key_refused_at`); webhook
+delivery records keep a status and a short reason of ours, never a receiver's body
+
+Revision ID: 0017
+Revises: 0016
+Create Date: 2026-12-08 20:30:00
+
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0017"
+down_revision: str | None = "0016"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("engines", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("key_refused_at", sa.DateTime(timezone=True), nullable=True))
+    # Failed attempts recorded "HTTP 500: <the receiver's body>": keep "HTTP 500" (viewers read these).
+    for table, column in (("webhook_deliveries", "last_error"), ("webhook_delivery_attempts", "error")):
+        op.execute(
+            sa.text(f"UPDATE {table} SET {column} = substr({column}, 1, 8) WHERE {column} LIKE 'HTTP ___: %'")
+        )
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("engines", schema=None) as batch_op:
+        batch_op.drop_column("key_refused_at")

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.core.targets import IPNetwork, networks
 from engine_agent.tls import checked_ca_file, checked_server_pair, scheme
 
 SQLITE_PREFIX = "sqlite://"
@@ -92,6 +93,12 @@ class Settings(BaseSettings):
     webhook_claim_lease_s: float = Field(
         60.0, gt=0, description="a claimed delivery is retried by any coordinator after this long"
     )
+    webhook_allow_networks: str = Field(
+        "",
+        description="networks (CIDRs, comma-separated) webhooks may be delivered to besides public "
+        "addresses, e.g. 127.0.0.0/8,::1/128 for a receiver on this host; empty (the default): public "
+        "addresses only (app/core/targets.py)",
+    )
     hooks_inbound_secret: SecretStr | None = Field(
         None, description="whsec_... secret that signs generic scale requests for every deployment"
     )
@@ -161,6 +168,16 @@ class Settings(BaseSettings):
             f"unsupported database URL {url.split('://')[0]!r}: use sqlite:///<file> or "
             "postgresql+psycopg://user@host:port/db"
         )
+
+    @field_validator("webhook_allow_networks")
+    @classmethod
+    def _networks(cls, text: str) -> str:
+        networks(text)  # a bad CIDR stops the start, named
+        return text
+
+    @property
+    def webhook_networks(self) -> tuple[IPNetwork, ...]:
+        return networks(self.webhook_allow_networks)
 
     @field_validator("admin_token")
     @classmethod

@@ -4,6 +4,7 @@ creating the first admin token happen at start-up (lifespan), where bad configur
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -20,7 +21,7 @@ from app import metrics
 from app.agents.transport import use_agent_ca
 from app.api import docs, health
 from app.api.database import Database
-from app.api.deps import PrincipalCache
+from app.api.deps import AuthGuard, PrincipalCache
 from app.backends.reference.cleanup_router import router as cleanup_router
 from app.backends.vllm.lifespan import vllm_backend
 from app.backends.vllm.router import router as vllm_engine_router
@@ -47,6 +48,7 @@ from app.tokens.service import ensure_first_admin
 from app.webhooks.delivery import delivery_worker
 from app.webhooks.router import router as webhooks_router
 from engine_agent.logs import configure_logging
+from engine_agent.throttle import RefusalLog
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,13 @@ def _document_request_limits(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+async def _flush_refusals(refusals: RefusalLog) -> None:
+    """The summary of a spell of refused calls, once it is over (not only at the next refusal)."""
+    while True:
+        await asyncio.sleep(refusals.interval_s)
+        refusals.flush()
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Without `settings`, the app reads them from the environment at start-up and, owning the process
     (`uvicorn app.main:app`), sets up its logging; with them, the caller owns the process's logging."""
@@ -134,6 +143,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.db_engine = engine
         app.state.database = database = Database(engine, concurrency=resolved.db_request_concurrency)
         app.state.principal_cache = PrincipalCache(resolved.auth_cache_s)
+        app.state.auth_guard = guard = AuthGuard.from_settings(resolved)
+        summaries = asyncio.create_task(_flush_refusals(guard.refusals), name="refusal-summaries")
         app.state.job_log_hub = hub = JobLogHub(
             database,
             poll_s=resolved.events_poll_s,
@@ -158,6 +169,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ):
                 yield
         finally:
+            summaries.cancel()
+            guard.refusals.flush(force=True)
             await hub.close()
             engine.dispose()
 

@@ -120,6 +120,21 @@ class Settings(BaseSettings):
     auth_cache_s: float = Field(
         2.0, ge=0, description="how long a valid token is trusted without a database lookup (0: always)"
     )
+    auth_failure_burst: int = Field(
+        10,
+        ge=0,
+        le=100_000,
+        description="missing or unknown tokens one client address may send before it is answered 429 "
+        "(then one more per auth_failure_refill_s); a token that worked from that address keeps working; "
+        "0: no limit",
+    )
+    auth_failure_refill_s: float = Field(1.0, gt=0, le=3600, description="see auth_failure_burst")
+    events_token_recheck_s: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="an open event stream checks this often that its token is still live (revoked: it ends)",
+    )
     events_max_streams_per_token: int = Field(
         64, ge=1, description="SSE streams one token may hold open at once (429 beyond)"
     )

@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -87,6 +89,7 @@ def create_app(
             refusals=RefusalLog(logging.getLogger("engine_agent.auth")),
         )
         guard.register(agent.metrics.registry)
+        await asyncio.to_thread(_trust_the_launcher, guard, resolved)
         app.state.guard = guard
         app.state.agent = agent
         log.info("agent %s serving at %s (store %s)", agent.engine_id, advertised, agent.store_address)
@@ -124,6 +127,25 @@ def create_app(
     if fault_injection if fault_injection is not None else _fault_injection_wanted(settings):
         app.include_router(faults.router, dependencies=control, responses=bounded)
     return app
+
+
+def _trust_the_launcher(guard: Guard, settings: AgentSettings) -> None:
+    """The key this agent was started with counts as proven from its coordinators' addresses: a guesser
+    sharing such an address (the coordinator's host) cannot keep the coordinator out of an agent it has
+    not called yet (a joiner) by running the address's failures out first (`engine_agent.throttle`)."""
+    current = guard.keys.current_digest()
+    if current is None:
+        return
+    for url in settings.coordinator_urls():
+        host = urlsplit(url).hostname
+        if not host:
+            continue
+        try:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError:
+            continue  # not resolvable now: the coordinator proves the key at its first call
+        for address in {str(found[4][0]) for found in infos}:
+            guard.throttle.succeeded(address, current)
 
 
 async def _flush_refusals(refusals: RefusalLog) -> None:

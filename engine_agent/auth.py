@@ -134,6 +134,10 @@ class AgentKeys:
     def data_key_required(self) -> bool:
         return self._data is not None
 
+    def current_digest(self) -> bytes | None:
+        with self._lock:
+            return self._current
+
     def key_check(self) -> str | None:
         """The current key's public fingerprint (`protocol.key_check`), for the heartbeat."""
         with self._lock:

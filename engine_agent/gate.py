@@ -5,7 +5,9 @@ routing, and before one byte of its body is read.
    (`/v1/infer`), the control key (every other path, unknown ones too: a stranger learns no route),
    or the *current* control key (`POST /v1/agent-key`).
 2. A client address out of failed attempts (`engine_agent.throttle.FailureThrottle`) is answered 429
-   with `Retry-After`, unless the key it sends already worked from that address.
+   with `Retry-After`, unless the key it sends already worked from that address. A route open to
+   anyone here (`/v1/infer` without a data key, every route of an agent started insecure) is never
+   throttled: serving does not wait behind a guesser's failures.
 3. A wrong or missing key is a 401 problem, counted in `epctl_agent_auth_failures` and summed up in
    the log (`engine_agent.throttle.RefusalLog`: a few lines, not one per call). Refusals close the
    connection: a body sent with a refused call is never read (the server holds at most its read buffer
@@ -122,6 +124,12 @@ class AgentGate:
         key = _presented(scope)
         client = scope["client"][0] if scope.get("client") else "unknown"
         plane = Plane.data if need is Need.data else Plane.control
+        if guard.keys.accepts(need, None):
+            # Open to anyone here (no data key set, or an agent started insecure): nothing to guess, so
+            # nothing to throttle; serving never waits behind a guesser's failures.
+            scope[SCOPE_PASSED] = need.value
+            await self._pass(scope, receive, send, need, path)
+            return
         wait = guard.throttle.retry_after(client, digest(key) if key is not None else None)
         if wait is not None:
             guard.count(plane, "throttled")
@@ -156,8 +164,12 @@ class AgentGate:
         if key is not None:
             guard.throttle.succeeded(client, digest(key))
         scope[SCOPE_PASSED] = need.value
+        await self._pass(scope, receive, send, need, path)
+
+    async def _pass(self, scope: Scope, receive: Receive, send: Send, need: Need, path: str) -> None:
+        """On to the app: a control body read within its bound first (`/v1/infer` bounds its own)."""
         if need is Need.data:
-            await self.app(scope, receive, send)  # /v1/infer bounds its own body
+            await self.app(scope, receive, send)
             return
         try:
             body = await _read_bounded(scope, receive, body_bound(path))

@@ -343,6 +343,10 @@ def test_guessing_is_throttled_in_a_few_log_lines_and_the_key_works_from_elsewhe
     # A guess from elsewhere is still checked (401); from the guesser's address it waits (429).
     assert call(agent, WRONG_KEY, "GET", "/v1/info", source="127.0.0.2").status_code == 401
     assert call(agent, WRONG_KEY, "GET", "/v1/info", source=guesser).status_code == 429
+    # What is open to anyone (inference without a data key) is never throttled: past the gate, this
+    # idle engine answers 503 (no generation to serve), not 429.
+    tokens = {"tokens": random_tokens(SMALL, 1).tolist()}
+    assert call(agent, None, "POST", "/v1/infer", tokens, source=guesser).status_code == 503
 
 
 BIG_BODY_BYTES = 200 * 1024 * 1024

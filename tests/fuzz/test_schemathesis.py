@@ -50,7 +50,7 @@ def seed(api: httpx.Client) -> None:
         assert api.post("/v1/engines", json=engine).status_code == 201
     job = api.post("/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 2})
     assert job.status_code == 202, job.text
-    assert api.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/hook"}).status_code == 201
+    assert api.post("/v1/webhooks", json={"url": "https://hooks.example/hook"}).status_code == 201
 
 
 def st_command(url: str) -> list[str]:

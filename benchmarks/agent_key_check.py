@@ -1,8 +1,8 @@
-"""What the agent key costs per agent call (issue 25): the check alone (SHA-256 of the presented key,
-constant-time compares against the current and previous digests), and a whole request through the
-agent's own dependency (`engine_agent.auth.require_control_key`, the HTTPBearer scheme included) against
-the same route without it, interleaved in rounds, in-process over ASGI (no sockets: the difference is the
-check, not the network).
+"""What the agent key costs per agent call (issues 25 and 32): the check alone (SHA-256 of the presented
+key, constant-time compares against the current and previous digests), and a whole request through the
+agent's own gate (`engine_agent.gate.AgentGate`: the key from the headers, the failure throttle's
+lookup, the route dependency) against the same route without it, interleaved in rounds, in-process over
+ASGI (no sockets: the difference is the check, not the network).
 
     .venv/bin/python benchmarks/agent_key_check.py [--requests 2000] [--rounds 5]
 """
@@ -19,7 +19,8 @@ import timeit
 import httpx
 from fastapi import APIRouter, Depends, FastAPI
 
-from engine_agent.auth import AgentKeys, Plane, require_control_key
+from engine_agent.auth import AgentKeys, Need, require_control_key
+from engine_agent.gate import AgentGate, Guard
 
 
 def app_with(keys: AgentKeys | None) -> FastAPI:
@@ -30,8 +31,10 @@ def app_with(keys: AgentKeys | None) -> FastAPI:
     def info() -> dict[str, int]:
         return {"generation": 1}
 
+    if keys is not None:
+        guard = Guard(keys)
+        app.add_middleware(AgentGate, guard_of=lambda: guard)
     app.include_router(router, dependencies=[Depends(require_control_key)] if keys is not None else [])
-    app.state.keys = keys
     return app
 
 
@@ -52,9 +55,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     key = "epak_" + secrets.token_urlsafe(32)
-    keys = AgentKeys(key, previous="epak_" + secrets.token_urlsafe(32))
+    keys = AgentKeys(key, previous="epak_" + secrets.token_urlsafe(32), previous_until=time.time() + 3600)
     checks = 100_000
-    check_us = min(timeit.repeat(lambda: keys.accepts(Plane.control, key), number=checks, repeat=7))
+    check_us = min(timeit.repeat(lambda: keys.accepts(Need.control, key), number=checks, repeat=7))
     print(f"the check alone: {check_us / checks * 1e6:.2f} us (best of 7 x {checks})")
     with_key, without = [], []
     for _ in range(args.rounds):
@@ -65,7 +68,7 @@ def main() -> None:
     a, b = statistics.median(with_key), statistics.median(without)
     print(
         f"a request through ASGI, median of {args.rounds} interleaved rounds x {args.requests}: "
-        f"with the key check {a:.1f} us, without {b:.1f} us, difference {a - b:.1f} us"
+        f"with the gate {a:.1f} us, without {b:.1f} us, difference {a - b:.1f} us"
     )
 
 

@@ -159,7 +159,9 @@ class AgentKeys:
             ok = hmac.compare_digest(presented, previous) or ok
         return ok
 
-    def accepts(self, need: Need | Plane, key: str | None) -> bool:
+    def accepts(self, need: Need | Plane, key: str | None, *, presented: bytes | None = None) -> bool:
+        """Whether `key` opens a route that needs `need` (`presented`: its digest, when the caller has
+        it already)."""
         need = Need(need.value)
         if need is Need.open:
             return True
@@ -169,7 +171,7 @@ class AgentKeys:
             return True  # the data key is off: /v1/infer is open
         if key is None:
             return False
-        presented = digest(key)
+        presented = presented or digest(key)
         if need is Need.data and self._data is not None and hmac.compare_digest(presented, self._data):
             return True
         # The control key also serves the data plane (the canary probe).

@@ -130,7 +130,8 @@ class AgentGate:
             scope[SCOPE_PASSED] = need.value
             await self._pass(scope, receive, send, need, path)
             return
-        wait = guard.throttle.retry_after(client, digest(key) if key is not None else None)
+        presented = digest(key) if key is not None else None
+        wait = guard.throttle.retry_after(client, presented)
         if wait is not None:
             guard.count(plane, "throttled")
             guard.refusals.refused(client, "throttled", f"{scope['method']} {path}")
@@ -143,7 +144,7 @@ class AgentGate:
                 [(b"retry-after", retry_after_header(wait).encode())],
             )
             return
-        if not guard.keys.accepts(need, key):
+        if not guard.keys.accepts(need, key, presented=presented):
             guard.throttle.failed(client)
             reason = "missing" if key is None else "wrong"
             guard.count(plane, reason)
@@ -161,8 +162,8 @@ class AgentGate:
                 [(name.lower().encode(), value.encode()) for name, value in WWW_AUTHENTICATE.items()],
             )
             return
-        if key is not None:
-            guard.throttle.succeeded(client, digest(key))
+        if presented is not None:
+            guard.throttle.succeeded(client, presented)
         scope[SCOPE_PASSED] = need.value
         await self._pass(scope, receive, send, need, path)
 

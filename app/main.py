@@ -100,7 +100,8 @@ def announce_admin_token(secret: str) -> None:
 
 def _document_request_limits(app: FastAPI) -> None:
     """Every operation may answer 400/413/414: the request limits (app.core.limits) answer them before
-    any handler runs."""
+    any handler runs; and every operation that needs a token may answer 429 (`too-many-failed-attempts`:
+    the failure throttle, `app.api.deps.AuthGuard`)."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -108,9 +109,11 @@ def _document_request_limits(app: FastAPI) -> None:
             schema = generate()
             for path in schema["paths"].values():
                 for operation in path.values():
-                    for status, problem in problem_responses(400, 413, 414).items():
+                    responses = operation.setdefault("responses", {})
+                    statuses = (400, 413, 414, 429) if "401" in responses else (400, 413, 414)
+                    for status, problem in problem_responses(*statuses).items():
                         documented = {key: value for key, value in problem.items() if key != "model"}
-                        operation.setdefault("responses", {}).setdefault(str(status), documented)
+                        responses.setdefault(str(status), documented)
         return app.openapi_schema or generate()
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -318,12 +318,14 @@ def test_guessing_is_throttled_in_a_few_log_lines_and_the_key_works_from_elsewhe
     )  # proven there
     lines_before = len(agent.log_path.read_text().splitlines())
     statuses: list[int] = []
+    sent_at: list[float] = []  # seconds since the first guess
     retry_after: set[str] = set()
     started = time.monotonic()
     transport = httpx.HTTPTransport(local_address=guesser)
     with httpx.Client(base_url=agent.url, timeout=30, transport=transport) as http:
         for _ in range(1000):
             wrong = "epak_guess_" + secrets.token_urlsafe(16)
+            sent_at.append(time.monotonic() - started)
             answer = http.get("/v1/info", headers={"Authorization": f"Bearer {wrong}"})
             statuses.append(answer.status_code)
             if answer.status_code == 429:
@@ -331,8 +333,11 @@ def test_guessing_is_throttled_in_a_few_log_lines_and_the_key_works_from_elsewhe
                 assert answer.json()["code"] == "too-many-failed-attempts"
     elapsed = time.monotonic() - started
     assert set(statuses) == {401, 429}, set(statuses)
-    assert statuses[:GUESS_BURST] == [401] * GUESS_BURST and statuses[GUESS_BURST] == 429
-    # After the burst, one more failure per second (the refill) at most.
+    # The burst, then one more failure per second (the refill) at most: counted against the clock, so
+    # a slow machine (more refills) cannot make this fail, and a throttle that lets more through does.
+    first_429 = statuses.index(429)
+    assert statuses[:GUESS_BURST] == [401] * GUESS_BURST
+    assert first_429 <= GUESS_BURST + int(sent_at[first_429]) + 1, (first_429, sent_at[first_429])
     assert statuses.count(401) <= GUESS_BURST + int(elapsed) + 1, (statuses.count(401), elapsed)
     assert retry_after and all(int(value) >= 1 for value in retry_after)
     grown = agent.log_path.read_text().splitlines()[lines_before:]
@@ -340,9 +345,11 @@ def test_guessing_is_throttled_in_a_few_log_lines_and_the_key_works_from_elsewhe
     # The real key still works: from another address, and from the guesser's, where it worked before.
     assert call(agent, plane.guarded_key, "GET", "/v1/info", source="127.0.0.2").status_code == 200
     assert call(agent, plane.guarded_key, "GET", "/v1/info", source=guesser).status_code == 200
-    # A guess from elsewhere is still checked (401); from the guesser's address it waits (429).
+    # A guess from elsewhere is still checked (401); from the guesser's address it waits (429: of a few
+    # in a row at most one can find a failure regained since).
     assert call(agent, WRONG_KEY, "GET", "/v1/info", source="127.0.0.2").status_code == 401
-    assert call(agent, WRONG_KEY, "GET", "/v1/info", source=guesser).status_code == 429
+    again = [call(agent, WRONG_KEY, "GET", "/v1/info", source=guesser).status_code for _ in range(3)]
+    assert 429 in again and set(again) <= {401, 429}, again
     # What is open to anyone (inference without a data key) is never throttled: past the gate, this
     # idle engine answers 503 (no generation to serve), not 429.
     tokens = {"tokens": random_tokens(SMALL, 1).tolist()}

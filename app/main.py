@@ -4,6 +4,7 @@ creating the first admin token happen at start-up (lifespan), where bad configur
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -21,7 +22,7 @@ from app import metrics
 from app.agents.transport import use_agent_ca
 from app.api import docs, health
 from app.api.database import Database
-from app.api.deps import PrincipalCache
+from app.api.deps import AuthGuard, PrincipalCache
 from app.backends.reference.cleanup_router import router as cleanup_router
 from app.backends.registry import builtin_backends
 from app.backends.vllm.lifespan import vllm_backend
@@ -53,6 +54,7 @@ from app.tokens.service import ensure_first_admin
 from app.webhooks.delivery import delivery_worker
 from app.webhooks.router import router as webhooks_router
 from engine_agent.logs import configure_logging
+from engine_agent.throttle import RefusalLog
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,8 @@ def announce_admin_token(secret: str) -> None:
 
 def _document_request_limits(app: FastAPI) -> None:
     """Every operation may answer 400/413/414: the request limits (app.core.limits) answer them before
-    any handler runs."""
+    any handler runs; and every operation that needs a token may answer 429 (`too-many-failed-attempts`:
+    the failure throttle, `app.api.deps.AuthGuard`)."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -112,12 +115,21 @@ def _document_request_limits(app: FastAPI) -> None:
             schema = generate()
             for path in schema["paths"].values():
                 for operation in path.values():
-                    for status, problem in problem_responses(400, 413, 414).items():
+                    responses = operation.setdefault("responses", {})
+                    statuses = (400, 413, 414, 429) if "401" in responses else (400, 413, 414)
+                    for status, problem in problem_responses(*statuses).items():
                         documented = {key: value for key, value in problem.items() if key != "model"}
-                        operation.setdefault("responses", {}).setdefault(str(status), documented)
+                        responses.setdefault(str(status), documented)
         return app.openapi_schema or generate()
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+async def _flush_refusals(refusals: RefusalLog) -> None:
+    """The summary of a spell of refused calls, once it is over (not only at the next refusal)."""
+    while True:
+        await asyncio.sleep(refusals.interval_s)
+        refusals.flush()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -145,6 +157,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             desired=desired_publics,
             delete=lambda session, ref: delete_deployment(session, ref=ref),
         )
+        app.state.auth_guard = guard = AuthGuard.from_settings(resolved)
+        summaries = asyncio.create_task(_flush_refusals(guard.refusals), name="refusal-summaries")
         app.state.job_log_hub = hub = JobLogHub(
             database,
             poll_s=resolved.events_poll_s,
@@ -169,6 +183,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ):
                 yield
         finally:
+            summaries.cancel()
+            guard.refusals.flush(force=True)
             await hub.close()
             engine.dispose()
 

@@ -31,7 +31,7 @@ from app.core.ids import new_id
 from app.webhooks import service
 from app.webhooks.delivery import DeliveryPolicy, DeliveryWorker
 from app.webhooks.models import OUTBOX_ID_PREFIX, DeliveryState, OutboxEvent, WebhookDelivery
-from tests.operators.receiver import WebhookReceiver
+from tests.operators.receiver import LOOPBACK, WebhookReceiver
 
 
 def one_run(events: int, subscriptions: int, ordered: bool, tag: str) -> dict[str, Any]:
@@ -64,7 +64,12 @@ def one_run(events: int, subscriptions: int, ordered: bool, tag: str) -> dict[st
                 )
             session.commit()
         policy = DeliveryPolicy(
-            poll_s=0.0, retry_base_s=0.01, retry_max_s=0.05, ordered=ordered, dispatch_batch=500
+            poll_s=0.0,
+            retry_base_s=0.01,
+            retry_max_s=0.05,
+            ordered=ordered,
+            dispatch_batch=500,
+            allow_networks=LOOPBACK,  # the receivers listen on loopback (app/core/targets.py)
         )
         worker = DeliveryWorker(engine, policy)
 

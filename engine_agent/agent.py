@@ -267,6 +267,7 @@ class Agent:
             broken_last_step_at=self._broken_last_step_at if broken else None,
             group_steps=counters.steps + counters.dummy_steps,
             data_unreachable=self.data_reach.unreachable,
+            key_check=self.keys.key_check(),
         )
 
     def _announce(self) -> None:

@@ -2,9 +2,15 @@
 for `/v1/infer`. Both travel as `Authorization: Bearer <key>`.
 
 The agent keeps only the keys' SHA-256 digests and compares digests with `hmac.compare_digest`
-(constant time). During a rotation the previous key is accepted until its overlap ends. `/healthz`
-and `/metrics` stay open; every other route needs a key. A refused call is a 401 problem+json that
-changes nothing, counted in `epctl_agent_auth_failures` and logged with the caller's address.
+(constant time). A previous key always has an end: during a rotation it is accepted until its overlap
+ends (`EPCTL_AGENT_KEY_PREVIOUS_UNTIL` at start, the push's `overlap_s` after), then never again, on
+every route. Only the *current* key may rotate the key (`POST /v1/agent-key`), so a rotated-out key can
+never take the engine away from the coordinator. `/healthz`, `/metrics` and the API docs stay open;
+every other route needs a key.
+
+The check itself runs in `engine_agent.gate`, an ASGI middleware in front of routing: from the headers
+alone, before any body is read. The route dependencies here document the schemes in the OpenAPI
+document and check that the gate passed the call.
 
 An agent started without a key refuses to start, unless started with `--insecure-no-agent-key`
 (development only): then every control route is open, as before this existed, and a warning says so.
@@ -14,32 +20,43 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import threading
 import time
+from collections.abc import Callable
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CollectorRegistry, Counter
 
 from engine_agent.problems import ProblemError
-
-log = logging.getLogger(__name__)
+from engine_agent.protocol import key_check
 
 KEY_ENV = "EPCTL_AGENT_KEY"
 PREVIOUS_KEY_ENV = "EPCTL_AGENT_KEY_PREVIOUS"
+PREVIOUS_UNTIL_ENV = "EPCTL_AGENT_KEY_PREVIOUS_UNTIL"
 DATA_KEY_ENV = "EPCTL_AGENT_DATA_KEY"
 AUTH_HEADER = "Authorization"
 BEARER = "Bearer "
 MIN_KEY_CHARS = 16
 WWW_AUTHENTICATE = {"WWW-Authenticate": 'Bearer realm="epctl-agent"'}
+# Where the gate records what it checked (the route dependencies look for it).
+SCOPE_PASSED = "epctl.agent.auth"
 
 
 class Plane(StrEnum):
     control = "control"
     data = "data"
+
+
+class Need(StrEnum):
+    """What a route needs (`engine_agent.gate.need_of`)."""
+
+    open = "open"  # liveness, metrics, the API docs
+    data = "data"  # /v1/infer: the data key (or the control key) when a data key is set
+    control = "control"  # every other route: the current key, or the previous one within its overlap
+    current = "current"  # rotating the key: the current key only
 
 
 # A refusal's problem code, by plane and whether a key was given at all.
@@ -55,76 +72,119 @@ def digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def presented_key(request: Request) -> str | None:
-    header = request.headers.get(AUTH_HEADER)
+def bearer_of(header: str | None) -> str | None:
+    """The key of an `Authorization: Bearer <key>` header, or None."""
     if header is None or not header.startswith(BEARER):
         return None
     return header[len(BEARER) :].strip() or None
 
 
+def until_epoch(value: str | float | datetime) -> float:
+    """`EPCTL_AGENT_KEY_PREVIOUS_UNTIL` as wall-clock epoch seconds: a number, or an ISO 8601 time
+    with a zone (ValueError otherwise)."""
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, int | float):
+        return float(value)
+    else:
+        text = value.strip()
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError(f"{PREVIOUS_UNTIL_ENV} needs a time zone (e.g. 2026-12-01T12:00:00Z)")
+    return moment.timestamp()
+
+
 class AgentKeys:
     """The digests of the keys this agent accepts. `rotate` (the coordinator's push, authenticated
-    with the current key) makes a new key current and keeps the old one for `overlap_s`."""
+    with the current key) makes a new key current and keeps the old one for `overlap_s`.
+
+    `previous_until` (wall-clock epoch seconds) is turned into a deadline on the monotonic clock once,
+    at start: a wall clock set back later cannot lengthen the overlap."""
 
     def __init__(
         self,
         key: str | None,
         *,
         previous: str | None = None,
-        previous_overlap_s: float | None = None,
+        previous_until: float | None = None,
         data_key: str | None = None,
         insecure: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if previous is not None and previous_until is None:
+            raise ValueError(f"a previous agent key needs its end ({PREVIOUS_UNTIL_ENV})")
+        self.clock = clock
         self.insecure = insecure and key is None
         self._current = digest(key) if key else None
+        self._check = key_check(key) if key else None
         # The one clear copy, only to call peers (`generation/broken`): checks use the digests.
         self._peer_key = key
         self._previous = digest(previous) if previous else None
-        # None: the previous key (given at start by the environment) is accepted until a rotation.
-        self._previous_until = None if previous_overlap_s is None else time.monotonic() + previous_overlap_s
+        self._previous_until = (
+            clock() + (previous_until - time.time()) if previous and previous_until is not None else None
+        )
         self._data = digest(data_key) if data_key else None
         self._lock = threading.Lock()
-        self.failures: Counter | None = None
-
-    def register(self, registry: CollectorRegistry) -> None:
-        """Count refused calls on the agent's registry (only labels: no key material)."""
-        self.failures = Counter(
-            "epctl_agent_auth_failures",
-            "Calls refused for a missing or wrong key, by plane (control, data) and reason",
-            ["plane", "reason"],
-            registry=registry,
-        )
 
     @property
     def data_key_required(self) -> bool:
         return self._data is not None
 
-    def _matches_control(self, presented: bytes) -> bool:
+    def current_digest(self) -> bytes | None:
+        with self._lock:
+            return self._current
+
+    def key_check(self) -> str | None:
+        """The current key's public fingerprint (`protocol.key_check`), for the heartbeat."""
+        with self._lock:
+            return self._check
+
+    def previous_for_s(self) -> float:
+        """How much longer the previous key is accepted (0: no previous key, or its overlap ended)."""
+        with self._lock:
+            previous, until = self._previous, self._previous_until
+        if previous is None or until is None:
+            return 0.0
+        return max(0.0, until - self.clock())
+
+    def _matches_control(self, presented: bytes, *, current_only: bool) -> bool:
         with self._lock:
             current, previous, until = self._current, self._previous, self._previous_until
         ok = current is not None and hmac.compare_digest(presented, current)
-        if previous is not None and (until is None or time.monotonic() < until):
+        if not current_only and previous is not None and until is not None and self.clock() < until:
             ok = hmac.compare_digest(presented, previous) or ok
         return ok
 
-    def accepts(self, plane: Plane, key: str | None) -> bool:
-        if plane == Plane.control and self.insecure:
+    def accepts(self, need: Need | Plane, key: str | None, *, presented: bytes | None = None) -> bool:
+        """Whether `key` opens a route that needs `need` (`presented`: its digest, when the caller has
+        it already)."""
+        need = Need(need.value)
+        if need is Need.open:
             return True
-        if plane == Plane.data and self._data is None:
+        if need is not Need.data and self.insecure:
+            return True
+        if need is Need.data and self._data is None:
             return True  # the data key is off: /v1/infer is open
         if key is None:
             return False
-        presented = digest(key)
-        if plane == Plane.data and self._data is not None and hmac.compare_digest(presented, self._data):
+        presented = presented or digest(key)
+        if need is Need.data and self._data is not None and hmac.compare_digest(presented, self._data):
             return True
-        return self._matches_control(presented)  # the control key also serves (the canary probe)
+        # The control key also serves the data plane (the canary probe).
+        return self._matches_control(presented, current_only=need is Need.current)
 
     def rotate(self, new_key: str, overlap_s: float) -> None:
-        """`new_key` becomes current; the key current until now is accepted for `overlap_s` more."""
+        """`new_key` becomes current; the key current until now is accepted for `overlap_s` more (and
+        the previous one before it no longer: there is one previous key at most)."""
         with self._lock:
             self._previous = self._current
-            self._previous_until = time.monotonic() + overlap_s
+            self._previous_until = self.clock() + overlap_s
             self._current = digest(new_key)
+            self._check = key_check(new_key)
             self._peer_key = new_key
             self.insecure = False
 
@@ -133,24 +193,6 @@ class AgentKeys:
         with self._lock:
             key = self._peer_key
         return {AUTH_HEADER: f"{BEARER}{key}"} if key else {}
-
-    def check(self, request: Request, plane: Plane) -> None:
-        key = presented_key(request)
-        if self.accepts(plane, key):
-            return
-        reason = "missing" if key is None else "wrong"
-        if self.failures is not None:
-            self.failures.labels(plane=plane.value, reason=reason).inc()
-        caller = request.client.host if request.client else "unknown"
-        log.warning(
-            "refused %s %s from %s: %s %s key", request.method, request.url.path, caller, reason, plane.value
-        )
-        raise ProblemError(
-            401,
-            REFUSAL_CODES[plane, key is None],
-            f"this route needs the deployment's {plane.value} key as Authorization: Bearer <key>",
-            headers=WWW_AUTHENTICATE,
-        )
 
 
 _CONTROL_SCHEME = HTTPBearer(
@@ -161,24 +203,29 @@ _DATA_SCHEME = HTTPBearer(
 )
 
 
-def _keys(request: Request) -> AgentKeys:
-    keys = getattr(request.app.state, "keys", None)
-    if not isinstance(keys, AgentKeys):
-        raise ProblemError(503, "starting", "the agent is still starting")
-    return keys
+def _passed(request: Request, plane: Plane) -> None:
+    """The gate checked this call's key (it refuses before routing); a route reached without that
+    (an app built without the gate) is refused, never served open."""
+    if request.scope.get(SCOPE_PASSED) is None:
+        raise ProblemError(
+            401,
+            REFUSAL_CODES[plane, False],
+            f"this route needs the deployment's {plane.value} key as Authorization: Bearer <key>",
+            headers=WWW_AUTHENTICATE,
+        )
 
 
 # Both dependencies are coroutines: a plain function would run in the thread pool, a thread hop on
-# every call (pause, switch and arm included, inside the commit window); the check takes microseconds.
+# every call (pause, switch and arm included, inside the commit window).
 async def require_control_key(
     request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_CONTROL_SCHEME)]
 ) -> None:
-    """A route dependency: the deployment's agent key (current, or previous within its overlap)."""
-    _keys(request).check(request, Plane.control)
+    """A route dependency: the deployment's agent key (checked by the gate)."""
+    _passed(request, Plane.control)
 
 
 async def require_data_key(
     request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_DATA_SCHEME)]
 ) -> None:
     """A route dependency for `/v1/infer`: the data key (or the control key) when one is set."""
-    _keys(request).check(request, Plane.data)
+    _passed(request, Plane.data)

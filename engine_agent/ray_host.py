@@ -8,10 +8,13 @@ reports the agent's URL once it serves, and stops it on request.
 - The agent's output is the actor's own stdout/stderr, so Ray keeps it with the actor's log
   (`ray logs actor --id <actor id>`, or the dashboard's actor page).
 - The bearer token and the deployment's agent keys come in as constructor arguments and reach the
-  agent through its environment (`EPCTL_TOKEN`, `EPCTL_AGENT_KEY`, `EPCTL_AGENT_KEY_PREVIOUS`): never on
-  a command line (any local user reads it), never in Ray's runtime_env (the dashboard and `ray list
-  actors --detail` display it). Constructor arguments travel in the actor's creation task, which Ray
-  serializes into its object store and does not display.
+  agent through its environment (`EPCTL_TOKEN`, `EPCTL_AGENT_KEY`, `EPCTL_AGENT_KEY_PREVIOUS` with
+  `EPCTL_AGENT_KEY_PREVIOUS_UNTIL`): never on a command line (any local user reads it), never in Ray's
+  runtime_env (the dashboard and `ray list actors --detail` display it). Constructor arguments travel
+  in the actor's creation task, which Ray serializes into its object store and does not display.
+- The agent starts from the allow-list of the worker's environment (`engine_agent.environment`), plus
+  the names the deployment's `runtime_env.env_vars` set on purpose: a Ray node's own settings and
+  secrets do not reach the engine.
 - The actor and its agent live and die together: Ray kills the child when the actor dies (killed,
   node lost), and the actor exits when its serving agent does, so Ray's view of the actor is the
   engine's. An agent that exits before it serves is reported by `wait_ready` (with its exit code).
@@ -31,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from engine_agent.environment import engine_environment
 
 STOP_GRACE_S = 3.0
 
@@ -66,6 +71,8 @@ class AgentHost:
         token: str | None = None,
         agent_key: str | None = None,
         agent_key_previous: str | None = None,
+        agent_key_previous_until: float | None = None,
+        env_names: list[str] | None = None,
         host: str | None = None,
         executable: list[str] | None = None,
     ) -> None:
@@ -76,11 +83,14 @@ class AgentHost:
         self.ready_file = self.run_dir / "ready"
         self.url: str | None = None
         self.stopping = False
-        private = ("EPCTL_TOKEN", "EPCTL_AGENT_KEY", "EPCTL_AGENT_KEY_PREVIOUS")
-        env = {k: v for k, v in os.environ.items() if k not in private}
-        for name, value in zip(private, (token, agent_key, agent_key_previous), strict=True):
-            if value:
-                env[name] = value
+        with_end = agent_key_previous is not None and agent_key_previous_until is not None
+        given = {
+            "EPCTL_TOKEN": token,
+            "EPCTL_AGENT_KEY": agent_key,
+            "EPCTL_AGENT_KEY_PREVIOUS": agent_key_previous if with_end else None,
+            "EPCTL_AGENT_KEY_PREVIOUS_UNTIL": f"{agent_key_previous_until:.3f}" if with_end else None,
+        }
+        env = engine_environment(os.environ, given, extra_names=env_names or ())
         command = [
             *(executable or agent_executable()),
             "--host",

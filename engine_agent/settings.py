@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from engine_agent.auth import MIN_KEY_CHARS, AgentKeys
+from engine_agent.auth import MIN_KEY_CHARS, AgentKeys, until_epoch
 from engine_agent.netif import ipv4_of
 from engine_agent.protocol import MAX_PAUSE_LEASE_S, EngineConfig, Platform
 from engine_agent.tls import checked_ca_file, checked_server_pair, scheme
@@ -71,14 +71,30 @@ class AgentSettings(EngineConfig, BaseSettings):
         False, description="register the test-only /v1/faults route (absent otherwise: 404)"
     )
     # The keys (engine_agent/auth.py): from the environment only, never the command line (argv is
-    # public): EPCTL_AGENT_KEY, EPCTL_AGENT_KEY_PREVIOUS (during a rotation), EPCTL_AGENT_DATA_KEY.
+    # public): EPCTL_AGENT_KEY, EPCTL_AGENT_KEY_PREVIOUS with EPCTL_AGENT_KEY_PREVIOUS_UNTIL (during a
+    # rotation), EPCTL_AGENT_DATA_KEY.
     key: SecretStr | None = Field(None, description="the deployment's agent key (control routes)")
-    key_previous: SecretStr | None = Field(None, description="the previous agent key, during a rotation")
+    key_previous: SecretStr | None = Field(
+        None, description="the previous agent key, during a rotation: needs key_previous_until"
+    )
+    key_previous_until: str | None = Field(
+        None,
+        description="when the previous key's overlap ends, as epoch seconds or an ISO 8601 time with a "
+        "zone: it is refused from then on, on every route",
+    )
     data_key: SecretStr | None = Field(None, description="required by /v1/infer when set (off by default)")
     insecure_no_agent_key: bool = Field(
         False, description="development only: serve the control routes without a key"
     )
     ready_file: str | None = None
+    auth_failure_burst: int = Field(
+        10,
+        ge=0,
+        le=100_000,
+        description="wrong or missing keys one client address may send before it is answered 429 "
+        "(then one more per auth_failure_refill_s); 0: no limit",
+    )
+    auth_failure_refill_s: float = Field(1.0, gt=0, le=3600, description="see auth_failure_burst")
     store_timeout_s: float = Field(30.0, gt=0)
     pause_lease_s: float = Field(
         10.0, gt=0, le=MAX_PAUSE_LEASE_S, description="lease after a pause caused by a peer, with no job"
@@ -116,6 +132,13 @@ class AgentSettings(EngineConfig, BaseSettings):
             secret = getattr(self, name)
             if secret is not None and len(secret.get_secret_value().strip()) < MIN_KEY_CHARS:
                 raise ValueError(f"EPCTL_AGENT_{name.upper()} must be at least {MIN_KEY_CHARS} characters")
+        if self.key_previous is not None and self.key_previous_until is None:
+            raise ValueError(
+                "EPCTL_AGENT_KEY_PREVIOUS needs EPCTL_AGENT_KEY_PREVIOUS_UNTIL (when its overlap ends): "
+                "a previous key is never accepted without an end"
+            )
+        if self.key_previous_until is not None:
+            until_epoch(self.key_previous_until)  # a bad time stops the start, with its reason
         if self.coordinator and not self.deployment:
             raise ValueError("--coordinator needs --deployment")
         if self.cuda_graphs == "on" and (self.platform == Platform.cpu or self.grouped_step == "off"):
@@ -145,9 +168,11 @@ class AgentSettings(EngineConfig, BaseSettings):
         def clear(secret: SecretStr | None) -> str | None:
             return secret.get_secret_value().strip() if secret is not None else None
 
+        until = self.key_previous_until
         return AgentKeys(
             clear(self.key),
             previous=clear(self.key_previous),
+            previous_until=until_epoch(until) if until is not None else None,
             data_key=clear(self.data_key),
             insecure=self.insecure_no_agent_key,
         )

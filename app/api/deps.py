@@ -5,8 +5,10 @@ database is reached only through `Database.run` (see `app.api.database`)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -16,8 +18,11 @@ from sqlalchemy.engine import Engine
 from app.api.database import Database
 from app.core.auth import Permission, Principal, TokenRole, authorize
 from app.core.config import Settings
-from app.core.errors import AuthenticationError
+from app.core.errors import AuthenticationError, TooManyRequestsError
 from app.tokens.service import authenticate, hash_token
+from engine_agent.throttle import FailureThrottle, RefusalLog, retry_after_header
+
+log = logging.getLogger("app.auth")
 
 bearer_scheme = HTTPBearer(auto_error=False, description="an API token: `Authorization: Bearer epctl_...`")
 
@@ -82,23 +87,72 @@ async def get_principal_cache(request: Request) -> PrincipalCache:
 PrincipalCacheDep = Annotated[PrincipalCache, Depends(get_principal_cache)]
 
 
+@dataclass
+class AuthGuard:
+    """Failed authentication per client address (`engine_agent.throttle`, as on the agents): after
+    `auth_failure_burst` failures a client is answered 429 before its token is looked up (no database
+    read), unless that token already worked from the same address; refusals are summed up in the log."""
+
+    throttle: FailureThrottle = field(default_factory=FailureThrottle)
+    refusals: RefusalLog = field(default_factory=lambda: RefusalLog(log))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AuthGuard:
+        throttle = FailureThrottle(burst=settings.auth_failure_burst, refill_s=settings.auth_failure_refill_s)
+        return cls(throttle=throttle)
+
+
+async def get_auth_guard(request: Request) -> AuthGuard:
+    guard: AuthGuard | None = getattr(request.app.state, "auth_guard", None)
+    if guard is None:
+        settings: Settings | None = getattr(request.app.state, "settings", None)
+        guard = AuthGuard.from_settings(settings) if settings is not None else AuthGuard()
+        request.app.state.auth_guard = guard
+    return guard
+
+
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
 async def get_principal(
+    request: Request,
     database: DatabaseDep,
     cache: PrincipalCacheDep,
+    guard: Annotated[AuthGuard, Depends(get_auth_guard)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> Principal:
-    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+    client = _client(request)
+    given = (
+        credentials is not None and credentials.scheme.lower() == "bearer" and bool(credentials.credentials)
+    )
+    secret = credentials.credentials if credentials is not None and given else None
+    secret_hash = hash_token(secret) if secret is not None else None
+    wait = guard.throttle.retry_after(client, secret_hash.encode() if secret_hash is not None else None)
+    if wait is not None:
+        guard.refusals.refused(client, "throttled", f"{request.method} {request.url.path}")
+        refused = TooManyRequestsError(
+            "too many calls with a missing or unknown token from this address; retry later",
+            code="too-many-failed-attempts",
+        )
+        refused.retry_after_s = int(retry_after_header(wait))
+        raise refused
+    if secret is None or secret_hash is None:
+        guard.throttle.failed(client)
+        guard.refusals.refused(client, "missing token", f"{request.method} {request.url.path}")
         raise AuthenticationError(
             "missing bearer token: send `Authorization: Bearer <token>`", code="missing-token"
         )
-    secret = credentials.credentials
-    secret_hash = hash_token(secret)
     cached = cache.get(secret_hash)
     if cached is not None:
+        guard.throttle.succeeded(client, secret_hash.encode())
         return cached
     token = await database.run(lambda session: authenticate(session, secret=secret))
     if token is None:
+        guard.throttle.failed(client)
+        guard.refusals.refused(client, "unknown or revoked token", f"{request.method} {request.url.path}")
         raise AuthenticationError("unknown or revoked token", code="invalid-token")
+    guard.throttle.succeeded(client, secret_hash.encode())
     principal = Principal(token_id=token.id, name=token.name, role=TokenRole(token.role))
     cache.put(secret_hash, principal)
     return principal

@@ -30,7 +30,7 @@ from app.deployments.models import Deployment, EngineBackend
 from app.jobs.async_record import AsyncJobRecord, RunningJob, WorkerSessions
 from app.jobs.models import JobError, ReconfigurationJob
 from app.jobs.states import JobState
-from app.launchers.base import DeletedDeployment, Launcher
+from app.launchers.base import DeletedDeployment, EnginesToRestart, Launcher
 from engine_agent.protocol import DowntimeOverrun
 
 J = TypeVar("J", bound=RunningJob)
@@ -160,6 +160,10 @@ class Backend(ABC):
         """A deployment of this backend was just deleted: stop what ran for it (best effort)."""
         return None
 
+    async def restart_engines(self, restart: EnginesToRestart) -> list[str]:
+        """Stop engines that refuse the coordinator's agent key (see `EnginesToRestart`); the ids stopped."""
+        return []
+
     def periodic(self) -> Sequence[Periodic]:
         """Work the runner's loop ticks for this backend."""
         return ()
@@ -209,6 +213,10 @@ class Backends:
     async def deployment_deleted(self, deleted: DeletedDeployment) -> None:
         if (found := self.by_kind.get(deleted.backend)) is not None:
             await found.deployment_deleted(deleted)
+
+    async def restart_engines(self, restart: EnginesToRestart) -> list[str]:
+        found = self.by_kind.get(restart.backend)
+        return await found.restart_engines(restart) if found is not None else []
 
     def periodic(self) -> list[Periodic]:
         return [task for backend in self.by_kind.values() for task in backend.periodic()]

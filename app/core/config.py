@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.core.targets import IPNetwork, networks
 from engine_agent.tls import checked_ca_file, checked_server_pair, scheme
 
 SQLITE_PREFIX = "sqlite://"
@@ -92,6 +93,12 @@ class Settings(BaseSettings):
     webhook_claim_lease_s: float = Field(
         60.0, gt=0, description="a claimed delivery is retried by any coordinator after this long"
     )
+    webhook_allow_networks: str = Field(
+        "",
+        description="networks (CIDRs, comma-separated) webhooks may be delivered to besides public "
+        "addresses, e.g. 127.0.0.0/8,::1/128 for a receiver on this host; empty (the default): public "
+        "addresses only (app/core/targets.py)",
+    )
     hooks_inbound_secret: SecretStr | None = Field(
         None, description="whsec_... secret that signs generic scale requests for every deployment"
     )
@@ -112,6 +119,21 @@ class Settings(BaseSettings):
     )
     auth_cache_s: float = Field(
         2.0, ge=0, description="how long a valid token is trusted without a database lookup (0: always)"
+    )
+    auth_failure_burst: int = Field(
+        10,
+        ge=0,
+        le=100_000,
+        description="missing or unknown tokens one client address may send before it is answered 429 "
+        "(then one more per auth_failure_refill_s); a token that worked from that address keeps working; "
+        "0: no limit",
+    )
+    auth_failure_refill_s: float = Field(1.0, gt=0, le=3600, description="see auth_failure_burst")
+    events_token_recheck_s: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="an open event stream checks this often that its token is still live (revoked: it ends)",
     )
     events_max_streams_per_token: int = Field(
         64, ge=1, description="SSE streams one token may hold open at once (429 beyond)"
@@ -161,6 +183,16 @@ class Settings(BaseSettings):
             f"unsupported database URL {url.split('://')[0]!r}: use sqlite:///<file> or "
             "postgresql+psycopg://user@host:port/db"
         )
+
+    @field_validator("webhook_allow_networks")
+    @classmethod
+    def _networks(cls, text: str) -> str:
+        networks(text)  # a bad CIDR stops the start, named
+        return text
+
+    @property
+    def webhook_networks(self) -> tuple[IPNetwork, ...]:
+        return networks(self.webhook_allow_networks)
 
     @field_validator("admin_token")
     @classmethod

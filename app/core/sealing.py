@@ -80,6 +80,16 @@ def unseal(stored: str) -> str:
     raise SealingError("a stored secret carries neither the clear: nor the fernet: marker")
 
 
+def opened(stored: str | None) -> str | None:
+    """A stored secret in clear: sealed by `seal`, or a bare value written before that column was
+    sealed (read as it is; sealed when it is next written)."""
+    if stored is None:
+        return None
+    if stored.startswith((CLEAR_PREFIX, SEALED_PREFIX)):
+        return unseal(stored)
+    return stored
+
+
 def reseal(stored: str) -> str:
     """`stored` under the current first key (rotation); clear text stays clear without a key."""
     fernet = _fernet()

@@ -8,6 +8,13 @@ operator, who reads it once (`reveal`: `epctl deployments agent-key NAME`). A ro
 keeps the previous one for an overlap (sent as a fallback, accepted by agents) and pushes the new key to
 every live agent of the deployment, authenticated with the old one (`agent_key_push`: this module
 calls no agent, so the record may import it).
+
+A previous key always has an end: the record's `agent_key_previous_until`. Agents launched during an
+overlap get it with the key (`EPCTL_AGENT_KEY_PREVIOUS_UNTIL`), pushed agents the overlap; after it,
+the key opens nothing anywhere. An engine that holds another key than the coordinator sends (its
+heartbeat's `key_check` matches neither the current key nor the previous one within its overlap)
+refuses the coordinator: recorded as the engine's `key_refused_at` and shown as
+the deployment's condition `engine-refuses-agent-key` (`holds_another_key` is the rule).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from app.core.errors import ConflictError
 from app.core.sealing import seal, unseal
 from app.deployments.engines.models import Engine, EngineState
 from app.deployments.models import Deployment
-from engine_agent.protocol import MAX_KEY_OVERLAP_S
+from engine_agent.protocol import MAX_KEY_OVERLAP_S, MIN_KEY_OVERLAP_S, key_check
 
 KEY_PREFIX = "epak_"
 DEFAULT_OVERLAP_S = 3600.0
@@ -37,9 +44,10 @@ class AgentKeyShownError(ConflictError):
 class AgentKeyRotate(BaseModel):
     overlap_s: float = Field(
         DEFAULT_OVERLAP_S,
-        gt=0,
+        ge=MIN_KEY_OVERLAP_S,
         le=MAX_KEY_OVERLAP_S,
-        description="how long agents still accept (and the coordinator still sends) the previous key",
+        description="how long agents still accept (and the coordinator still sends) the previous key; "
+        "then it opens nothing, on any engine (10 s to 7 days)",
     )
 
 
@@ -53,7 +61,17 @@ class AgentKeyPublic(BaseModel):
     )
     pushed_to: list[str] = Field(default_factory=list, description="rotation: agents told the new key")
     not_pushed: dict[str, str] = Field(
-        default_factory=dict, description="rotation: agents that could not be told (restart them with it)"
+        default_factory=dict, description="rotation: agents that could not be told, and why"
+    )
+    restarted: list[str] = Field(
+        default_factory=list,
+        description="rotation: engines that refuse the coordinator's key, stopped by the launcher that "
+        "started them (local, Ray): self-healing replaces them with engines that hold the new key",
+    )
+    restart_by_operator: list[str] = Field(
+        default_factory=list,
+        description="rotation: static agents that refuse the coordinator's key: restart each with the new "
+        "key (EPCTL_AGENT_KEY)",
     )
 
 
@@ -76,6 +94,24 @@ def agent_keys_of(deployment: Deployment, *, now: datetime | None = None) -> tup
     if deployment.agent_key_previous and until is not None and (now or utc_now()) < until:
         keys.append(unseal(deployment.agent_key_previous))
     return tuple(keys)
+
+
+def previous_until_epoch(deployment: Deployment, *, now: datetime | None = None) -> float | None:
+    """When the previous key's overlap ends (wall-clock epoch seconds), while it lasts; None otherwise."""
+    until = deployment.agent_key_previous_until
+    if deployment.agent_key_previous and until is not None and (now or utc_now()) < until:
+        return until.timestamp()
+    return None
+
+
+def holds_another_key(reported: str | None, keys: tuple[str, ...]) -> bool:
+    """Whether an engine whose heartbeat reports `reported` (its current key's `key_check`; None: it
+    needs no key) refuses the coordinator, which sends `keys` (`agent_keys_of`: the current key, then
+    the previous one while its overlap lasts). An engine still on the previous key within the overlap
+    does not refuse yet (it is told at the push, or refuses once the overlap ends)."""
+    if reported is None or not keys:
+        return False
+    return all(key_check(key) != reported for key in keys)
 
 
 def ensure_agent_key(session: Session, deployment: Deployment) -> None:
@@ -104,12 +140,23 @@ def reveal(session: Session, deployment: Deployment) -> AgentKeyPublic:
 
 
 @dataclass(frozen=True)
+class RotatedEngine:
+    """A live agent of the deployment, to tell (and, if it refuses, to restart)."""
+
+    engine_id: str
+    url: str
+    pid: int | None
+    launched_by: str
+
+
+@dataclass(frozen=True)
 class Rotation:
     public: AgentKeyPublic
+    deployment: str
     new_key: str
     old_keys: tuple[str, ...]
     overlap_s: float
-    engines: tuple[tuple[str, str], ...]  # (engine id, url) of the live agents to tell
+    engines: tuple[RotatedEngine, ...]
 
 
 def rotate(session: Session, deployment: Deployment, body: AgentKeyRotate) -> Rotation:
@@ -133,10 +180,13 @@ def rotate(session: Session, deployment: Deployment, body: AgentKeyRotate) -> Ro
     ).all()
     return Rotation(
         public=_public(deployment, key=new_key),
+        deployment=deployment.name,
         new_key=new_key,
         old_keys=old_keys,
         overlap_s=body.overlap_s,
-        engines=tuple((row.id, row.url) for row in rows),
+        engines=tuple(
+            RotatedEngine(row.id, row.url, row.pid, row.launched_by or deployment.launcher) for row in rows
+        ),
     )
 
 

@@ -139,7 +139,8 @@ class Deployment(SQLModel, table=True):
         sa_column_kwargs={"server_default": EngineBackend.reference.value},
     )
     backend_config: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
-    backend_secret: str | None = Field(default=None, max_length=512, description="e.g. vLLM's API key")
+    # e.g. vLLM's API key, sealed (`app.core.sealing`; a value written before issue 32 is bare).
+    backend_secret: str | None = Field(default=None, max_length=1024, description="e.g. vLLM's API key")
     status_detail: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     # NULL: the launcher's default (`effective_on_engine_loss`).
     on_engine_loss: str | None = Field(default=None, sa_type=sa.String(16))

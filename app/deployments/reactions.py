@@ -2,8 +2,10 @@
 
 The backends (`app.backends.base.Backends`) implement it: a vLLM deployment's server is observed at its
 creation; a deleted deployment's engines are stopped by the launcher that started them, and its vLLM
-server by the local vLLM launcher. The coordinator's lifespan puts them on the app; the router gets
-them through this dependency, so it needs to know neither the runner nor any backend.
+server by the local vLLM launcher; engines that refuse the coordinator's agent key are stopped by the
+launcher that started them when the key is rotated (self-healing replaces them). The coordinator's
+lifespan puts them on the app; the router gets them through this dependency, so it needs to know neither
+the runner nor any backend.
 """
 
 from __future__ import annotations
@@ -12,13 +14,18 @@ from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
 
-from app.launchers.base import DeletedDeployment
+from app.launchers.base import DeletedDeployment, EnginesToRestart
 
 
 class DeploymentReactions(Protocol):
     async def deployment_created(self, name: str, backend: str) -> None: ...
 
     async def deployment_deleted(self, deleted: DeletedDeployment) -> None: ...
+
+    async def restart_engines(self, restart: EnginesToRestart) -> list[str]:
+        """Stop engines that refuse the coordinator's key, by the launcher that started them; the ids of
+        those stopped (a static pool's are not: their operator restarts them)."""
+        ...
 
 
 def get_reactions(request: Request) -> DeploymentReactions:

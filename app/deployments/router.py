@@ -22,7 +22,7 @@ from app.deployments.models import (
     DeploymentUpdate,
 )
 from app.deployments.reactions import Reactions
-from app.launchers.base import DeletedDeployment, EngineHandle
+from app.launchers.base import DeletedDeployment, EngineHandle, EnginesToRestart
 from engine_agent.protocol import EngineConfig
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"], responses=problem_responses(401, 403, 422))
@@ -146,13 +146,54 @@ async def reveal_agent_key(name: DeploymentRefPath, db: DatabaseDep, _: Admin) -
 
 @router.post("/{name}/agent-key/rotate", name="rotate-agent-key", responses=problem_responses(404))
 async def rotate_agent_key(
-    name: DeploymentRefPath, db: DatabaseDep, _: Admin, body: AgentKeyRotate | None = None
+    name: DeploymentRefPath,
+    db: DatabaseDep,
+    _: Admin,
+    backends: Reactions,
+    body: AgentKeyRotate | None = None,
 ) -> AgentKeyPublic:
     """A new agent key, shown in this answer only. Every live agent of the deployment is told it at
-    once (`pushed_to`; `not_pushed` lists those that could not be, to restart with the new key); the
-    previous key stays accepted for `overlap_s`."""
+    once (`pushed_to`; `not_pushed` lists those that could not be, and why); the previous key stays
+    accepted for `overlap_s` (10 s to 7 days), then opens nothing anywhere.
+
+    It also repairs what it could not push: an engine that refuses every key the coordinator holds
+    (condition `engine-refuses-agent-key`) is stopped by the launcher that started it (`restarted`:
+    local, Ray), and self-healing replaces it with an engine launched with the new key; a static agent
+    is named for its operator to restart with the new key (`restart_by_operator`)."""
     request = body or AgentKeyRotate()
     rotation = await db.run(
         lambda session: agent_keys.rotate(session, service.get_deployment(session, ref=name), request)
     )
-    return await push_rotation(rotation)
+    pushed = await push_rotation(rotation)
+
+    def record(session: Session) -> Deployment:
+        engine_service.mark_key_refused(session, pushed.refusing, refused=True)
+        engine_service.mark_key_refused(session, pushed.told, refused=False)
+        return service.get_deployment(session, ref=name)
+
+    deployment = await db.run(record)
+    restarted: list[str] = []
+    by_launcher: dict[str, list[EngineHandle]] = {}
+    for engine in rotation.engines:
+        if engine.engine_id in pushed.refusing:
+            handle = EngineHandle(engine_id=engine.engine_id, url=engine.url, pid=engine.pid)
+            by_launcher.setdefault(engine.launched_by, []).append(handle)
+    for launcher, handles in by_launcher.items():
+        restart = EnginesToRestart(
+            deployment=deployment.name,
+            backend=deployment.backend,
+            engine=EngineConfig.model_validate(deployment.engine_config),
+            launcher=launcher,
+            engines=tuple(handles),
+        )
+        restarted += await backends.restart_engines(restart)
+    # Gone now: the liveness controller's next pass finds each refused the connection (its key refusal
+    # already kept the deployment from being whole), an incident opens and self-healing replaces it.
+    return rotation.public.model_copy(
+        update={
+            "pushed_to": pushed.told,
+            "not_pushed": pushed.not_told,
+            "restarted": restarted,
+            "restart_by_operator": [e for e in pushed.refusing if e not in restarted],
+        }
+    )

@@ -12,6 +12,7 @@ from sqlmodel import Session, col, select
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, InvalidRequestError, NotFoundError
 from app.core.ids import new_id
+from app.core.sealing import seal
 from app.deployments.agent_keys import give_new_key
 from app.deployments.autoscaling import ScalingBehavior
 from app.deployments.engines.models import Engine, EngineState
@@ -64,7 +65,7 @@ def create_deployment(session: Session, *, data: DeploymentCreate) -> Deployment
         autoscale_paused=data.autoscale_paused,
         backend=data.backend.value,
         backend_config=vllm.stored() if vllm else None,
-        backend_secret=vllm.api_key.get_secret_value() if vllm and vllm.api_key else None,
+        backend_secret=seal(vllm.api_key.get_secret_value()) if vllm and vllm.api_key else None,
         status=status,
         status_detail=detail,
     )
@@ -180,5 +181,5 @@ def _update_vllm(deployment: Deployment, data: DeploymentUpdate) -> None:
         )
     if "api_key" in data.vllm.model_fields_set:
         key = data.vllm.api_key.get_secret_value() if data.vllm.api_key else ""
-        deployment.backend_secret = key or None
+        deployment.backend_secret = seal(key) if key else None
     deployment.backend_config = {**(deployment.backend_config or {}), **given}

@@ -10,24 +10,30 @@ A stream holds no database connection and no thread while it waits: it reads row
 coordinator's `JobLogHub` (one short read per change, shared by streams at the same point) and sleeps
 until the hub's poller sees the job move. The rows are the source of truth, wherever the runner that
 writes them lives. A token may hold `events_max_streams_per_token` streams at once (429 beyond), the
-coordinator `events_max_streams` (503 beyond).
+coordinator `events_max_streams` (503 beyond). A stream lasts only as long as its token: it asks every
+`events_token_recheck_s` whether the token was revoked since, and if so sends `event: revoked` and
+closes (the token opens no door after its end, a stream held open included).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from app.api.deps import Reader
+from app.api.deps import DatabaseDep, Reader, SettingsDep
 from app.api.params import INT32_MAX, INT64_MAX, JobIdPath
 from app.core.errors import InvalidRequestError
 from app.core.problems import problem_responses
 from app.jobs.event_hub import PAGE_SIZE, JobLogHub, LogPage
 from app.jobs.models import JobEvent, JobEventPublic
 from app.jobs.states import TERMINAL_STATES, JobNotFoundError, JobState
+from app.tokens import service as tokens
 
 router = APIRouter(
     prefix="/v1/reconfigurations",
@@ -36,6 +42,7 @@ router = APIRouter(
 )
 
 END_EVENT = "end"
+REVOKED_EVENT = "revoked"
 RETRY_MS = 1000  # tells EventSource how soon to reconnect after a drop
 
 
@@ -65,13 +72,30 @@ def resume_point(header_value: str | None, query_value: int | None) -> int:
     return query_value or 0
 
 
+StillLive = Callable[[], Awaitable[bool]]
+
+
 async def follow(
-    hub: JobLogHub, job_id: str, after_seq: int, first_page: LogPage | None = None
+    hub: JobLogHub,
+    job_id: str,
+    after_seq: int,
+    first_page: LogPage | None = None,
+    *,
+    still_live: StillLive | None = None,
+    recheck_s: float = 5.0,
 ) -> AsyncIterator[ServerSentEvent]:
-    """The stream itself, independent of HTTP: rows after `after_seq` as they appear, then `end`."""
+    """The stream itself, independent of HTTP: rows after `after_seq` as they appear, then `end`.
+    With `still_live` (the caller's token), asked at most every `recheck_s` and at least that often
+    while nothing happens: once it says no, `revoked` and the stream ends."""
     first = True
     page = first_page
+    checked_at = time.monotonic()
     while True:
+        if still_live is not None and time.monotonic() - checked_at >= recheck_s:
+            if not await still_live():
+                yield ServerSentEvent(event=REVOKED_EVENT, data={"job_id": job_id, "code": "token-revoked"})
+                return
+            checked_at = time.monotonic()
         if page is None:
             page = await hub.read_after(job_id, after_seq)
         state = page.state
@@ -91,7 +115,11 @@ async def follow(
             yield end_event(job_id, state, after_seq)
             return
         page = None
-        await hub.wait_for_change(job_id, after_seq)
+        if still_live is None:
+            await hub.wait_for_change(job_id, after_seq)
+        else:
+            with contextlib.suppress(TimeoutError):  # wake up to ask about the token again
+                await asyncio.wait_for(hub.wait_for_change(job_id, after_seq), max(recheck_s, 0.01))
 
 
 async def job_log_hub(request: Request) -> JobLogHub:
@@ -156,7 +184,16 @@ async def stream_events(
     page: Annotated[LogPage, Depends(first_page)],
     hub: Annotated[JobLogHub, Depends(job_log_hub)],
     _slot: Annotated[None, Depends(stream_slot)],
+    principal: Reader,
+    database: DatabaseDep,
+    settings: SettingsDep,
 ) -> AsyncIterator[ServerSentEvent]:
-    """Live progress of one job, resumable; the stream ends after the job's terminal transition."""
-    async for event in follow(hub, job_id, after_seq, page):
+    """Live progress of one job, resumable; the stream ends after the job's terminal transition (or
+    with `event: revoked` once its token is revoked)."""
+
+    async def still_live() -> bool:
+        return await database.run(lambda session: tokens.is_live(session, token_id=principal.token_id))
+
+    recheck_s = settings.events_token_recheck_s
+    async for event in follow(hub, job_id, after_seq, page, still_live=still_live, recheck_s=recheck_s):
         yield event

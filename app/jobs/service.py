@@ -18,7 +18,7 @@ from app.core.clock import utc_now
 from app.core.errors import ConflictError, InvalidRequestError
 from app.core.ids import new_id
 from app.deployments.coverage import domain_of, shrink_breaks_coverage
-from app.deployments.engines.models import Engine
+from app.deployments.engines.models import Engine, refuses_key
 from app.deployments.engines.service import available_engines
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind
 from app.deployments.service import delete_deployment_rows, get_deployment
@@ -146,6 +146,30 @@ def check_coverage_kept(
         )
 
 
+def check_keys_accepted(session: Session, deployment: Deployment) -> None:
+    """A job must reach every engine it may use: one that refuses the coordinator's agent key refuses
+    the job, 409 `engine-refuses-agent-key`, until the key is rotated (which restarts it where its
+    launcher can) or its operator restarts it with the current key."""
+    refusing = [
+        e
+        for e in session.exec(
+            select(Engine).where(
+                Engine.deployment_id == deployment.id, col(Engine.key_refused_at).is_not(None)
+            )
+        ).all()
+        if refuses_key(e)
+    ]
+    if refusing:
+        raise ConflictError(
+            f"deployment {deployment.name!r}: {', '.join(e.id for e in refusing)} refuse the coordinator's "
+            f"agent key, so no job can reach them. Rotate the key (`epctl deployments agent-key "
+            f"{deployment.name} --rotate`): engines of the local or Ray launcher are restarted with it, a "
+            "static agent must be restarted by its operator",
+            code="engine-refuses-agent-key",
+            engine_ids=[e.id for e in refusing],
+        )
+
+
 def _create(
     session: Session,
     request: ReconfigurationCreate,
@@ -163,6 +187,7 @@ def _create(
         check_membership_known(session, deployment)
         if requested_by != RequestSource.self_heal:  # a loss already broke it; healing re-covers
             check_coverage_kept(session, deployment, request.target_dp_size, request.retire)
+    check_keys_accepted(session, deployment)
     check_no_unresolved_cleanup(session, deployment.id, deployment.name)
     warmup_requested = request.warmup_policy.value if request.warmup_policy else deployment.warmup_policy
     strategy = request.strategy or Strategy(deployment.strategy)

@@ -32,10 +32,21 @@ class LaunchSpec:
     coordinator_url: str | None = None
     token: str | None = None  # the bearer token agents register with
     extra_args: tuple[str, ...] = ()
-    # The deployment's agent key (and the previous one during a rotation's overlap): agents get them
-    # through their environment (EPCTL_AGENT_KEY, EPCTL_AGENT_KEY_PREVIOUS), never a command line.
+    # The deployment's agent key (and the previous one during a rotation's overlap, with the instant
+    # that overlap ends, wall-clock epoch seconds): agents get them through their environment
+    # (EPCTL_AGENT_KEY, EPCTL_AGENT_KEY_PREVIOUS, EPCTL_AGENT_KEY_PREVIOUS_UNTIL), never a command line.
     agent_key: str | None = field(default=None, repr=False)
     agent_key_previous: str | None = field(default=None, repr=False)
+    agent_key_previous_until: float | None = None
+
+    def agent_key_environment(self) -> dict[str, str | None]:
+        """The agent's keys as its environment gives them (a previous key only with its end)."""
+        with_end = self.agent_key_previous is not None and self.agent_key_previous_until is not None
+        return {
+            "EPCTL_AGENT_KEY": self.agent_key,
+            "EPCTL_AGENT_KEY_PREVIOUS": self.agent_key_previous if with_end else None,
+            "EPCTL_AGENT_KEY_PREVIOUS_UNTIL": f"{self.agent_key_previous_until:.3f}" if with_end else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,18 @@ class DeletedDeployment:
     backend: str
     launcher: str
     engine: EngineConfig
+    engines: tuple[EngineHandle, ...]
+
+
+@dataclass(frozen=True)
+class EnginesToRestart:
+    """Engines of one deployment and launcher that refuse the coordinator's agent key: their launcher
+    stops them, and self-healing replaces them with engines launched with the current key."""
+
+    deployment: str
+    backend: str
+    engine: EngineConfig
+    launcher: str
     engines: tuple[EngineHandle, ...]
 
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from app.launchers import readiness
 from app.launchers.agent_args import deployment_agent_args
 from app.launchers.base import EngineHandle, Launcher, LaunchError, LaunchSpec
 from app.launchers.processes import ProcessRecords, is_alive, start_detached
+from engine_agent.environment import engine_environment
 
 PIDS_FILE = "local-agents.json"
 STOP_GRACE_S = 3.0
@@ -77,23 +78,14 @@ def agent_command(
 
 
 AGENT_TOKEN_ENV = "EPCTL_TOKEN"
-AGENT_KEY_ENV = "EPCTL_AGENT_KEY"  # engine_agent.auth reads these two
-AGENT_KEY_PREVIOUS_ENV = "EPCTL_AGENT_KEY_PREVIOUS"
 
 
-def agent_environment(spec: LaunchSpec, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The agent's environment: ours, with its bearer token in EPCTL_TOKEN (readable only by the same
-    user, unlike argv) or without one when the spec has none."""
-    env = dict(os.environ if base is None else base)
-    for name in (AGENT_TOKEN_ENV, AGENT_KEY_ENV, AGENT_KEY_PREVIOUS_ENV):
-        env.pop(name, None)  # never the coordinator's own (or a stale) one
-    if spec.coordinator_url and spec.token:
-        env[AGENT_TOKEN_ENV] = spec.token
-    if spec.agent_key:
-        env[AGENT_KEY_ENV] = spec.agent_key
-    if spec.agent_key_previous:
-        env[AGENT_KEY_PREVIOUS_ENV] = spec.agent_key_previous
-    return env
+def agent_environment(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The agent's environment: the allow-list of ours (`engine_agent.environment`: the platform's and
+    the agent's own settings, none of the coordinator's secrets), its bearer token in EPCTL_TOKEN
+    (readable only by the same user, unlike argv; none when the spec has none) and its keys."""
+    given = {AGENT_TOKEN_ENV: spec.token if spec.coordinator_url else None, **spec.agent_key_environment()}
+    return engine_environment(os.environ if base is None else base, given)
 
 
 def read_ready_file(path: Path) -> dict[str, Any] | None:

@@ -241,6 +241,10 @@ class RayLauncher(Launcher):
                 # Constructor arguments, not runtime_env (Ray displays that): see engine_agent.ray_host.
                 agent_key=batch.spec.agent_key,
                 agent_key_previous=batch.spec.agent_key_previous,
+                agent_key_previous_until=batch.spec.agent_key_previous_until,
+                # What the deployment's runtime_env sets on purpose reaches the agent; nothing else
+                # of the node's environment but the allow-list (engine_agent.environment).
+                env_names=sorted(settings.runtime_env.env_vars) if settings.runtime_env else [],
                 host=settings.agent_host,
             )
         handles = [self._wait_ready(ray, batch, engine_id, give_up) for engine_id in batch.engine_ids]

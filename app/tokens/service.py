@@ -96,6 +96,12 @@ def revoke_token(session: Session, *, ref: str) -> ApiToken:
     return token
 
 
+def is_live(session: Session, *, token_id: str) -> bool:
+    """Whether the token still exists and is not revoked (a long-held stream asks again and again)."""
+    token = session.get(ApiToken, token_id)
+    return token is not None and token.revoked_at is None
+
+
 def authenticate(session: Session, *, secret: str) -> ApiToken | None:
     """The live token with this secret, or None."""
     token = session.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(secret))).first()

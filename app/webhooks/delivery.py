@@ -13,9 +13,15 @@ Two steps, each safe with several coordinators on one database:
    claim), so the log keeps every attempt, even one its worker did not survive. With `ordered` (the
    default) only a subscription's oldest pending delivery is claimed: events arrive in order.
 
+Every attempt goes to an address checked just before it (`app.core.targets`: public only, unless the
+operator allows networks), pinned for the connection, so a name that resolves inside later is refused
+then. Its record keeps the status and a short reason of ours, never the receiver's body (viewers read
+the delivery log).
+
 Every attempt is signed with the subscription's secret, and during a rotation's overlap also with the
-secret it replaced (two `v1,` entries in `webhook-signature`). Retries back off exponentially with
-jitter (`app.webhooks.policy`); a `Retry-After` on the response (seconds or an HTTP date) replaces the
+secret it replaced (two `v1,` entries in `webhook-signature`); the replaced one no longer once its
+overlap has ended, even for a delivery claimed before. Retries back off exponentially with jitter
+(`app.webhooks.policy`); a `Retry-After` on the response (seconds or an HTTP date) replaces the
 backoff. `410 Gone` disables the subscription; that delivery and every later one wait (pending) and go
 out, in order, when it is re-enabled.
 """
@@ -26,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -40,6 +47,7 @@ from sqlmodel import Session, col, select
 from app import metrics
 from app.core.clock import utc_now
 from app.core.config import Settings
+from app.core.targets import IPAddress, TargetRefused, literal_address, resolve_checked
 from app.webhooks import signing
 from app.webhooks.dispatch import Dispatcher
 from app.webhooks.models import (
@@ -71,6 +79,7 @@ class ClaimedDelivery:
     body: bytes
     attempt: int  # the number of the attempt about to be made (1-based)
     attempt_row_id: int  # its row in the attempt log, written at claim time as "in flight"
+    previous_until: datetime | None = None  # when the second secret's overlap ends (it signs no more)
 
 
 @dataclass(frozen=True)
@@ -204,6 +213,7 @@ class DeliveryWorker:
                     subscription_id=subscription.id,
                     url=subscription.url,
                     secrets=tuple(signing_secrets(subscription, now)),
+                    previous_until=subscription.previous_secret_expires_at,
                     body=encode_payload(event.payload),
                     attempt=delivery.attempt_count,
                     attempt_row_id=attempt_row.id,
@@ -212,13 +222,29 @@ class DeliveryWorker:
         return claimed
 
     async def attempt(self, client: httpx.AsyncClient, claimed: ClaimedDelivery) -> AttemptResult:
-        headers = signing.signature_headers(claimed.secrets, claimed.event_id, int(time.time()), claimed.body)
-        headers["content-type"] = "application/json"
-        headers["user-agent"] = USER_AGENT
         started = time.perf_counter()
         try:
+            addresses = await resolve_checked(claimed.url, self.policy.allow_networks)
+        except TargetRefused as refused:
+            return AttemptResult(None, f"not sent: {refused}"[:_ERROR_LIMIT], _ms_since(started), None)
+        except (socket.gaierror, UnicodeError, ValueError):
+            return AttemptResult(
+                None, "not sent: the target's host does not resolve", _ms_since(started), None
+            )
+        secrets = claimed.secrets
+        if claimed.previous_until is not None and self.clock() >= claimed.previous_until:
+            secrets = secrets[:1]  # the rotated-out secret's overlap ended since the claim
+        headers = signing.signature_headers(secrets, claimed.event_id, int(time.time()), claimed.body)
+        headers["content-type"] = "application/json"
+        headers["user-agent"] = USER_AGENT
+        try:
+            url, pinned_headers, extensions = pinned(claimed.url, addresses[0])
             response = await client.post(
-                claimed.url, content=claimed.body, headers=headers, timeout=self.policy.timeout_s
+                url,
+                content=claimed.body,
+                headers={**headers, **pinned_headers},
+                timeout=self.policy.timeout_s,
+                extensions=extensions,
             )
         except httpx.TimeoutException:
             error = f"timed out after {self.policy.timeout_s:g} s"
@@ -226,15 +252,13 @@ class DeliveryWorker:
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             # InvalidURL: a URL stored before the API checked it (app/core/urls.py); recorded like any
             # failed attempt, so the delivery is retried and given up on instead of erroring every poll.
-            error = f"{type(exc).__name__}: {exc}"[:_ERROR_LIMIT]
-            return AttemptResult(None, error, _ms_since(started), None)
+            return AttemptResult(None, _reason(exc), _ms_since(started), None)
         duration_ms = _ms_since(started)
         if 200 <= response.status_code < 300:
             return AttemptResult(response.status_code, None, duration_ms, None)
         retry_after = parse_retry_after(response.headers.get("retry-after"), self.clock())
-        snippet = response.text[:200].strip()
-        error = f"HTTP {response.status_code}" + (f": {snippet}" if snippet else "")
-        return AttemptResult(response.status_code, error[:_ERROR_LIMIT], duration_ms, retry_after)
+        # The status only: the receiver's body is not ours to keep (a viewer reads this record).
+        return AttemptResult(response.status_code, f"HTTP {response.status_code}", duration_ms, retry_after)
 
     def record(self, claimed: ClaimedDelivery, result: AttemptResult) -> None:
         now = self.clock()
@@ -350,6 +374,28 @@ def _finished(in_flight: set[asyncio.Task[None]]) -> Callable[[asyncio.Task[None
             log.error("webhook delivery attempt failed to record", exc_info=task.exception())
 
     return done
+
+
+def pinned(url: str, address: IPAddress) -> tuple[httpx.URL, dict[str, str], dict[str, str]]:
+    """The request to `url` sent to `address` (checked already): the URL with the address as its host,
+    the name in `Host`, and for https the name as the TLS server name (SNI, and the certificate check)."""
+    original = httpx.URL(url)
+    target = original.copy_with(host=str(address))
+    headers = {"host": original.netloc.decode("ascii")}
+    named = literal_address(original.host) is None
+    extensions = {"sni_hostname": original.host} if original.scheme == "https" and named else {}
+    return target, headers, extensions
+
+
+def _reason(exc: Exception) -> str:
+    """A failed attempt in a few words of ours."""
+    if isinstance(exc, httpx.ConnectError):
+        return "could not connect"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "the receiver broke the HTTP exchange"
+    if isinstance(exc, httpx.InvalidURL):
+        return "not sent: the URL is not valid"
+    return f"failed: {type(exc).__name__}"
 
 
 def _ms_since(started: float) -> float:

@@ -8,6 +8,7 @@ from datetime import datetime
 from email.utils import parsedate_to_datetime
 
 from app.core.config import Settings
+from app.core.targets import IPNetwork
 
 # A receiver may ask for a long pause, but not for longer than a day.
 MAX_RETRY_AFTER_S = 86400.0
@@ -26,6 +27,8 @@ class DeliveryPolicy:
     jitter: float = 0.0  # each delay times a factor in [1 - jitter, 1 + jitter]
     ordered: bool = True  # one delivery in flight per subscription, oldest event first
     disabled_backlog: int = 1000  # events queued for a disabled subscription, at most
+    # Networks deliveries may go to besides public addresses (`app.core.targets`); none by default.
+    allow_networks: tuple[IPNetwork, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryPolicy:
@@ -40,6 +43,7 @@ class DeliveryPolicy:
             jitter=settings.webhook_retry_jitter,
             ordered=settings.webhook_ordered,
             disabled_backlog=settings.webhook_disabled_backlog,
+            allow_networks=settings.webhook_networks,
         )
 
     def plain_backoff_s(self, attempts_made: int) -> float:

@@ -1,7 +1,9 @@
 """`/v1/webhooks`: outbound subscriptions (changes need admin, reads viewer) and their delivery log.
 
 Only an admin sees a subscription's full URL: for every other role the credentials a URL may carry
-(`user:password@`, and the values of its query string) are redacted."""
+(`user:password@`, and the values of its query string) are redacted. A target must be a public address
+(`app.core.targets`; `EPCTL_WEBHOOK_ALLOW_NETWORKS` allows more): checked here, and again at every
+delivery. The delivery log keeps statuses and short reasons of ours, never a receiver's body."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ from sqlmodel import Session
 from app.api.deps import DatabaseDep, Reader, SettingsDep, WebhookAdmin
 from app.api.params import Offset, TimeText, WebhookIdPath
 from app.core.auth import Permission, Principal
+from app.core.config import Settings
 from app.core.errors import InvalidRequestError
 from app.core.problems import problem_responses
+from app.core.targets import TargetRefused, check_subscription_target
 from app.webhooks import service
 from app.webhooks.models import DeliveryState
 from app.webhooks.replay import ReplayOutcome, replay
@@ -29,11 +33,20 @@ def _shown_to(principal: Principal, public: service.WebhookPublic) -> service.We
     return public.model_copy(update={"url": service.redact_url(public.url)})
 
 
+async def _check_target(url: str, settings: Settings) -> None:
+    try:
+        await check_subscription_target(url, settings.webhook_networks)
+    except TargetRefused as refused:
+        raise InvalidRequestError(str(refused), code="webhook-target-not-allowed") from None
+
+
 @router.post("", name="create", status_code=status.HTTP_201_CREATED)
 async def create_webhook(
-    body: service.WebhookCreate, db: DatabaseDep, _: WebhookAdmin, response: Response
+    body: service.WebhookCreate, db: DatabaseDep, settings: SettingsDep, _: WebhookAdmin, response: Response
 ) -> service.WebhookCreated:
-    """Subscribe a URL to reconfiguration events. The signing secret (`whsec_...`) is shown here only."""
+    """Subscribe a URL to reconfiguration events. The signing secret (`whsec_...`) is shown here only.
+    The URL must reach a public address (422 `webhook-target-not-allowed` otherwise)."""
+    await _check_target(body.url, settings)
     created = await db.run(lambda session: service.create_subscription(session, body))
     response.headers["Location"] = f"/v1/webhooks/{created.id}"
     return created
@@ -56,10 +69,16 @@ async def get_webhook(webhook_id: WebhookIdPath, db: DatabaseDep, principal: Rea
 
 @router.patch("/{webhook_id}", name="update", responses=problem_responses(404))
 async def update_webhook(
-    webhook_id: WebhookIdPath, body: service.WebhookUpdate, db: DatabaseDep, _: WebhookAdmin
+    webhook_id: WebhookIdPath,
+    body: service.WebhookUpdate,
+    db: DatabaseDep,
+    settings: SettingsDep,
+    _: WebhookAdmin,
 ) -> service.WebhookPublic:
     """Change the URL, event types or description; `active: true` re-enables a subscription (its pending
-    deliveries then go out)."""
+    deliveries then go out). A new URL must reach a public address, as at creation."""
+    if body.url is not None:
+        await _check_target(body.url, settings)
     return await db.run(lambda session: service.update_subscription(session, webhook_id, body))
 
 

@@ -2,16 +2,27 @@
 data key, control key}, each answer checked; the refused calls carry what would hurt (pause the
 serving job for an hour, abort it, break its generation) and the serving generation is checked
 unchanged after them, with a steady client that sees no failure throughout. Also: the data key on
-`/v1/infer`, the fault routes absent from a production agent, bounded inputs, key rotation, the failure
-metric, and no agent listener on a wildcard address (`ss -ltn`)."""
+`/v1/infer`, the fault routes absent from a production agent, bounded inputs, the failure metric, and
+no agent listener on a wildcard address (`ss -ltn`).
+
+The life of a key on one more agent (`guarded`, with the default guessing limit): a previous key from
+the environment whose end has passed is refused at once; a rotation's previous key works until its
+overlap ends, never rotates, and a second rotation inside the overlap ends it at once; 1,000 wrong keys
+from one address are throttled (429) after a few, in a few log lines, while the key works from another
+address. And the big-body probe: four anonymous 200 MB bodies in parallel, refused before they are
+read, the agent's memory unmoved, serving unaffected.
+
+Real processes: four agents (two serving one generation), shared by the module."""
 
 from __future__ import annotations
 
 import os
 import re
 import secrets
+import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +32,18 @@ import pytest
 import torch
 
 from engine_agent import moe
+from engine_agent.protocol import MIN_KEY_OVERLAP_S
 from tests.agent.driver import SMALL, AgentProcess, Driver, random_tokens, start_agents, stop_agents
 from tests.support.processes import AGENT_KEY, PYTHON
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.processes
 
 DATA_KEY = "epdk_test_" + secrets.token_urlsafe(16)
 WRONG_KEY = "epak_wrong_" + secrets.token_urlsafe(16)
+ENDED_KEY = "epak_ended_" + secrets.token_urlsafe(16)  # `guarded`'s previous key, its end already past
+NO_GUESS_LIMIT = {"EPCTL_AGENT_AUTH_FAILURE_BURST": "0"}  # the matrix sends many wrong keys on purpose
+GUESS_BURST = 10  # the agent's default
 CALLERS = {
     "no key": None,
     "wrong key": WRONG_KEY,
@@ -40,27 +56,44 @@ CALLERS = {
 class Plane:
     serving: list[AgentProcess]  # one generation of two, fault injection on, data key set
     production: AgentProcess  # no test flag, no data key
+    guarded: AgentProcess  # the default guessing limit, and a previous key whose end has passed
     job_id: str
     generation: int
+    guarded_key: str = AGENT_KEY  # its current key (the key-life test rotates it)
 
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     workdir = Path(tmp_path_factory.mktemp("auth"))
-    serving = start_agents(2, workdir, env={"EPCTL_AGENT_DATA_KEY": DATA_KEY})
-    production: list[AgentProcess] = []
+    serving = start_agents(2, workdir, env={"EPCTL_AGENT_DATA_KEY": DATA_KEY, **NO_GUESS_LIMIT})
+    others: list[AgentProcess] = []
     try:
-        production = start_agents(1, workdir, prefix="p", extra_args=())
+        others += start_agents(1, workdir, prefix="p", extra_args=(), env=NO_GUESS_LIMIT)
+        ended = {
+            "EPCTL_AGENT_KEY_PREVIOUS": ENDED_KEY,
+            "EPCTL_AGENT_KEY_PREVIOUS_UNTIL": str(time.time() - 1),
+        }
+        others += start_agents(1, workdir, prefix="g", extra_args=(), env=ended)
         driver = Driver()
         outcome = driver.reconfigure(serving)
-        yield Plane(serving, production[0], outcome.job_id, driver.generation)
+        yield Plane(serving, others[0], others[1], outcome.job_id, driver.generation)
     finally:
-        stop_agents([*serving, *production])
+        stop_agents([*serving, *others])
 
 
-def call(agent: AgentProcess, key: str | None, method: str, path: str, body: object = None) -> httpx.Response:
+def call(
+    agent: AgentProcess,
+    key: str | None,
+    method: str,
+    path: str,
+    body: object = None,
+    *,
+    source: str | None = None,
+) -> httpx.Response:
+    """One call; `source`: the client's own address (127.0.0.2 is another client on loopback)."""
     headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-    with httpx.Client(base_url=agent.url, timeout=30) as http:
+    transport = httpx.HTTPTransport(local_address=source) if source else None
+    with httpx.Client(base_url=agent.url, timeout=30, transport=transport) as http:
         return http.request(method, path, json=body, headers=headers)
 
 
@@ -185,7 +218,11 @@ def test_refusals_are_counted_without_a_secret_in_the_metrics(plane: Plane) -> N
     assert metrics.status_code == 200 and call(target, None, "GET", "/healthz").status_code == 200
     for secret in (AGENT_KEY, DATA_KEY, WRONG_KEY, plane.job_id):
         assert secret not in metrics.text
-    assert "refused GET /v1/info from 127.0.0.1: wrong control key" in target.log_path.read_text()
+    # The first refusal of a spell names the call and the caller's address; the rest are summed up.
+    log = target.log_path.read_text()
+    assert re.search(r"refused (GET|POST) /v1/\S+ from 127\.0\.0\.1: (missing|wrong) control key", log), log
+    for secret in (AGENT_KEY, DATA_KEY, WRONG_KEY):
+        assert secret not in log
 
 
 def refused_count(agent: AgentProcess) -> float:
@@ -209,9 +246,11 @@ def test_the_data_key_guards_infer_and_no_more(plane: Plane) -> None:
 
 
 def test_a_production_agent_has_no_fault_routes(plane: Plane) -> None:
-    for key in (None, AGENT_KEY):
-        answer = call(plane.production, key, "POST", "/v1/faults", {"fail_next_switch": True})
-        assert answer.status_code == 404 and answer.json()["code"] == "not-found", answer.text
+    answer = call(plane.production, AGENT_KEY, "POST", "/v1/faults", {"fail_next_switch": True})
+    assert answer.status_code == 404 and answer.json()["code"] == "not-found", answer.text
+    # A stranger learns no route: an unknown path needs the key like any other (401, not 404).
+    anonymous = call(plane.production, None, "POST", "/v1/faults", {"fail_next_switch": True})
+    assert anonymous.status_code == 401, anonymous.text
     assert call(plane.serving[0], AGENT_KEY, "POST", "/v1/faults", {}).status_code == 200
 
 
@@ -234,15 +273,165 @@ def test_leases_deadlines_and_timeouts_past_their_bounds_are_422(plane: Plane) -
     assert_serving_unchanged(plane)
 
 
-def test_a_rotated_key_is_accepted_with_the_previous_one_during_the_overlap(plane: Plane) -> None:
-    agent = plane.production
-    new_key = "epak_new_" + secrets.token_urlsafe(16)
-    assert call(agent, new_key, "GET", "/v1/info").status_code == 401
-    rotated = call(agent, AGENT_KEY, "POST", "/v1/agent-key", {"key": new_key, "overlap_s": 600})
+def test_a_previous_key_whose_end_has_passed_is_refused_on_every_route(plane: Plane) -> None:
+    """EPCTL_AGENT_KEY_PREVIOUS comes with EPCTL_AGENT_KEY_PREVIOUS_UNTIL: past it, never accepted."""
+    for method, path, body in harmful(plane)[:GUESS_BURST]:  # (each client address its own burst)
+        answer = call(plane.guarded, ENDED_KEY, method, path, body, source="127.0.0.3")
+        assert (answer.status_code, answer.json()["code"]) == (401, "agent-key-invalid"), (path, answer.text)
+    for method, path, body in harmful(plane)[GUESS_BURST:]:
+        answer = call(plane.guarded, ENDED_KEY, method, path, body, source="127.0.0.4")
+        assert (answer.status_code, answer.json()["code"]) == (401, "agent-key-invalid"), (path, answer.text)
+    assert call(plane.guarded, AGENT_KEY, "GET", "/v1/info").status_code == 200
+
+
+def test_a_previous_key_works_until_its_overlap_ends_and_never_rotates(plane: Plane) -> None:
+    agent = plane.guarded
+    first, second = ("epak_next_" + secrets.token_urlsafe(16) for _ in range(2))
+    too_short = call(agent, plane.guarded_key, "POST", "/v1/agent-key", {"key": first, "overlap_s": 0.001})
+    assert too_short.status_code == 422, too_short.text  # an overlap has a minimum
+    rotated = call(agent, plane.guarded_key, "POST", "/v1/agent-key", {"key": first, "overlap_s": 600})
     assert rotated.status_code == 200, rotated.text
-    assert call(agent, new_key, "GET", "/v1/info").status_code == 200
-    assert call(agent, AGENT_KEY, "GET", "/v1/info").status_code == 200  # within the overlap
-    assert call(agent, WRONG_KEY, "GET", "/v1/info").status_code == 401
+    plane.guarded_key = first
+    assert call(agent, AGENT_KEY, "GET", "/v1/info").status_code == 200  # within its overlap
+    # The previous key cannot rotate, even inside its overlap: it cannot lock the coordinator out.
+    hijack = call(agent, AGENT_KEY, "POST", "/v1/agent-key", {"key": WRONG_KEY, "overlap_s": 600})
+    assert (hijack.status_code, hijack.json()["code"]) == (401, "agent-key-not-current"), hijack.text
+    assert call(agent, first, "GET", "/v1/info").status_code == 200
+    # A second rotation inside the first overlap: the key before ends at once, the one it replaces
+    # lasts its own (short) overlap, then ends on every route.
+    again = call(agent, first, "POST", "/v1/agent-key", {"key": second, "overlap_s": MIN_KEY_OVERLAP_S})
+    assert again.status_code == 200, again.text
+    plane.guarded_key = second
+    ends_at = time.monotonic() + MIN_KEY_OVERLAP_S
+    assert call(agent, AGENT_KEY, "GET", "/v1/info").status_code == 401
+    assert call(agent, second, "GET", "/v1/info").status_code == 200
+    assert call(agent, first, "GET", "/v1/info").status_code == 200 or time.monotonic() >= ends_at
+    wait_until(lambda: time.monotonic() > ends_at + 0.5, timeout_s=MIN_KEY_OVERLAP_S + 5, what="the overlap")
+    for index, (method, path, body) in enumerate(harmful(plane)):
+        answer = call(agent, first, method, path, body, source=f"127.0.1.{index + 1}")
+        assert answer.status_code == 401, f"{method} {path}: {answer.status_code} {answer.text}"
+    assert call(agent, second, "GET", "/v1/info").status_code == 200
+
+
+def test_guessing_is_throttled_in_a_few_log_lines_and_the_key_works_from_elsewhere(plane: Plane) -> None:
+    agent, guesser = plane.guarded, "127.0.0.5"
+    assert (
+        call(agent, plane.guarded_key, "GET", "/v1/info", source=guesser).status_code == 200
+    )  # proven there
+    lines_before = len(agent.log_path.read_text().splitlines())
+    statuses: list[int] = []
+    sent_at: list[float] = []  # seconds since the first guess
+    retry_after: set[str] = set()
+    started = time.monotonic()
+    transport = httpx.HTTPTransport(local_address=guesser)
+    with httpx.Client(base_url=agent.url, timeout=30, transport=transport) as http:
+        for _ in range(1000):
+            wrong = "epak_guess_" + secrets.token_urlsafe(16)
+            sent_at.append(time.monotonic() - started)
+            answer = http.get("/v1/info", headers={"Authorization": f"Bearer {wrong}"})
+            statuses.append(answer.status_code)
+            if answer.status_code == 429:
+                retry_after.add(answer.headers["retry-after"])
+                assert answer.json()["code"] == "too-many-failed-attempts"
+    elapsed = time.monotonic() - started
+    assert set(statuses) == {401, 429}, set(statuses)
+    # The burst, then one more failure per second (the refill) at most: counted against the clock, so
+    # a slow machine (more refills) cannot make this fail, and a throttle that lets more through does.
+    first_429 = statuses.index(429)
+    assert statuses[:GUESS_BURST] == [401] * GUESS_BURST
+    assert first_429 <= GUESS_BURST + int(sent_at[first_429]) + 1, (first_429, sent_at[first_429])
+    assert statuses.count(401) <= GUESS_BURST + int(elapsed) + 1, (statuses.count(401), elapsed)
+    assert retry_after and all(int(value) >= 1 for value in retry_after)
+    grown = agent.log_path.read_text().splitlines()[lines_before:]
+    assert len(grown) <= 4, grown
+    # The real key still works: from another address, and from the guesser's, where it worked before.
+    assert call(agent, plane.guarded_key, "GET", "/v1/info", source="127.0.0.2").status_code == 200
+    assert call(agent, plane.guarded_key, "GET", "/v1/info", source=guesser).status_code == 200
+    # A guess from elsewhere is still checked (401); from the guesser's address it waits (429: of a few
+    # in a row at most one can find a failure regained since).
+    assert call(agent, WRONG_KEY, "GET", "/v1/info", source="127.0.0.2").status_code == 401
+    again = [call(agent, WRONG_KEY, "GET", "/v1/info", source=guesser).status_code for _ in range(3)]
+    assert 429 in again and set(again) <= {401, 429}, again
+    # What is open to anyone (inference without a data key) is never throttled: past the gate, this
+    # idle engine answers 503 (no generation to serve), not 429.
+    tokens = {"tokens": random_tokens(SMALL, 1).tolist()}
+    assert call(agent, None, "POST", "/v1/infer", tokens, source=guesser).status_code == 503
+
+
+BIG_BODY_BYTES = 200 * 1024 * 1024
+
+
+def _send_big_body(url: str, path: str, result: dict[str, object]) -> None:
+    """An anonymous JSON body of 200 MB, sent as fast as the agent takes it; records the status the
+    agent answered and how many bytes it took before it did (by the socket's account)."""
+    host, port = url.removeprefix("http://").split(":")
+    chunk = b"[" + b"0," * (1024 * 1024 // 2 - 1) + b"0]"  # 1 MiB of valid-looking JSON
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {BIG_BODY_BYTES}\r\n\r\n"
+        )
+        sock.sendall(head.encode())
+        try:
+            while sent < BIG_BODY_BYTES:
+                sent += sock.send(chunk[: BIG_BODY_BYTES - sent])
+        except OSError:
+            pass  # the agent answered and closed the connection: the rest is never read
+        answer = b""
+        try:
+            while b"\r\n" not in answer:
+                part = sock.recv(4096)
+                if not part:
+                    break
+                answer += part
+        except OSError:
+            pass
+    result["sent"] = sent
+    result["status"] = int(answer.split()[1]) if answer.startswith(b"HTTP/1.1 ") else None
+
+
+def _rss_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def test_anonymous_bodies_are_refused_before_they_are_read(plane: Plane) -> None:
+    """The big-body probe: 4 x 200 MB anonymous bodies in parallel to a control route of a serving
+    member; each refused (401) before it is read, the agent's peak memory within a few MB of idle,
+    serving unaffected."""
+    target = plane.serving[1]
+    pid = target.process.pid
+    with SteadyInfer(plane.serving[0]) as steady:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # peak RSS (VmHWM) starts again from now
+        time.sleep(1.0)
+        idle_peak = _rss_kb(pid, "VmHWM")
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        results: list[dict[str, object]] = [{} for _ in range(4)]
+        senders = [
+            threading.Thread(target=_send_big_body, args=(target.url, "/v1/reconfig/prepare", r))
+            for r in results
+        ]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(timeout=120)
+        probe_peak = _rss_kb(pid, "VmHWM")
+    assert [r["status"] for r in results] == [401] * 4, results
+    # What the agent took before it answered: its socket buffers' worth, not the bodies.
+    assert all(int(str(r["sent"])) < BIG_BODY_BYTES // 10 for r in results), results
+    assert probe_peak - idle_peak < 8 * 1024, (idle_peak, probe_peak)
+    assert steady.failed == [] and steady.ok > 0, steady.failed[:3]
+    assert_serving_unchanged(plane)
+
+
+def test_a_control_body_past_its_bound_is_refused_with_413(plane: Plane) -> None:
+    big = {"job_id": plane.job_id, "pad": "x" * 100_000}
+    answer = call(plane.serving[1], AGENT_KEY, "POST", "/v1/reconfig/pause", big)
+    assert (answer.status_code, answer.json()["code"]) == (413, "body-too-large"), answer.text
+    assert_serving_unchanged(plane)
 
 
 def test_no_agent_listens_on_a_wildcard_address(plane: Plane) -> None:

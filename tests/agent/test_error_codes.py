@@ -79,7 +79,12 @@ def test_the_shared_problem_module_imports_no_torch() -> None:
 
 
 def test_routing_errors_and_a_starting_agent_answer_kebab_case_problems() -> None:
-    client = TestClient(create_app())  # no lifespan: the agent is never built, it is "starting"
+    from engine_agent.auth import AgentKeys
+    from engine_agent.gate import Guard
+
+    app = create_app()  # no lifespan: the agent is never built, it is "starting"
+    app.state.guard = Guard(AgentKeys(None, insecure=True))  # past the gate (an insecure agent's)
+    client = TestClient(app)
     missing = client.get("/v1/nothing-here")
     wrong_method = client.delete("/v1/info")
     starting = client.get("/v1/info")

@@ -24,7 +24,7 @@ def test_webhooks_create_shows_the_secret_once_then_list_and_delete(coordinator:
         coordinator,
         "webhooks",
         "create",
-        "http://127.0.0.1:9/hook",
+        "https://hooks.example/hook",
         "-e",
         "succeeded",
         "-e",
@@ -47,14 +47,14 @@ def test_webhooks_create_shows_the_secret_once_then_list_and_delete(coordinator:
 
 
 def test_webhooks_create_rejects_an_unknown_event_type(coordinator: Coordinator) -> None:
-    result = epctl(coordinator, "webhooks", "create", "http://127.0.0.1:9/hook", "-e", "exploded")
+    result = epctl(coordinator, "webhooks", "create", "https://hooks.example/hook", "-e", "exploded")
     assert result.exit_code == 2
     assert "unknown event" in result.output
 
 
 @pytest.mark.usefixtures("webhooks_available")
 def test_webhooks_rotate_secret_with_an_overlap_and_replay(coordinator: Coordinator) -> None:
-    created = epctl(coordinator, "webhooks", "create", "http://127.0.0.1:9/hook", "--json")
+    created = epctl(coordinator, "webhooks", "create", "https://hooks.example/hook", "--json")
     subscription_id = json.loads(created.stdout)["id"]
     rotated = epctl(coordinator, "webhooks", "rotate-secret", subscription_id, "--overlap", "600")
     assert rotated.exit_code == 0, rotated.output

@@ -12,7 +12,7 @@ from sqlmodel import Session, select
 
 from app.core.clock import utc_now
 from app.core.sealing import SECRET_KEY_ENV
-from app.deployments.agent_keys import agent_keys_of
+from app.deployments.agent_keys import agent_keys_of, previous_until_epoch
 from app.deployments.models import Deployment
 from tests.support.fixtures import token_headers
 
@@ -72,3 +72,21 @@ def test_an_operator_may_choose_the_key_for_static_agents(client: TestClient, se
     assert agent_keys_of(stored(session)) == (chosen,)
     short = client.post("/v1/deployments", json={**DEMO, "name": "short", "agent_key": "x" * 8})
     assert short.status_code == 422
+
+
+def test_a_second_rotation_inside_the_overlap_ends_the_first_previous_key_at_once(
+    client: TestClient, session: Session
+) -> None:
+    """One previous key at most, always with an end: the coordinator sends (and launches engines with)
+    the key it replaced last, until that one's own overlap ends; an overlap has a minimum."""
+    assert client.post("/v1/deployments", json=DEMO).status_code == 201
+    first = client.post("/v1/deployments/demo/agent-key").json()["key"]
+    assert client.post("/v1/deployments/demo/agent-key/rotate", json={"overlap_s": 5}).status_code == 422
+    second = client.post("/v1/deployments/demo/agent-key/rotate", json={"overlap_s": 3600}).json()
+    third = client.post("/v1/deployments/demo/agent-key/rotate", json={"overlap_s": 60}).json()
+    row = stored(session)
+    assert agent_keys_of(row) == (third["key"], second["key"]) and first not in agent_keys_of(row)
+    ends = previous_until_epoch(row)
+    assert ends is not None and abs(ends - (utc_now() + timedelta(seconds=60)).timestamp()) < 5
+    assert agent_keys_of(row, now=utc_now() + timedelta(seconds=61)) == (third["key"],)
+    assert previous_until_epoch(row, now=utc_now() + timedelta(seconds=61)) is None

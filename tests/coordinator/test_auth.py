@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,28 @@ def test_the_token_list_shows_at_most_four_characters_of_a_secret(
         }
     assert shown["admin-env"] == "0123"
     assert shown["ci"] == created["token_prefix"] == created["token"][: len("epctl_") + 4]
+
+
+def test_guessing_tokens_is_throttled_per_client_and_a_proven_token_keeps_working(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a few failures a client is answered 429 with Retry-After, before its token is looked up;
+    the admin token that already worked from that client keeps working there; a few log lines."""
+    assert client.get("/v1/deployments").status_code == 200  # the admin token, proven from here
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="app.auth"):
+        answers = [
+            client.get("/v1/deployments", headers={"Authorization": f"Bearer epctl_guess{i:04d}"})
+            for i in range(200)
+        ]
+    elapsed = time.monotonic() - started
+    statuses = [a.status_code for a in answers]
+    # The burst, then one more failure per second at most (counted against the clock).
+    assert statuses[:10] == [401] * 10 and statuses.count(401) <= 10 + int(elapsed) + 1, (statuses, elapsed)
+    throttled = next(a for a in answers if a.status_code == 429)
+    assert throttled.json()["code"] == "too-many-failed-attempts"
+    assert int(throttled.headers["retry-after"]) >= 1
+    assert len([r for r in caplog.records if r.name == "app.auth"]) <= 3
+    assert client.get("/v1/deployments").status_code == 200
+    viewer = token_headers(client, "viewer")  # never used from here: it waits its turn like a guess
+    assert client.get("/v1/deployments", headers=viewer).status_code == 429

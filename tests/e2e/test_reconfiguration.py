@@ -131,8 +131,10 @@ def test_anonymous_calls_to_the_agents_are_refused_and_neither_serving_nor_a_job
 ) -> None:
     """The issue's attacks, with no credential, against the live deployment's agents: the broken
     notice, a pause with an hour's lease, an abort, and the read of its internals; then aborts and
-    broken notices fired at every engine while a real 2 -> 3 job runs. All refused (401), every
-    request of a steady client answered outside the job's commit window, the job succeeds."""
+    broken notices fired at every engine while a real 2 -> 3 job runs. All refused (401, then 429 once
+    the attacker's address ran out of failures: it is the coordinator's address too, whose key keeps
+    working, on the joiner as well), every request of a steady client answered outside the job's commit
+    window, the job succeeds."""
     client = client_for(stack)
     answers: list[tuple[str, int]] = []
     try:
@@ -172,7 +174,8 @@ def test_anonymous_calls_to_the_agents_are_refused_and_neither_serving_nor_a_job
     finally:
         client.stop()
     assert job["state"] == "succeeded", job
-    assert len(answers) > 8 and {status for _, status in answers} == {401}, answers[:10]
+    assert len(answers) > 8 and {status for _, status in answers} <= {401, 429}, answers[:10]
+    assert answers[0][1] == 401
     window = downtime_window(job)
     outside = [
         s

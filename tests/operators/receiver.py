@@ -4,6 +4,11 @@
 answers from a script of responses (then 200), and, like a well-behaved receiver, processes each
 `webhook-id` once: `processed` holds the payloads it acted on, `requests` every request it saw.
 Reusable by other test modules (end-to-end tests can subscribe it to a coordinator).
+
+It listens on loopback, where the coordinator delivers only when the operator allows it
+(`EPCTL_WEBHOOK_ALLOW_NETWORKS`, app/core/targets.py): every test that delivers to it says so with
+`ALLOW_LOOPBACK_ENV` (a coordinator process), `LOOPBACK` (a `DeliveryPolicy`) or `allowing_loopback`
+(the app's settings).
 """
 
 from __future__ import annotations
@@ -18,12 +23,25 @@ from typing import Any
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from app.core.config import Settings
+from app.core.targets import networks
+
+LOOPBACK_NETWORKS = "127.0.0.0/8,::1/128"
+LOOPBACK = networks(LOOPBACK_NETWORKS)
+ALLOW_LOOPBACK_ENV = {"EPCTL_WEBHOOK_ALLOW_NETWORKS": LOOPBACK_NETWORKS}
+
+
+def allowing_loopback(settings: Settings) -> Settings:
+    """The coordinator's settings, delivering to this receiver on loopback too."""
+    return settings.model_copy(update={"webhook_allow_networks": LOOPBACK_NETWORKS})
+
 
 @dataclass
 class ScriptedResponse:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     hold: threading.Event | None = None  # block the request until this is set (a hung receiver)
+    body: bytes = b""  # what the receiver says besides its status
 
 
 @dataclass
@@ -85,8 +103,9 @@ class WebhookReceiver:
             handler.send_response(status)
             for name, value in scripted.headers.items():
                 handler.send_header(name, value)
-            handler.send_header("content-length", "0")
+            handler.send_header("content-length", str(len(scripted.body)))
             handler.end_headers()
+            handler.wfile.write(scripted.body)
         except OSError:  # the sender gave up (killed, or timed out) while we held the request
             pass
         with self.arrived:

@@ -28,7 +28,11 @@ PROBLEM = "application/problem+json"
 
 @pytest.fixture
 def live(database_url: str, tmp_path: Path) -> Iterator[Coordinator]:
-    env = {"EPCTL_EVENTS_POLL_S": "0.05", "EPCTL_AUTO_MIGRATE": "false"}  # the schema is there
+    env = {
+        "EPCTL_EVENTS_POLL_S": "0.05",
+        "EPCTL_AUTO_MIGRATE": "false",  # the schema is there
+        "EPCTL_EVENTS_TOKEN_RECHECK_S": "0.2",
+    }
     with Coordinator(database_url, tmp_path / "data", env=env) as running:
         yield running
 
@@ -123,6 +127,25 @@ def test_stream_resumed_with_last_event_id_misses_nothing_and_repeats_nothing(
         "succeeded",
         seqs[-1],
     )
+
+
+def test_a_stream_ends_once_its_token_is_revoked(live: Coordinator, db_engine: Engine, job_id: str) -> None:
+    """A revoked token opens no door, a stream it holds open included: the stream says `revoked` and
+    closes (within the recheck interval), while the job goes on."""
+    viewer = live.api.post("/v1/tokens", json={"name": "watcher", "role": "viewer"}).json()
+    with live.client(viewer["token"]) as client:
+        response = open_stream(client, job_id)
+        try:
+            assert response.status_code == 200
+            stream = sse.events(response.iter_lines())
+            assert next(stream).event == "created"  # the log row the job was created with
+            assert live.api.delete(f"/v1/tokens/{viewer['id']}").status_code == 200
+            rest = list(stream)  # the server closes the stream: this ends
+        finally:
+            response.close()
+    assert [e.event for e in rest] == ["revoked"] and rest[0].data["code"] == "token-revoked"
+    with live.client(viewer["token"]) as client:
+        assert open_stream(client, job_id).status_code == 401
 
 
 def test_query_parameter_resumes_like_the_header(live: Coordinator, db_engine: Engine, job_id: str) -> None:

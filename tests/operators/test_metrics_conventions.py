@@ -201,7 +201,7 @@ def test_metrics_answer_without_a_token_and_carry_no_credential(
     durations and names, never a secret. Agent addresses (`/v1/sd/agents`) stay behind a viewer token."""
     fleet(client, db_engine)
     viewer = client.post("/v1/tokens", json={"name": "reader", "role": "viewer"}).json()["token"]
-    hook = client.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/hook"}).json()
+    hook = client.post("/v1/webhooks", json={"url": "https://hooks.example/hook"}).json()
     anonymous = {"Authorization": ""}
     response = client.get("/metrics", headers=anonymous)
     assert response.status_code == 200, response.text

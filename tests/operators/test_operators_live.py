@@ -13,7 +13,7 @@ from sqlmodel import Session
 from app.jobs.states import JobState
 from tests.operators import rows, sse
 from tests.operators.alertmanager_payloads import scale_through_alertmanager
-from tests.operators.receiver import WebhookReceiver
+from tests.operators.receiver import ALLOW_LOOPBACK_ENV, WebhookReceiver
 from tests.support.processes import Coordinator
 
 
@@ -21,7 +21,12 @@ from tests.support.processes import Coordinator
 def test_alertmanager_scale_streams_progress_and_notifies_subscribers(
     database_url: str, tmp_path: Path, db_engine: Engine
 ) -> None:
-    env = {"EPCTL_EVENTS_POLL_S": "0.05", "EPCTL_WEBHOOK_POLL_S": "0.05", "EPCTL_AUTO_MIGRATE": "false"}
+    env = {
+        "EPCTL_EVENTS_POLL_S": "0.05",
+        "EPCTL_WEBHOOK_POLL_S": "0.05",
+        "EPCTL_AUTO_MIGRATE": "false",
+        **ALLOW_LOOPBACK_ENV,  # the receiver listens on loopback
+    }
     with (
         WebhookReceiver().running() as receiver,
         Coordinator(database_url, tmp_path / "data", env=env) as live,

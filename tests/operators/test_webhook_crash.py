@@ -16,7 +16,7 @@ from app.webhooks import service
 from app.webhooks.delivery import ATTEMPT_ABANDONED
 from app.webhooks.models import OutboxEvent
 from app.webhooks.service import DeliveryList
-from tests.operators.receiver import ScriptedResponse, WebhookReceiver
+from tests.operators.receiver import ALLOW_LOOPBACK_ENV, ScriptedResponse, WebhookReceiver
 from tests.support.factories import make_job, static_deployment
 from tests.support.processes import Coordinator
 from tests.support.waiting import wait_until
@@ -27,6 +27,7 @@ FAST_WORKER = {
     "EPCTL_WEBHOOK_CLAIM_LEASE_S": "1",  # effective lease: timeout + 1 s
     "EPCTL_WEBHOOK_RETRY_BASE_S": "0.05",
     "EPCTL_AUTO_MIGRATE": "false",  # the test's database is migrated already
+    **ALLOW_LOOPBACK_ENV,  # the receiver listens on loopback
 }
 
 

@@ -11,12 +11,19 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from app import metrics
+from app.core.config import Settings
 from app.webhooks.delivery import DeliveryPolicy, DeliveryWorker
 from tests.operators import rows
-from tests.operators.receiver import ScriptedResponse, WebhookReceiver
+from tests.operators.receiver import LOOPBACK, ScriptedResponse, WebhookReceiver, allowing_loopback
 from tests.support.fixtures import token_headers
 
 PROBLEM = "application/problem+json"
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """This module subscribes a receiver on loopback through the API: allowed, as an operator would."""
+    return allowing_loopback(settings)
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +93,9 @@ def test_delivery_log_shows_every_attempt_through_the_api(
         receiver.respond(ScriptedResponse(503), ScriptedResponse(500))
         job = rows.make_job(session, rows.make_deployment(session, "d1").id)
         rows.advance(session, job.id, rows.JobState.pending, rows.JobState.preparing)
-        worker = DeliveryWorker(db_engine, DeliveryPolicy(retry_base_s=0.01, retry_max_s=0.01))
+        worker = DeliveryWorker(
+            db_engine, DeliveryPolicy(retry_base_s=0.01, retry_max_s=0.01, allow_networks=LOOPBACK)
+        )
 
         async def three_attempts() -> None:
             for _ in range(3):

@@ -5,11 +5,13 @@ schedule spanning more than a day with jitter, a per-deployment sequence number 
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
@@ -63,6 +65,30 @@ def test_a_receiver_on_the_old_secret_verifies_until_the_rotation_overlap_ends(
     assert not late.signature_valid and late.answered == 401  # the old key no longer signs
     Webhook(rotated.secret).verify(late.body, late.headers)
     assert len(late.headers["webhook-signature"].split(" ")) == 1
+
+
+def test_a_delivery_claimed_inside_the_overlap_is_signed_by_the_old_secret_only_until_it_ends(
+    engine: Engine, session: Session, deployment_id: str, receiver: WebhookReceiver
+) -> None:
+    """The old secret's end holds for an attempt claimed before it too (issue 32)."""
+    subscription_id = subscribe(session, receiver, EventType.started)
+    rotated = service.rotate_secret(session, subscription_id, overlap_s=60)
+    one_event(session, deployment_id)
+    now = [utc_now()]
+    worker = DeliveryWorker(engine, FAST, clock=lambda: now[0])
+    worker.dispatch_outbox()
+    [claimed] = worker.claim_due(1)
+    assert len(claimed.secrets) == 2  # claimed inside the overlap
+    now[0] = utc_now() + timedelta(seconds=61)  # the overlap ends before the attempt goes out
+
+    async def attempt() -> None:
+        async with httpx.AsyncClient() as client:
+            await worker.attempt(client, claimed)
+
+    asyncio.run(attempt())
+    [request] = receiver.requests
+    assert len(request.headers["webhook-signature"].split(" ")) == 1 and not request.signature_valid
+    Webhook(rotated.secret).verify(request.body, request.headers)
 
 
 def test_rotation_without_overlap_switches_at_once(

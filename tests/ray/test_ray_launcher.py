@@ -22,6 +22,7 @@ from app.core.db import make_engine
 from app.launchers.base import LaunchSpec
 from app.launchers.ray_launcher import RayLauncher
 from engine_agent import moe
+from engine_agent.environment import LAUNCHER_GIVES, allowed
 from tests.ray.conftest import RayCluster, import_ray
 from tests.support.databases import sqlite_database
 from tests.support.stack import ENGINE, StackCoordinator, agent_http, infer
@@ -160,6 +161,10 @@ def test_scales_0_2_3_2_with_engines_placed_and_run_by_ray(stack: RayStack) -> N
         assert agent.ppid() == where["actor_pid"] == actors[engine_id].pid
         command = " ".join(agent.cmdline())
         assert engine_id in command and "--token" not in command  # the token travels in the environment
+        # Its environment is the engines' allow-list of the Ray worker's, and what it is given by name.
+        given = agent.environ()
+        assert given["EPCTL_AGENT_KEY"] and given["EPCTL_TOKEN"]
+        assert all(allowed(name) or name in LAUNCHER_GIVES for name in given), sorted(given)
     engines = {e["id"]: e for e in stack.coordinator.engines(stack.name)}
     assert {engines[i]["launched_by"] for i in first} == {"ray"}
 

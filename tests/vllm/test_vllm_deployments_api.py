@@ -140,3 +140,21 @@ def test_only_operators_reconcile_or_restart(client: TestClient) -> None:
     response = client.post("/v1/deployments/chat/engine/reconcile", headers=operator)
     assert response.status_code == 200, response.text
     assert response.json()["status"] == "degraded"
+
+
+def test_the_api_key_is_sealed_at_rest(client: TestClient, session: Any, monkeypatch: Any) -> None:
+    """Sealed with EPCTL_SECRET_KEY like the agent keys and webhook secrets (issue 32), and read back to
+    call the server; a bare value written before sealing still reads."""
+    from cryptography.fernet import Fernet
+    from sqlmodel import select
+
+    from app.core.sealing import SECRET_KEY_ENV, opened
+    from app.deployments.models import Deployment
+
+    monkeypatch.setenv(SECRET_KEY_ENV, Fernet.generate_key().decode())
+    assert client.post("/v1/deployments", json=vllm_body(api_key="k" * 512)).status_code == 201
+    assert client.patch("/v1/deployments/chat", json={"vllm": {"api_key": "sk-rotated"}}).status_code == 200
+    session.expire_all()
+    row = session.exec(select(Deployment).where(Deployment.name == "chat")).one()
+    assert row.backend_secret.startswith("fernet:") and "sk-rotated" not in row.backend_secret
+    assert opened(row.backend_secret) == "sk-rotated" and opened("sk-written-bare") == "sk-written-bare"

@@ -18,7 +18,7 @@ from app.backends.reference.liveness.view import Rules
 from app.backends.reference.record import JobRecord
 from app.backends.reference.recovery import Recovery
 from app.deployments.models import EngineBackend
-from app.launchers.base import DeletedDeployment
+from app.launchers.base import DeletedDeployment, EnginesToRestart
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,20 @@ class ReferenceBackend(Backend):
             await launcher.release(spec, deleted.engines)
         except Exception:
             log.exception("deployment %s deleted: stopping its engines failed", deleted.name)
+
+    async def restart_engines(self, restart: EnginesToRestart) -> list[str]:
+        """Stop engines that refuse the coordinator's agent key through the launcher that started them
+        (a static pool keeps its own: its operator restarts them with the key); self-healing replaces
+        those stopped with engines launched with the current key."""
+        launcher = self.context.launchers.get(restart.launcher)
+        if launcher is None or not restart.engines:
+            return []
+        spec = launch_spec(self.context.settings, restart.deployment, restart.engine)
+        try:
+            return await launcher.release(spec, restart.engines)
+        except Exception:
+            log.exception("deployment %s: stopping engines that refuse its key failed", restart.deployment)
+            return []
 
     def periodic(self) -> Sequence[Periodic]:
         context = self.context

@@ -54,6 +54,9 @@ class JobRun:
     retire: tuple[str, ...] = ()  # the engines the request names to leave
     # The deployment's agent keys (current first), sent on every agent call; not in a repr (logs).
     agent_keys: tuple[str, ...] = field(default=(), repr=False)
+    # When the previous key's overlap ends (epoch seconds; None: no previous key): engines launched
+    # during the overlap get it with the key, so it ends on them too.
+    agent_key_previous_until: float | None = None
     plan: Plan | None = None
     clients: dict[str, AgentClient] = field(default_factory=dict)
     statuses: dict[str, ReconfigStatus] = field(default_factory=dict)

@@ -41,9 +41,12 @@ def launch_spec(
     coordinators: Sequence[str] = (),
     *,
     keys: Sequence[str] = (),
+    previous_until: float | None = None,
 ) -> LaunchSpec:
     """What a launcher is told about the deployment it starts (or releases) engines for. `coordinators`:
-    every live coordinator sharing the database (this one first), for the agents to fail over between."""
+    every live coordinator sharing the database (this one first), for the agents to fail over between.
+    `keys`: the deployment's agent keys (`agent_keys_of`); a previous key goes only with its end,
+    `previous_until` (wall-clock epoch seconds, from the sealed record)."""
     urls = list(dict.fromkeys([*coordinators, *([settings.public_url] if settings.public_url else [])]))
     return LaunchSpec(
         deployment=deployment,
@@ -52,7 +55,8 @@ def launch_spec(
         token=settings.agent_token,
         extra_args=tuple(shlex.split(settings.local_agent_args)),
         agent_key=keys[0] if keys else None,
-        agent_key_previous=keys[1] if len(keys) > 1 else None,
+        agent_key_previous=keys[1] if len(keys) > 1 and previous_until is not None else None,
+        agent_key_previous_until=previous_until if len(keys) > 1 else None,
     )
 
 
@@ -131,7 +135,14 @@ class Participants:
         live = await self.record.run_in_session(lambda s: coordinators.live_urls(s, first=public_url))
         launch = asyncio.ensure_future(
             launcher.ensure_engines(
-                launch_spec(self.settings, run.deployment_name, run.engine_config, live, keys=run.agent_keys),
+                launch_spec(
+                    self.settings,
+                    run.deployment_name,
+                    run.engine_config,
+                    live,
+                    keys=run.agent_keys,
+                    previous_until=run.agent_key_previous_until,
+                ),
                 need,
                 idle,
                 deadline_s=self.settings.launch_deadline_s,

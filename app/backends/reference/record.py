@@ -18,7 +18,7 @@ from app.backends.reference.liveness.health import REASON_GENERATION_SPLIT
 from app.backends.reference.planner import Plan
 from app.core.clock import utc_now
 from app.core.errors import ConflictError
-from app.deployments.agent_keys import agent_keys_of
+from app.deployments.agent_keys import agent_keys_of, previous_until_epoch
 from app.deployments.engines.models import SERVING_STATES, Engine, EngineState
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
@@ -61,6 +61,7 @@ class JobRecord(FlowRecord[JobRun]):
                 max_downtime_ms=job.max_downtime_ms,
                 retire=tuple(job.retire or ()),
                 agent_keys=agent_keys_of(deployment),
+                agent_key_previous_until=previous_until_epoch(deployment),
             )
 
         return await self.run_in_session(load)

@@ -23,6 +23,7 @@ from app.backends.vllm.discovery import Observation, observe
 from app.backends.vllm.launcher import ServeSpec, VllmLauncher, VllmLaunchError
 from app.backends.vllm.record import Degradation, restart_hint, set_degraded, set_serving
 from app.core.errors import ConflictError, InvalidRequestError, UnavailableError
+from app.core.sealing import opened
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind, StatusDetail
 from app.deployments.service import get_deployment
 from app.jobs.service import active_job_id
@@ -125,7 +126,7 @@ async def _observe(deployment: Deployment, timeout_s: float) -> Observation | No
     url = config.get("url")
     if not url:
         return None
-    async with VllmClient(url, api_key=deployment.backend_secret, timeout_s=timeout_s) as client:
+    async with VllmClient(url, api_key=opened(deployment.backend_secret), timeout_s=timeout_s) as client:
         return await observe(client)
 
 
@@ -241,7 +242,7 @@ async def restart_engine(
     spec = ServeSpec(
         deployment=deployment.name,
         model=str(config.get("model")),
-        api_key=deployment.backend_secret,
+        api_key=opened(deployment.backend_secret),
         served_model_name=config.get("served_model_name"),
         serve_args=tuple(config.get("serve_args") or ()),
         cpu_defaults=bool(config.get("cpu_defaults", True)),

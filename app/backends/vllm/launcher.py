@@ -31,6 +31,7 @@ from typing import Any
 from app.backends.vllm.client import VllmCallError, VllmClient
 from app.core.faults import EngineFault
 from app.launchers.processes import ProcessRecords, is_alive, start_detached
+from engine_agent.environment import engine_environment
 
 RECORDS_FILE = "vllm-servers.json"
 
@@ -42,6 +43,8 @@ CPU_ENV = {
     "VLLM_HOST_IP": "127.0.0.1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
+# What a vLLM server reads of its environment beyond an engine's allow-list (models, tokenizers).
+SERVER_ENV_PREFIXES = ("VLLM_", "HF_", "HUGGING_FACE_", "TRANSFORMERS_", "TOKENIZERS_")
 CPU_ARGS = ["--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "8", "--enforce-eager"]
 
 
@@ -161,12 +164,13 @@ class VllmLauncher:
         log_path = run_dir / "server.log"
         port = free_port()
         marker = f"{spec.deployment}:{time.time_ns()}"
-        env = dict(os.environ)
+        # The engines' allow-list (none of the coordinator's secrets) and vLLM's own settings; its API
+        # key by name: vLLM reads it like --api-key, and an environment is not on every `ps` listing.
+        env = engine_environment(os.environ, extra_prefixes=SERVER_ENV_PREFIXES)
         if spec.cpu_defaults:
             env.update(CPU_ENV)
         env.update({"TMPDIR": str(tmp_dir), "EPCTL_VLLM_SERVER": marker})
-        env.pop("VLLM_API_KEY", None)
-        if spec.api_key:  # vLLM reads it like --api-key; an environment is not on every `ps` listing
+        if spec.api_key:
             env["VLLM_API_KEY"] = spec.api_key
         process = start_detached(server_command(self.python, spec, port), env=env, log_path=log_path)
         url = f"http://127.0.0.1:{port}"

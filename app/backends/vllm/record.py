@@ -14,6 +14,7 @@ from sqlmodel import Session
 
 from app.backends.base import FlowRecord
 from app.core.clock import utc_now
+from app.core.sealing import opened
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind, StatusDetail
 from app.deployments.status import set_status
 from app.jobs.models import ReconfigurationJob
@@ -96,7 +97,7 @@ class Record(FlowRecord[VllmJob]):
                 to_size=job.to_dp_size,
                 to_generation=job.to_generation,
                 url=config.get("url"),
-                api_key=deployment.backend_secret,
+                api_key=opened(deployment.backend_secret),
                 drain_timeout_s=int(config.get("drain_timeout_s") or 120),
                 served_model_name=config.get("served_model_name"),
                 metrics_dp_size=config.get("metrics_dp_size"),

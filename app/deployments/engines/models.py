@@ -68,8 +68,18 @@ class Engine(SQLModel, table=True):
     # The coordinator stopped hearing it while its group kept stepping (its peers vouch for it): the
     # control link is lost, not the engine (`app.backends.reference.liveness.engines.peers_vouch`).
     link_lost_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # Since when it holds another agent key than the coordinator sends (its heartbeat's key check, or a
+    # call with the current key answered 401): it refuses the coordinator (`refuses_key`).
+    key_refused_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
+
+
+def refuses_key(engine: Engine) -> bool:
+    """The engine refuses the coordinator's agent key: no job can reach it, so it is no member the
+    deployment can count on (not `ready` over it, not a survivor to heal on) until it is restarted with
+    the current key (`POST /v1/deployments/{name}/agent-key/rotate` repairs what it can)."""
+    return engine.key_refused_at is not None and engine.state != EngineState.left.value
 
 
 class EngineRegistration(AgentRegistration):
@@ -139,6 +149,11 @@ class EnginePublic(RowShape):
         None,
         description="since when the coordinator cannot hear it while its group steps: its control link is "
         "lost, not the engine (the deployment's `conditions` say so; no self-heal)",
+    )
+    key_refused_at: datetime | None = ApiField(
+        None,
+        description="since when it refuses the coordinator's agent key (the deployment's `conditions` say "
+        "so; `POST .../agent-key/rotate` restarts it where its launcher can)",
     )
     created_at: datetime
     updated_at: datetime

@@ -13,8 +13,10 @@ from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, NotFoundError
+from app.core.sealing import SealingError
+from app.deployments.agent_keys import agent_keys_of, holds_another_key
 from app.deployments.coverage import coverage_condition
-from app.deployments.engines.models import Engine, EngineState
+from app.deployments.engines.models import Engine, EngineState, refuses_key
 from app.deployments.incidents import service as incidents
 from app.deployments.models import Condition, Deployment
 from app.deployments.service import get_deployment
@@ -124,6 +126,7 @@ def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartb
             )
     engine.group_steps = heartbeat.group_steps
     engine.data_unreachable = list(heartbeat.data_unreachable) or None
+    _judge_key(session, engine, heartbeat.key_check, now)
     if engine.link_lost_at is not None:
         log.warning(
             "engine %s heard from again (its control link was lost since %s)", engine_id, engine.link_lost_at
@@ -134,6 +137,45 @@ def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartb
     session.add(engine)
     session.commit()
     return engine
+
+
+def _judge_key(session: Session, engine: Engine, reported: str | None, now: datetime) -> None:
+    """`key_refused_at` from the key the engine reports holding (`holds_another_key`)."""
+    deployment = session.get(Deployment, engine.deployment_id)
+    if deployment is None or deployment.agent_key is None:
+        return
+    try:
+        refused = holds_another_key(reported, agent_keys_of(deployment, now=now))
+    except SealingError:
+        return  # the coordinator cannot open its own key: nothing to compare (its start said so)
+    if refused and engine.key_refused_at is None:
+        engine.key_refused_at = now
+        log.warning(
+            "engine %s of %s holds another agent key than the coordinator's: it refuses every call "
+            "(rotate the key to restart it: `epctl deployments agent-key %s --rotate`)",
+            engine.id,
+            deployment.name,
+            deployment.name,
+        )
+    elif not refused and engine.key_refused_at is not None:
+        engine.key_refused_at = None
+        log.warning("engine %s of %s accepts the coordinator's agent key again", engine.id, deployment.name)
+
+
+def mark_key_refused(session: Session, engine_ids: Collection[str], *, refused: bool) -> None:
+    """A call with the coordinator's keys answered 401 (`refused`), or a push went through: recorded
+    at once (the next heartbeat confirms either); commits."""
+    now = utc_now()
+    for engine_id in engine_ids:
+        engine = session.get(Engine, engine_id)
+        if engine is None:
+            continue
+        if refused and engine.key_refused_at is None:
+            engine.key_refused_at, engine.updated_at = now, now
+        elif not refused and engine.key_refused_at is not None:
+            engine.key_refused_at, engine.updated_at = None, now
+        session.add(engine)
+    session.commit()
 
 
 def deregister_engine(session: Session, *, engine_id: str) -> Engine:
@@ -189,18 +231,23 @@ def available_engines(session: Session, *, deployment_id: str) -> list[Engine]:
 
 
 def conditions(session: Session, *, deployment_id: str) -> list[Condition]:
-    """The deployment's members the coordinator cannot hear while their group steps."""
+    """The deployment's members the coordinator cannot hear while their group steps, and its engines
+    that refuse the coordinator's agent key."""
     return conditions_of(session, [deployment_id]).get(deployment_id, [])
 
 
 def conditions_of(session: Session, deployment_ids: Collection[str]) -> dict[str, list[Condition]]:
     """`conditions` of each of these deployments that has any, by id (two queries for any number):
-    coverage at risk (from the stored coverage), then members whose control link is lost."""
+    coverage at risk (from the stored coverage), then members whose control link is lost and engines
+    that refuse the coordinator's agent key."""
     if not deployment_ids:
         return {}
-    lost = session.exec(
+    flagged = session.exec(
         select(Engine)
-        .where(col(Engine.deployment_id).in_(list(deployment_ids)), col(Engine.link_lost_at).is_not(None))
+        .where(
+            col(Engine.deployment_id).in_(list(deployment_ids)),
+            sa.or_(col(Engine.link_lost_at).is_not(None), col(Engine.key_refused_at).is_not(None)),
+        )
         .order_by(col(Engine.id))
     ).all()
     found: dict[str, list[Condition]] = {}
@@ -212,18 +259,29 @@ def conditions_of(session: Session, deployment_ids: Collection[str]) -> dict[str
         at_risk = coverage_condition(deployment.coverage)
         if at_risk is not None:
             found.setdefault(deployment.id, []).append(at_risk)
-    for engine in lost:
-        if engine.link_lost_at is None:
-            continue
-        found.setdefault(engine.deployment_id, []).append(
-            Condition(
-                type="engine-unreachable-from-coordinator",
-                engine_id=engine.id,
-                since=engine.link_lost_at,
-                message=f"{engine.id} is not heard by the coordinator, but its group steps: its control "
-                "link is lost, the engine serves; no self-heal, and jobs wait until it is heard again",
+    for engine in flagged:
+        if engine.link_lost_at is not None:
+            found.setdefault(engine.deployment_id, []).append(
+                Condition(
+                    type="engine-unreachable-from-coordinator",
+                    engine_id=engine.id,
+                    since=engine.link_lost_at,
+                    message=f"{engine.id} is not heard by the coordinator, but its group steps: its control "
+                    "link is lost, the engine serves; no self-heal, and jobs wait until it is heard again",
+                )
             )
-        )
+        if refuses_key(engine) and engine.key_refused_at is not None:
+            found.setdefault(engine.deployment_id, []).append(
+                Condition(
+                    type="engine-refuses-agent-key",
+                    engine_id=engine.id,
+                    since=engine.key_refused_at,
+                    message=f"{engine.id} refuses the coordinator's agent key (it holds another one): no job "
+                    "can reach it and it counts as no member. Rotate the key (`epctl deployments agent-key "
+                    "NAME --rotate`): an engine of the local or Ray launcher is restarted with the new key "
+                    "(self-healing replaces it); a static agent must be restarted by its operator with it",
+                )
+            )
     return found
 
 

@@ -21,17 +21,24 @@ linked to the decision it repeats). The rules: docs/operations/webhooks-and-auto
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
+from sqlmodel import Session
 
-from app.api.deps import DatabaseDep, Reader, SettingsDep
+from app.api.deps import AuthGuard, DatabaseDep, Reader, SettingsDep, get_auth_guard
 from app.api.params import DeploymentFilterQuery, Offset
-from app.core.errors import InvalidRequestError, NotFoundError
+from app.core.errors import AuthenticationError, InvalidRequestError, NotFoundError, TooManyRequestsError
 from app.core.problems import problem_responses
 from app.scale.hooks import intake, service
 from app.scale.hooks.alertmanager import AlertmanagerPayload
 from app.scale.hooks.models import AlertmanagerOutcome, HookDecision, HookSource
+from app.tokens.service import hash_token
+from engine_agent.throttle import retry_after_header
+
+T = TypeVar("T")
+GuardDep = Annotated[AuthGuard, Depends(get_auth_guard)]
 
 router = APIRouter(prefix="/v1/hooks", tags=["hooks"], responses=problem_responses(401, 403, 422))
 
@@ -61,6 +68,33 @@ def _json_body(model: type[Any]) -> dict[str, Any]:
             "content": {"application/json": {"schema": _inline_refs(model.model_json_schema())}},
         }
     }
+
+
+async def _guarded(request: Request, guard: AuthGuard, db: DatabaseDep, work: Callable[[Session], T]) -> T:
+    """A hook's authentication under the coordinator's failure throttle (as every token is, in
+    `app.api.deps.get_principal`): a client out of failures is answered 429 before anything is looked
+    up, unless the token it sends worked from there before; refusals are summed up in the log."""
+    client = request.client.host if request.client else "unknown"
+    scheme, _, secret = request.headers.get("authorization", "").strip().partition(" ")
+    token = hash_token(secret.strip()).encode() if scheme.lower() == "bearer" and secret.strip() else None
+    wait = guard.throttle.retry_after(client, token)
+    if wait is not None:
+        guard.refusals.refused(client, "throttled", f"POST {request.url.path}")
+        refused = TooManyRequestsError(
+            "too many calls that failed authentication from this address; retry later",
+            code="too-many-failed-attempts",
+        )
+        refused.retry_after_s = int(retry_after_header(wait))
+        raise refused
+    try:
+        outcome = await db.run(work)
+    except AuthenticationError as exc:
+        guard.throttle.failed(client)
+        guard.refusals.refused(client, f"hook {exc.code}", f"POST {request.url.path}")
+        raise
+    if token is not None:
+        guard.throttle.succeeded(client, token)
+    return outcome
 
 
 def _raise_if_rejected(outcome: service.HookOutcome) -> None:
@@ -96,14 +130,17 @@ def _raise_if_any_rejected(outcome: AlertmanagerOutcome) -> None:
     },
 )
 async def scale_hook(
-    request: Request, db: DatabaseDep, settings: SettingsDep, response: Response
+    request: Request, db: DatabaseDep, settings: SettingsDep, guard: GuardDep, response: Response
 ) -> service.HookOutcome:
     """A generic scale request: `{deployment, target_dp_size | step, reason}`, signed (Standard Webhooks:
     `webhook-id`, `webhook-timestamp`, `webhook-signature`) or sent with an autoscaler/operator token."""
     body = await request.body()
     headers = dict(request.headers)
-    outcome = await db.run(
-        lambda session: intake.scale_request(session, settings, headers=headers, body=body)
+    outcome = await _guarded(
+        request,
+        guard,
+        db,
+        lambda session: intake.scale_request(session, settings, headers=headers, body=body),
     )
     _raise_if_rejected(outcome)
     if outcome.decision is HookDecision.accepted:
@@ -119,7 +156,9 @@ async def scale_hook(
     openapi_extra=_json_body(AlertmanagerPayload),
     responses=problem_responses(404),
 )
-async def alertmanager_hook(request: Request, db: DatabaseDep, settings: SettingsDep) -> AlertmanagerOutcome:
+async def alertmanager_hook(
+    request: Request, db: DatabaseDep, settings: SettingsDep, guard: GuardDep
+) -> AlertmanagerOutcome:
     """Prometheus Alertmanager's webhook (version 4). Firing alerts whose labels name a `deployment` and a
     `target_dp_size` (label or annotation), a `step` (+N/-N) or `scale: up|down` ask to scale it, one
     intent per group and deployment; a repeat of a notification (same group key, deployment, status,
@@ -128,8 +167,11 @@ async def alertmanager_hook(request: Request, db: DatabaseDep, settings: Setting
     deployment or carries unusable labels; the usable alerts are still acted on."""
     body = await request.body()
     headers = dict(request.headers)
-    outcome = await db.run(
-        lambda session: intake.alertmanager_request(session, settings, headers=headers, body=body)
+    outcome = await _guarded(
+        request,
+        guard,
+        db,
+        lambda session: intake.alertmanager_request(session, settings, headers=headers, body=body),
     )
     _raise_if_any_rejected(outcome)
     return outcome

@@ -320,10 +320,13 @@ def reject(
 
 
 def refuse_anonymous(source: HookSource, error: DomainError) -> DomainError:
-    """A request that failed authentication: counted, logged, never stored (anonymous callers must not
-    be able to grow the database)."""
+    """A request that failed authentication: counted, never stored (anonymous callers must not be able
+    to grow the database), and summed up in the log with the other refused calls (the router's
+    `AuthGuard`), not one line each."""
     metrics.record_inbound_hook(source.value, HookDecision.rejected.value)
-    log.info("inbound %s hook refused before authentication: %s (%s)", source.value, error.code, error.detail)
+    log.debug(
+        "inbound %s hook refused before authentication: %s (%s)", source.value, error.code, error.detail
+    )
     return error
 
 

@@ -21,8 +21,11 @@ REASON_GENERATION_SPLIT = "generation-split"
 REASON_STALLED = "engine-stalled"
 REASON_NO_SURVIVORS = "no-survivors"
 REASON_HEAL_STOPPED = "self-heal-stopped"
+REASON_KEY_REFUSED = "engine-refuses-agent-key"
 # The reasons health itself gives, and so keeps true as the engines change (another's is theirs).
-HEALTH_REASONS = frozenset({REASON_UNREACHABLE, REASON_MEMBERS_MISSING, REASON_GENERATION_SPLIT})
+HEALTH_REASONS = frozenset(
+    {REASON_UNREACHABLE, REASON_MEMBERS_MISSING, REASON_GENERATION_SPLIT, REASON_KEY_REFUSED}
+)
 HEALTH_HINT = (
     "the deployment cannot serve until its group is whole: restart or replace the engines, "
     "or scale it to form a new generation on the engines that serve"
@@ -80,6 +83,8 @@ def assess(size: int, generation: int, engines: Iterable[EngineSeen]) -> Health:
         parts.append(f"ranks reported: {ranks}")
     elif unreachable:
         reason = REASON_UNREACHABLE
+    elif refusing:
+        reason = REASON_KEY_REFUSED
     else:
         # A member missing is the reason even with a stray beside it: self-healing re-forms the
         # generation on what there is (a stray's fenced group ends at its first collective's deadline).

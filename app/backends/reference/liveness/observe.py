@@ -19,7 +19,7 @@ from app.backends.reference.liveness.view import (
     Hearing,
     JobSeen,
 )
-from app.deployments.engines.models import Engine, EngineState
+from app.deployments.engines.models import Engine, EngineState, refuses_key
 from app.deployments.models import Deployment, EngineBackend, effective_on_engine_loss
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import ACTIVE_STATES
@@ -46,8 +46,8 @@ def engine_seen(row: Engine) -> EngineSeen:
         data_unreachable=tuple(row.data_unreachable or ()),
         group_steps=row.group_steps,
         link_lost_at=row.link_lost_at,
-        # refuses_agent_key: issue 32's condition `engine-refuses-agent-key`, read here once the record
-        # carries it (the judge already never counts such an engine as serving, nor as a survivor).
+        # Issue 32's condition `engine-refuses-agent-key`: never counted as serving, nor as a survivor.
+        refuses_agent_key=refuses_key(row),
     )
 
 

@@ -99,6 +99,7 @@ def test_the_agent_takes_its_token_from_a_file_or_the_environment(
     assert agent_main.bearer_token(agent_main._parser().parse_args([])) == "from-the-environment"
 
 
+@pytest.mark.processes
 def test_a_launched_agent_holds_none_of_the_coordinators_secrets(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

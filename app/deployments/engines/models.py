@@ -13,6 +13,9 @@ from sqlmodel import Field, SQLModel
 
 from app.api.params import ENGINE_ID_PATTERN, INT32_MAX, INT64_MAX, REF_PATTERN
 from app.core.clock import utc_now
+
+# The last second a datetime holds (9999-12-31T23:59:59Z): a reported epoch past it is refused, not a 500.
+EPOCH_S_MAX = 253_402_300_799.0
 from app.core.db import NullableJSON, UTCDateTime
 from app.core.shapes import RowShape
 from app.core.urls import PRINTABLE_HTTP_URL_PATTERN, HttpUrlText
@@ -115,6 +118,7 @@ class EngineHeartbeat(AgentHeartbeat):
     unresponsive_peers: list[Annotated[str, ApiField(pattern=ENGINE_ID_PATTERN)]] = ApiField(
         default_factory=list, max_length=1024
     )
+    broken_last_step_at: float | None = ApiField(None, ge=0, le=EPOCH_S_MAX, strict=True)
     group_steps: int = ApiField(0, ge=0, le=INT64_MAX, strict=True)
     data_unreachable: list[Annotated[str, ApiField(pattern=ENGINE_ID_PATTERN)]] = ApiField(
         default_factory=list, max_length=1024

@@ -315,9 +315,7 @@ def test_an_engine_that_refuses_the_key_is_a_condition_and_a_rotation_restarts_i
     # Self-healing replaces it with an engine launched with the new key: ready at its size again.
     live.up.wait_for(
         lambda: (
-            (d := live.deployment())["status"] == "ready"
-            and d["current_dp_size"] == 2
-            and not complaints(d)
+            (d := live.deployment())["status"] == "ready" and d["current_dp_size"] == 2 and not complaints(d)
         ),
         timeout_s=180,
         what="the deployment healed on engines that hold the new key",

@@ -13,14 +13,14 @@ from sqlmodel import Field, SQLModel
 
 from app.api.params import ENGINE_ID_PATTERN, INT32_MAX, INT64_MAX, REF_PATTERN
 from app.core.clock import utc_now
-
-# The last second a datetime holds (9999-12-31T23:59:59Z): a reported epoch past it is refused, not a 500.
-EPOCH_S_MAX = 253_402_300_799.0
 from app.core.db import NullableJSON, UTCDateTime
 from app.core.shapes import RowShape
 from app.core.urls import PRINTABLE_HTTP_URL_PATTERN, HttpUrlText
 from app.deployments.models import EngineConfigSpec
 from engine_agent.protocol import AgentHeartbeat, AgentRegistration, Platform
+
+# The last second a datetime holds (9999-12-31T23:59:59Z): a reported epoch past it is refused, not a 500.
+EPOCH_S_MAX = 253_402_300_799.0
 
 
 class EngineState(StrEnum):

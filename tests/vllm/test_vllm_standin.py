@@ -91,9 +91,15 @@ def test_a_successful_scale_goes_through_every_phase_and_measures_the_503_window
     assert job["downtime"]["source"] == "canary-probe"
     assert probe["latency_p50_ms_outside_outage"] is not None
     # The probe stops only once the canaries, too, saw vLLM serve after its 200 (the outage ends on an
-    # answer, and the slowest answer is one from after the change).
-    assert probe["phases"]["verifying"]["sent"] >= 1 and probe["phases"]["verifying"]["failed"] == 0
-    assert job["client_slowest_answer_ms"] is not None and probe["slowest_answer_phase"] == "verifying"
+    # answer, and the slowest answer counts the answers from after the change). Which phase holds the
+    # slowest one is the machine's noise: the stand-in answers every canary alike.
+    verifying = probe["phases"]["verifying"]
+    assert verifying["sent"] >= 1 and verifying["failed"] == 0 and verifying["slowest_answer_ms"] is not None
+    assert job["client_slowest_answer_ms"] >= verifying["slowest_answer_ms"]
+    assert probe["slowest_answer_phase"] in probe["phases"]
+    assert (
+        probe["phases"][probe["slowest_answer_phase"]]["slowest_answer_ms"] == job["client_slowest_answer_ms"]
+    )
     after = coordinator.deployment(deployment)
     assert (after["current_dp_size"], after["generation"], after["status"]) == (2, 1, "ready")
 

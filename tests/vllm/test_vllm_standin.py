@@ -97,9 +97,6 @@ def test_a_successful_scale_goes_through_every_phase_and_measures_the_503_window
     assert verifying["sent"] >= 1 and verifying["failed"] == 0 and verifying["slowest_answer_ms"] is not None
     assert job["client_slowest_answer_ms"] >= verifying["slowest_answer_ms"]
     assert probe["slowest_answer_phase"] in probe["phases"]
-    assert (
-        probe["phases"][probe["slowest_answer_phase"]]["slowest_answer_ms"] == job["client_slowest_answer_ms"]
-    )
     after = coordinator.deployment(deployment)
     assert (after["current_dp_size"], after["generation"], after["status"]) == (2, 1, "ready")
 

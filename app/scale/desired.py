@@ -28,7 +28,7 @@ from app.deployments.models import Deployment, DesiredSize
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import create_reconfiguration
 from app.jobs.states import JobState
-from app.scale import intents, retries
+from app.scale import intents, notes, retries
 from app.scale.blockers import Blocker, blocker
 from app.scale.hooks.models import HookDecision
 from app.scale.intents import SPEC_SOURCE, EndCode, IntentState, ScaleIntentRow
@@ -38,6 +38,7 @@ from app.scale.stabilize import Ask, Moved, Verdict, decide
 log = logging.getLogger(__name__)
 
 SCALE_SUBRESOURCE = SPEC_SOURCE
+_ACTED_ON = (HookDecision.accepted, HookDecision.ignored)  # records of these are act()'s to write
 _NOT_MOVED = (JobState.cancelled.value, JobState.failed.value, JobState.rolled_back.value)
 
 
@@ -316,6 +317,10 @@ def reconcile_one(
     assessment = assess(session, deployment, now)
     if not assessment.pending:
         return None
+    for intent in assessment.pending:  # every decision is a record, a change of what holds it too
+        outlook = assessment.outlook(intent)
+        if intent.source != SPEC_SOURCE and outlook.decision not in _ACTED_ON:
+            notes.note_change(session, deployment, intent, outlook.decision, outlook.code, outlook.reason)
     return act(session, assessment).job
 
 

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from app.deployments.models import Deployment
 from app.scale.hooks import service as records
-from app.scale.hooks.models import HookDecision, HookSource
+from app.scale.hooks.models import HookDecision, HookSource, InboundHookRequest
 from app.scale.intents import ScaleIntentRow
 
 _HOOK_SOURCES = {source.value for source in HookSource}
@@ -39,3 +39,30 @@ def note(
         job_id=job_id,
         details={"origin": "coordinator"},
     )
+
+
+def last_decision(session: Session, intent_id: str) -> tuple[str, str] | None:
+    """The (decision, code) of the newest record about an intent (duplicates aside)."""
+    row = session.exec(
+        select(InboundHookRequest)
+        .where(col(InboundHookRequest.intent_id) == intent_id, col(InboundHookRequest.duplicate_of).is_(None))
+        .order_by(col(InboundHookRequest.created_at).desc(), col(InboundHookRequest.id).desc())
+        .limit(1)
+    ).first()
+    return (row.decision, str((row.payload or {}).get("code", ""))) if row is not None else None
+
+
+def note_change(
+    session: Session,
+    deployment: Deployment,
+    intent: ScaleIntentRow,
+    decision: HookDecision,
+    code: str,
+    reason: str,
+) -> bool:
+    """A record when what holds a pending intent back is no longer what its newest record says (deferred
+    for the cooldown, then held by a higher intent: two decisions, two records); the caller commits."""
+    if last_decision(session, intent.id) == (decision.value, code):
+        return False
+    note(session, deployment, intent, decision, code, reason)
+    return True

@@ -3,6 +3,8 @@ once more after a backoff (`app.scale.stabilize.backoff_s`), until it is reached
 resolved. HTTP-free; each failed attempt is a record (`retrying`) that names its job.
 
 A cancelled job is an operator's decision and is not retried (its intent stays acted on; a new ask acts).
+Neither is a deferred `/scale` write's job: like a `/scale` write that started its job at once, it is
+the writer's to repeat (as an HPA does every period).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def retry_failed(session: Session, deployment: Deployment, now: datetime) -> lis
         .where(
             col(ScaleIntentRow.deployment_id) == deployment.id,
             col(ScaleIntentRow.state).in_(intents.STANDING),
+            col(ScaleIntentRow.source) != intents.SPEC_SOURCE,
             col(ReconfigurationJob.state).in_(RETRIED),
         )
     ).all()

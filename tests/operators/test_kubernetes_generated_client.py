@@ -56,6 +56,7 @@ def test_patch_forms_scale(apps: k8s.AppsV1Api) -> None:
     assert again.spec.replicas == 4
 
 
+@pytest.mark.databases("sqlite", "postgres")
 def test_a_stale_replace_is_a_409_status(apps: k8s.AppsV1Api) -> None:
     stale: Any = apps.read_namespaced_deployment_scale("demo", "default")
     apps.patch_namespaced_deployment_scale("demo", "default", {"spec": {"replicas": 2}})

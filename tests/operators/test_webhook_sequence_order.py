@@ -49,6 +49,7 @@ def _group(*members: str) -> dict[str, object]:
     return payload(alerts, group_key='{}:{alertname="Busy"}')
 
 
+@pytest.mark.databases("sqlite", "postgres")
 def test_sequence_strictly_increases_in_arrival_order_and_on_replay(
     engine: Engine, session: Session, deployment_id: str, receiver: WebhookReceiver
 ) -> None:

@@ -47,6 +47,8 @@ from app.metrics_db import refresh as refresh_metrics
 from app.runner.lifespan import run_jobs
 from app.scale.desired import desired_publics
 from app.scale.hooks.router import router as hooks_router
+from app.scale.kube.router import router as kube_router
+from app.scale.kube.status import KubernetesStatusErrors
 from app.scale.router import router as scale_router
 from app.sd.router import router as sd_router
 from app.tokens.router import router as tokens_router
@@ -200,6 +202,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     # Input limits before parsing, routing or authentication (settings resolve at start-up).
     app.add_middleware(RequestLimits, limits=lambda: getattr(app.state, "limits", Limits()))
+    app.add_middleware(KubernetesStatusErrors)  # errors under /api, /apis as Kubernetes `Status`
     app.add_middleware(metrics.HttpMetrics)  # outermost: counts the limits' refusals too
     install_problem_handlers(app)  # and documents error responses as problem+json only
     _document_request_limits(app)
@@ -207,6 +210,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(deployments_router)
     app.include_router(vllm_engine_router)
     app.include_router(scale_router)
+    app.include_router(kube_router)  # kubectl and client-go: discovery, epctl.io/v1 (not in OpenAPI)
     app.include_router(engines_router)
     app.include_router(incidents_router)
     app.include_router(jobs_router)

@@ -103,7 +103,8 @@ WEBHOOK_BACKLOG = Gauge(
 )
 WEBHOOK_OLDEST_PENDING = Gauge(
     "epctl_webhook_oldest_pending_age_seconds",
-    "Age of the oldest pending webhook delivery of an active subscription (0 when none).",
+    "Age of the oldest pending webhook delivery of each active subscription (0 when none).",
+    ["subscription"],
     registry=REGISTRY,
 )
 HTTP_REQUESTS = Counter(
@@ -121,21 +122,21 @@ HTTP_DURATION = Histogram(
 )
 JOBS_IN_PROGRESS = Gauge(
     "epctl_reconfiguration_jobs_in_progress",
-    "Reconfiguration jobs not yet terminal, by state (read from the database at scrape time).",
-    ["state"],
+    "Reconfiguration jobs not yet terminal, by deployment and state (read from the database at scrape time).",
+    ["deployment", "state"],
     registry=REGISTRY,
 )
 PHASE_DURATION = Histogram(
     "epctl_reconfiguration_phase_duration_seconds",
-    "Wall time of each phase of a finished reconfiguration job, by the job's outcome.",
-    ["phase", "outcome"],
+    "Wall time of each phase of a finished reconfiguration job, by deployment and the job's outcome.",
+    ["deployment", "phase", "outcome"],
     buckets=_PHASE_BUCKETS,
     registry=REGISTRY,
 )
 DOWNTIME = Histogram(
     "epctl_reconfiguration_downtime_seconds",
     "A finished job's downtime: the union of its engines' paused intervals.",
-    ["outcome"],
+    ["deployment", "outcome"],
     buckets=_DOWNTIME_BUCKETS,
     registry=REGISTRY,
 )
@@ -143,14 +144,14 @@ CLIENT_OUTAGE = Histogram(
     "epctl_reconfiguration_client_outage_seconds",
     "A finished job's client outage, measured from outside by the canary probe: the longest window in "
     "which canaries failed or went unanswered past their deadline.",
-    ["outcome"],
+    ["deployment", "outcome"],
     buckets=_DOWNTIME_BUCKETS,
     registry=REGISTRY,
 )
 CLIENT_SLOWEST_ANSWER = Histogram(
     "epctl_reconfiguration_client_slowest_answer_seconds",
     "A finished job's slowest answer to the canary probe: the longest latency of a canary that succeeded.",
-    ["outcome"],
+    ["deployment", "outcome"],
     buckets=_DOWNTIME_BUCKETS,
     registry=REGISTRY,
 )
@@ -234,13 +235,16 @@ def observe_job_finished(
     if duration_s is not None:
         JOB_DURATION.labels(deployment=deployment, outcome=outcome).observe(max(duration_s, 0.0))
     if downtime_ms is not None:
-        DOWNTIME.labels(outcome=outcome).observe(max(downtime_ms, 0.0) / 1000.0)
+        DOWNTIME.labels(deployment=deployment, outcome=outcome).observe(max(downtime_ms, 0.0) / 1000.0)
     if client_outage_ms is not None:
-        CLIENT_OUTAGE.labels(outcome=outcome).observe(max(client_outage_ms, 0.0) / 1000.0)
+        CLIENT_OUTAGE.labels(deployment=deployment, outcome=outcome).observe(
+            max(client_outage_ms, 0.0) / 1000.0
+        )
     if client_slowest_answer_ms is not None:
-        CLIENT_SLOWEST_ANSWER.labels(outcome=outcome).observe(max(client_slowest_answer_ms, 0.0) / 1000.0)
+        slowest_s = max(client_slowest_answer_ms, 0.0) / 1000.0
+        CLIENT_SLOWEST_ANSWER.labels(deployment=deployment, outcome=outcome).observe(slowest_s)
     for phase, seconds in phase_durations_s.items():
-        PHASE_DURATION.labels(phase=phase, outcome=outcome).observe(max(seconds, 0.0))
+        PHASE_DURATION.labels(deployment=deployment, phase=phase, outcome=outcome).observe(max(seconds, 0.0))
 
 
 def record_canaries(*, ok: int, late: int, failed: int) -> None:
@@ -250,10 +254,17 @@ def record_canaries(*, ok: int, late: int, failed: int) -> None:
     PROBE_CANARIES.labels(outcome="failed").inc(failed)
 
 
-def set_jobs_in_progress(counts_by_state: Mapping[str, int], known_states: list[str]) -> None:
-    """Set the gauge for every non-terminal state (zero where none), so a finished state drops to 0."""
-    for state in known_states:
-        JOBS_IN_PROGRESS.labels(state=state).set(counts_by_state.get(state, 0))
+def set_jobs_in_progress(
+    counts: Mapping[tuple[str, str], int], deployments: list[str], known_states: list[str]
+) -> None:
+    """Set the gauge for every deployment and non-terminal state (zero where none), so a finished state
+    drops to 0 and a deleted deployment's series disappear."""
+    JOBS_IN_PROGRESS.clear()
+    for deployment in deployments:
+        for state in known_states:
+            JOBS_IN_PROGRESS.labels(deployment=deployment, state=state).set(
+                counts.get((deployment, state), 0)
+            )
 
 
 def render() -> bytes:
@@ -309,11 +320,14 @@ def set_deployment_gauges(
             DEPLOYMENT_ENGINES.labels(deployment=name, state=state).set(engines.get((name, state), 0))
 
 
-def set_webhook_backlog(pending: Mapping[tuple[str, bool], int], oldest_age_s: float) -> None:
+def set_webhook_backlog(pending: Mapping[tuple[str, bool], int], oldest_age_s: Mapping[str, float]) -> None:
+    """`oldest_age_s`: every active subscription's oldest pending age (0 when none pending)."""
     WEBHOOK_BACKLOG.clear()
     for (subscription, active), count in pending.items():
         WEBHOOK_BACKLOG.labels(subscription=subscription, active=str(active).lower()).set(count)
-    WEBHOOK_OLDEST_PENDING.set(max(oldest_age_s, 0.0))
+    WEBHOOK_OLDEST_PENDING.clear()
+    for subscription, age in oldest_age_s.items():
+        WEBHOOK_OLDEST_PENDING.labels(subscription=subscription).set(max(age, 0.0))
 
 
 class HttpMetrics:

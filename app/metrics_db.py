@@ -41,10 +41,14 @@ def refresh_from(engine: Engine) -> None:
 def _jobs_in_progress(session: Session) -> None:
     active = sorted(state.value for state in ACTIVE_STATES)
     state_column = col(ReconfigurationJob.state)
+    names = {dep: name for dep, name in session.execute(sa.select(col(Deployment.id), col(Deployment.name)))}
     rows = session.execute(
-        sa.select(state_column, sa.func.count()).where(state_column.in_(active)).group_by(state_column)
+        sa.select(col(ReconfigurationJob.deployment_id), state_column, sa.func.count())
+        .where(state_column.in_(active))
+        .group_by(col(ReconfigurationJob.deployment_id), state_column)
     ).all()
-    metrics.set_jobs_in_progress({str(state): int(count) for state, count in rows}, active)
+    counts = {(names[dep], str(state)): int(n) for dep, state, n in rows if dep in names}
+    metrics.set_jobs_in_progress(counts, sorted(names.values()), active)
 
 
 def _deployments(session: Session) -> None:
@@ -80,12 +84,20 @@ def _webhook_backlog(session: Session) -> None:
         .group_by(col(WebhookSubscription.id), col(WebhookSubscription.active))
     ).all()
     oldest = session.execute(
-        sa.select(sa.func.min(col(WebhookDelivery.created_at)))
+        sa.select(col(WebhookSubscription.id), sa.func.min(col(WebhookDelivery.created_at)))
         .select_from(joined)
         .where(pending, col(WebhookSubscription.active).is_(True))
-    ).scalar_one_or_none()
-    age = (utc_now() - _aware(oldest)).total_seconds() if oldest is not None else 0.0
-    metrics.set_webhook_backlog({(str(sid), bool(active)): int(n) for sid, active, n in rows}, age)
+        .group_by(col(WebhookSubscription.id))
+    ).all()
+    now = utc_now()
+    ages = {
+        str(sid): 0.0
+        for sid in session.execute(
+            sa.select(col(WebhookSubscription.id)).where(col(WebhookSubscription.active).is_(True))
+        ).scalars()
+    }
+    ages.update({str(sid): (now - _aware(at)).total_seconds() for sid, at in oldest if at is not None})
+    metrics.set_webhook_backlog({(str(sid), bool(active)): int(n) for sid, active, n in rows}, ages)
 
 
 def _aware(value: object) -> datetime:

@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     hooks_inbound_secrets: dict[str, SecretStr] = Field(
         default_factory=dict, description='per-deployment secrets, JSON: {"<deployment>": "whsec_..."}'
     )
+    kube_namespace: str = Field(
+        "default",
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="the Kubernetes namespace the deployments appear in under /apis/epctl.io/v1 (kubectl, "
+        "an aggregated API); another namespace holds none",
+    )
     hooks_signature_tolerance_s: int = Field(
         300, gt=0, description="signed requests older than this are stale"
     )

@@ -23,21 +23,22 @@ from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, DomainError
-from app.deployments.autoscaling import ScalingBehavior
+from app.deployments.autoscaling import ScalingBehavior, ScalingRules
 from app.deployments.models import Deployment, DesiredSize
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import create_reconfiguration
 from app.jobs.states import JobState
-from app.scale import intents
+from app.scale import intents, notes, retries
 from app.scale.blockers import Blocker, blocker
-from app.scale.hooks import service as records
-from app.scale.hooks.models import HookDecision, HookSource
+from app.scale.hooks.models import HookDecision
 from app.scale.intents import SPEC_SOURCE, EndCode, IntentState, ScaleIntentRow
+from app.scale.notes import note
 from app.scale.stabilize import Ask, Moved, Verdict, decide
 
 log = logging.getLogger(__name__)
 
 SCALE_SUBRESOURCE = SPEC_SOURCE
+_ACTED_ON = (HookDecision.accepted, HookDecision.ignored)  # records of these are act()'s to write
 _NOT_MOVED = (JobState.cancelled.value, JobState.failed.value, JobState.rolled_back.value)
 
 
@@ -55,9 +56,13 @@ def behavior_of(deployment: Deployment) -> ScalingBehavior:
     return ScalingBehavior.stored(deployment.autoscale_behavior)
 
 
+def _directions(behavior: ScalingBehavior) -> tuple[tuple[ScalingRules, bool], ...]:
+    return ((behavior.scale_up, True), (behavior.scale_down, False))
+
+
 def _moves(session: Session, deployment: Deployment, behavior: ScalingBehavior, now: datetime) -> list[Moved]:
     """Autoscaler jobs within the longer step period (what the max step counts)."""
-    period = max(behavior.scale_up.period_s, behavior.scale_down.period_s)
+    period = max(p.period_s for r, up in _directions(behavior) for p in r.effective_policies(up))
     jobs = session.exec(
         select(ReconfigurationJob).where(
             col(ReconfigurationJob.deployment_id) == deployment.id,
@@ -142,7 +147,9 @@ def assess(session: Session, deployment: Deployment, now: datetime | None = None
     specs = [r for r in rows if r.source == SPEC_SOURCE and r.state == IntentState.pending.value]
     blocked = blocker(session, deployment, now)
     asks = [
-        Ask(r.id, r.target_dp_size, r.state == IntentState.pending.value, r.created_at, r.ended_at)
+        Ask(
+            r.id, r.target_dp_size, r.state == IntentState.pending.value, r.created_at, r.ended_at, r.retry_at
+        )
         for r in autos
     ]
     verdict = decide(
@@ -162,37 +169,6 @@ def assess(session: Session, deployment: Deployment, now: datetime | None = None
         spec=specs[-1] if specs else None,
         verdict=verdict,
         by_id={r.id: r for r in rows},
-    )
-
-
-_HOOK_SOURCES = {source.value for source in HookSource}
-
-
-def note(
-    session: Session,
-    deployment: Deployment,
-    intent: ScaleIntentRow,
-    decision: HookDecision,
-    code: str,
-    reason: str,
-    *,
-    job_id: str | None = None,
-) -> None:
-    """A hook record of a decision the coordinator took about an intent after its request (the
-    request's own record is the intake's to write)."""
-    source = HookSource(intent.source) if intent.source in _HOOK_SOURCES else HookSource.generic
-    records.add_record(
-        session,
-        records.Caller(source, requester=intent.requester),
-        decision,
-        code,
-        f"{reason} (intent {intent.id}, asked by request {intent.request_id})",
-        deployment=deployment,
-        intent_id=intent.id,
-        target=intent.target_dp_size,
-        requested=intent.requested_dp_size,
-        job_id=job_id,
-        details={"origin": "coordinator"},
     )
 
 
@@ -271,9 +247,14 @@ def act(
         target, source, requester = move.to, first.source, first.requester
         reason = f"{first.reason or first.source} ({move.note}; intent {first.id})"
 
+    stepping = assessment.spec is None and move is not None and move.step
+
     def created(session: Session, job: ReconfigurationJob) -> None:
         for intent in serve:
-            intents.mark_acted(intent, job_id=job.id, now=now)
+            if stepping:  # a rate policy's step: the intent stays pending for the next period's
+                intents.mark_stepped(intent, job_id=job.id)
+            else:
+                intents.mark_acted(intent, job_id=job.id, now=now)
             session.add(intent)
             if intent.id != own and intent.source != SPEC_SOURCE:
                 note(
@@ -281,7 +262,7 @@ def act(
                     deployment,
                     intent,
                     HookDecision.accepted,
-                    "scaling",
+                    "stepping" if stepping else "scaling",
                     f"scaling {deployment.current_dp_size} -> {target}: {reason}",
                     job_id=job.id,
                 )
@@ -331,9 +312,15 @@ def reconcile_one(
     session: Session, deployment: Deployment, now: datetime, *, ttl_s: float = 86400.0
 ) -> ReconfigurationJob | None:
     expire(session, deployment, ttl_s=ttl_s, now=now)
+    if retries.retry_failed(session, deployment, now):
+        session.commit()
     assessment = assess(session, deployment, now)
     if not assessment.pending:
         return None
+    for intent in assessment.pending:  # every decision is a record, a change of what holds it too
+        outlook = assessment.outlook(intent)
+        if intent.source != SPEC_SOURCE and outlook.decision not in _ACTED_ON:
+            notes.note_change(session, deployment, intent, outlook.decision, outlook.code, outlook.reason)
     return act(session, assessment).job
 
 

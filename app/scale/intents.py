@@ -74,7 +74,17 @@ class ScaleIntentRow(SQLModel, table=True):
     requester: str | None = Field(default=None, max_length=128)
     reason: str | None = Field(default=None, max_length=1000)
     request_id: str | None = Field(default=None, max_length=40, description="the hook record that asked")
-    job_id: str | None = Field(default=None, max_length=40, description="the job that acted on it")
+    job_id: str | None = Field(
+        default=None, max_length=40, description="the job that acted on it last (a step, while pending)"
+    )
+    attempts: int = Field(
+        default=0,
+        sa_column_kwargs={"server_default": "0"},
+        description="its moves that failed or rolled back",
+    )
+    retry_at: datetime | None = Field(
+        default=None, sa_type=UTCDateTime, description="its next move, not before"
+    )
     end_code: str | None = Field(default=None, sa_type=sa.String(32))
     ended_by: str | None = Field(default=None, max_length=40, description="a hook record or job id")
     created_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
@@ -191,6 +201,21 @@ def mark_acted(intent: ScaleIntentRow, *, job_id: str | None, now: datetime) -> 
     intent.state = IntentState.acted.value
     intent.job_id = job_id
     intent.acted_at = now
+    intent.retry_at = None
+
+
+def mark_stepped(intent: ScaleIntentRow, *, job_id: str) -> None:
+    """A step toward its size (a rate policy's): it stays pending, for the next period's step."""
+    intent.job_id = job_id
+    intent.retry_at = None
+
+
+def mark_failed(intent: ScaleIntentRow, *, retry_at: datetime) -> None:
+    """Its move failed or rolled back: pending again, tried again from `retry_at`."""
+    intent.state = IntentState.pending.value
+    intent.acted_at = None
+    intent.attempts += 1
+    intent.retry_at = retry_at
 
 
 def supersede_older(
@@ -247,6 +272,8 @@ def summaries(rows: Sequence[ScaleIntentRow], limit: int = 20) -> list[IntentSum
             since=r.created_at,
             job_id=r.job_id,
             request_id=r.request_id,
+            attempts=r.attempts,
+            retry_at=r.retry_at,
         )
         for r in standing[:limit]
     ]

@@ -3,7 +3,9 @@ Scale shape, for HPA/KEDA-style clients, adapters and `kubectl scale`. A write a
 Scale (Kubernetes' answer to an update, which client-go's scale client decodes), plus `Location` of the
 reconfiguration job it created (also in the annotation `epctl.io/reconfiguration`); the job runs on, as
 pods do after a Deployment's scale is set. PATCH takes the merge-patch and JSON-patch forms
-(`app.scale.patches`); any other Content-Type is a 415."""
+(`app.scale.patches`); any other Content-Type is a 415. A PUT without Content-Type is JSON, as the
+Kubernetes API server reads it. The same subresource is served at Kubernetes' own paths by
+`app.scale.kube`."""
 
 from __future__ import annotations
 
@@ -18,8 +20,14 @@ from app.jobs.requests import IdempotencyKeyHeader, idempotency_of, point_at_job
 from app.scale import patches, service
 from app.scale.models import Scale
 
+# A body without Content-Type is read as JSON, as the Kubernetes API server reads it (client-go's scale
+# client and the `kubernetes` client's `replace_namespaced_deployment_scale` send none); another type
+# is a 415.
 router = APIRouter(
-    prefix="/v1/deployments", tags=["deployments"], responses=problem_responses(401, 403, 404, 422)
+    prefix="/v1/deployments",
+    tags=["deployments"],
+    responses=problem_responses(401, 403, 404, 422),
+    strict_content_type=False,
 )
 
 _JSON_PATCH_SCHEMA: dict[str, Any] = {

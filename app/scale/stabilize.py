@@ -13,22 +13,41 @@ engine): a move always goes to a size some pending intent asked for, never to a 
 - **Down**: otherwise, if the highest standing ask M is below the current size and a pending intent
   asks for it, the move goes to M once the ask has been at most M for the whole scale-down window
   (default 300 s). While a standing intent asks for more, nothing scales down.
-- **Max step**: autoscaler moves within `period_s` add (or remove) at most `max_step` engines; a move
-  asking for more is cut to what is left, and the intents it serves count as acted on.
+- **Rate policies** (HPA's `policies` and `selectPolicy`; `max_step` is a `Pods` policy): each policy
+  bounds the size from the size at its period's start (the current size less what autoscaler moves
+  added within the period, plus what they removed): `Pods` by `value` engines, `Percent` by `value`
+  percent (up rounded up, down rounded down, as HPA); `Max` applies the loosest bound, `Min` the
+  tightest, `Disabled` forbids the direction. A move asking beyond the bound goes to the bound and is a
+  *step*: its intents stay pending, and the next period steps again, until the ask is reached.
+- **Retries**: a pending intent whose move failed or rolled back waits until its `retry_at`
+  (`backoff_s`), then moves again.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from app.deployments.autoscaling import ScalingBehavior, ScalingRules
+from app.deployments.autoscaling import ScalingBehavior, ScalingPolicy, ScalingRules
 
 STABILIZATION_WINDOW = "stabilization-window"
 HIGHER_INTENT = "higher-intent"
 MAX_STEP = "max-step"
+DISABLED = "select-policy-disabled"
+RETRY_BACKOFF = "retry-backoff"
+RETRY_BASE_S = 30.0
+RETRY_MAX_S = 600.0
+
+
+def backoff_s(attempts: int) -> float:
+    """How long after its n-th failed move an intent waits before the next: 30 s doubling, at most
+    10 min (on top of the deployment's cooldown, which counts from the failed job too)."""
+    if attempts <= 0:
+        return 0.0
+    return min(RETRY_MAX_S, RETRY_BASE_S * 2 ** min(attempts - 1, 16))
 
 
 @dataclass(frozen=True)
@@ -41,6 +60,7 @@ class Ask:
     pending: bool
     since: datetime
     until: datetime | None = None  # when it ended; None while it stands
+    retry_at: datetime | None = None  # a failed move for it is retried from then
 
     def stands_at(self, moment: datetime) -> bool:
         return self.since <= moment and (self.until is None or self.until > moment)
@@ -66,8 +86,13 @@ class Hold:
 class Move:
     to: int
     serves: tuple[str, ...]  # the pending intents acted on by it
-    asked: int  # the size they asked for (above `to` when cut by the max step)
+    asked: int  # the size they asked for (beyond `to` when a rate policy makes this a step)
     note: str
+
+    @property
+    def step(self) -> bool:
+        """A step toward the ask, not the ask: its intents stay pending for the next period."""
+        return self.to != self.asked
 
 
 @dataclass
@@ -97,18 +122,44 @@ def _window(
     return segments
 
 
-def _room(
-    rules: ScalingRules, moves: Sequence[Moved], now: datetime, up: bool
-) -> tuple[int | None, datetime | None]:
-    """Engines the step policy still lets autoscalers move this way now (None: no limit), and when the
-    oldest move in the period leaves it."""
-    if rules.max_step is None:
-        return None, None
-    start = now - timedelta(seconds=rules.period_s)
-    counted = [m for m in moves if m.at > start and (m.up if up else m.down) > 0]
-    used = sum(m.up if up else m.down for m in counted)
-    frees = min(m.at for m in counted) + timedelta(seconds=rules.period_s) if counted else None
-    return rules.max_step - used, frees
+def _period_start(policy: ScalingPolicy, moves: Sequence[Moved], now: datetime, current: int) -> int:
+    """The size at the policy's period start (HPA's periodStartReplicas)."""
+    start = now - timedelta(seconds=policy.period_s)
+    counted = [m for m in moves if m.at > start]
+    return current - sum(m.up for m in counted) + sum(m.down for m in counted)
+
+
+def _bound(policy: ScalingPolicy, base: int, up: bool) -> int:
+    if policy.type == "Pods":
+        return base + policy.value if up else base - policy.value
+    if up:  # rounded up, or a small group could never grow (HPA)
+        return math.ceil(base * (1 + policy.value / 100))
+    return math.floor(base * (1 - policy.value / 100))
+
+
+def limit(
+    rules: ScalingRules, moves: Sequence[Moved], now: datetime, current: int, up: bool
+) -> tuple[int, datetime | None]:
+    """The furthest size the rate policies let autoscalers move to now (never past `current` the other
+    way; `current` itself: no room), and when the oldest move they count leaves its period."""
+    if rules.select_policy == "Disabled":
+        return current, None
+    policies = rules.effective_policies(up)
+    bounds = [_bound(p, _period_start(p, moves, now, current), up) for p in policies]
+    loosest = rules.select_policy == "Max"
+    if up:
+        bound = max(bounds) if loosest else min(bounds)
+        bound = max(bound, current)
+    else:
+        bound = min(bounds) if loosest else max(bounds)
+        bound = min(bound, current)
+    leaving = [
+        m.at + timedelta(seconds=p.period_s)
+        for p in policies
+        for m in moves
+        if m.at > now - timedelta(seconds=p.period_s)
+    ]
+    return bound, min(leaving) if leaving else None
 
 
 def decide(
@@ -152,7 +203,7 @@ def decide(
         last_end = max(s[1] for s in against)
         until = last_end + timedelta(seconds=window_s)
         direction = "scale-up" if up else "scale-down"
-        other = min(s[2] for s in against) if up else max(s[2] for s in against)
+        other = max(against, key=lambda s: s[1])[2]  # the ask that holds it longest: the latest against
         hold = Hold(
             STABILIZATION_WINDOW,
             f"the ask was {other} within the {direction} window of {window_s:g} s: {target} waits until "
@@ -162,25 +213,44 @@ def decide(
         for ask in chosen:
             verdict.holds[ask.intent_id] = hold
         return verdict
-    room, frees = _room(rules, moves, now, up)
-    to, note = target, f"the highest ask is {target}"
-    if room is not None:
-        if room <= 0:
+    waiting = [a for a in chosen if a.retry_at is not None and a.retry_at > now]
+    if waiting:
+        retry_at = max(a.retry_at for a in waiting if a.retry_at is not None)
+        hold = Hold(
+            RETRY_BACKOFF, f"the last move to {target} failed: tried again from {_when(retry_at)}", retry_at
+        )
+        for ask in chosen:
+            verdict.holds[ask.intent_id] = hold
+        return verdict
+    bound, frees = limit(rules, moves, now, current, up)
+    to = min(target, bound) if up else max(target, bound)
+    direction = "up" if up else "down"
+    if to == current:
+        if rules.select_policy == "Disabled":
+            hold = Hold(DISABLED, f"select_policy Disabled: autoscalers never scale {direction}")
+        else:
             hold = Hold(
                 MAX_STEP,
-                f"autoscalers moved {rules.max_step} engine(s) {'up' if up else 'down'} within "
-                f"{rules.period_s:g} s (max_step): waits until {_when(frees)}",
+                f"the {direction} rate policies ({_policies(rules, up)}) allow no more within their "
+                f"period: waits until {_when(frees)}",
                 frees,
             )
-            for ask in chosen:
-                verdict.holds[ask.intent_id] = hold
-            return verdict
-        step = abs(target - current)
-        if step > room:
-            to = current + room if up else current - room
-            note = f"asked for {target}, cut to {to} by max_step {rules.max_step} per {rules.period_s:g} s"
+        for ask in chosen:
+            verdict.holds[ask.intent_id] = hold
+        return verdict
+    note = f"the highest ask is {target}"
+    if to != target:
+        note = f"asked for {target}, a step to {to} by {_policies(rules, up)}; the next period steps on"
     verdict.move = Move(to=to, serves=tuple(a.intent_id for a in chosen), asked=target, note=note)
     return verdict
+
+
+def _policies(rules: ScalingRules, up: bool) -> str:
+    shown = [
+        f"{p.value}{' %' if p.type == 'Percent' else ''} per {p.period_s:g} s"
+        for p in rules.effective_policies(up)
+    ]
+    return f"{rules.select_policy} of " + ", ".join(shown) if len(shown) > 1 else shown[0]
 
 
 def _when(moment: datetime | None) -> str:

@@ -358,12 +358,22 @@ class DeliveryWorker:
 
 
 def _older_pending_exists() -> sa.Exists:
-    """A pending delivery of the same subscription for an earlier event (outbox ids sort by creation)."""
+    """A pending delivery of the same subscription for an event dispatched earlier (`dispatch_order`,
+    then the outbox id for events dispatched before it existed, which count as the oldest)."""
     older = sa.orm.aliased(WebhookDelivery)
+    older_event = sa.orm.aliased(OutboxEvent)
+    this_event = sa.orm.aliased(OutboxEvent)
+    older_order = sa.func.coalesce(col(older_event.dispatch_order), 0)
+    this_order = sa.func.coalesce(col(this_event.dispatch_order), 0)
     return sa.exists().where(
         col(older.subscription_id) == col(WebhookDelivery.subscription_id),
         col(older.state) == DeliveryState.pending.value,
-        col(older.event_id) < col(WebhookDelivery.event_id),
+        col(older_event.id) == col(older.event_id),
+        col(this_event.id) == col(WebhookDelivery.event_id),
+        sa.or_(
+            older_order < this_order,
+            sa.and_(older_order == this_order, col(older.event_id) < col(WebhookDelivery.event_id)),
+        ),
     )
 
 

@@ -8,8 +8,11 @@ lost. Safe with several coordinators on one database.
 
 - **Sequence**: the claim gives the event the next number of its deployment (`webhook_sequences`, from
   1; events of no deployment count under ''), stored on the event and in its payload as
-  `data.sequence`, so a receiver can order and spot gaps. Numbers follow dispatch order, which is
-  creation order with one coordinator.
+  `data.sequence`, so a receiver can order and spot gaps. Events are dispatched in the order they were
+  written (outbox ids; one request's events in the order it wrote them). In the same transaction the
+  event also takes the next number of one counter across all events (`dispatch_order`): deliveries
+  are sent, and replayed, in that order, so every receiver sees each deployment's `data.sequence`
+  strictly increasing, replays included (issue 36: numbering, sending and replay had three orders).
 - **Disabled subscriptions** get deliveries too, up to `disabled_backlog` pending ones each: they wait
   and go out, in order, when it is re-enabled. Events beyond the bound are counted, not queued;
   `POST /v1/webhooks/{id}/replay?since=...` re-sends them while the outbox keeps them.
@@ -44,6 +47,7 @@ from app.webhooks.service import DELIVERY_ID_PREFIX, subscription_wants
 
 log = logging.getLogger(__name__)
 
+DISPATCH_ORDER_KEY = "*"  # the counter across all events (deployment ids never are "*")
 TERMINAL_EVENT_TYPES = frozenset(
     {EventType.succeeded, EventType.failed, EventType.rolled_back, EventType.cancelled}
 )
@@ -63,7 +67,7 @@ class Dispatcher:
             candidates = session.exec(
                 select(OutboxEvent.id)
                 .where(col(OutboxEvent.dispatched_at).is_(None))
-                .order_by(col(OutboxEvent.created_at), col(OutboxEvent.id))
+                .order_by(col(OutboxEvent.id))
                 .limit(self.policy.dispatch_batch)
             ).all()
         taken = 0
@@ -87,6 +91,9 @@ class Dispatcher:
             assert event is not None
             try:
                 sequence = next_sequence(session, event.deployment_id or "")
+                # After the deployment's number (its row is held until commit), so two coordinators'
+                # events of one deployment take their dispatch_order in their sequence's order.
+                event.dispatch_order = next_sequence(session, DISPATCH_ORDER_KEY)
             except IntegrityError:  # another coordinator numbered this deployment's first event: later
                 session.rollback()
                 return False

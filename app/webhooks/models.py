@@ -70,6 +70,12 @@ class OutboxEvent(SQLModel, table=True):
     sequence: int | None = Field(
         default=None, description="per deployment, from 1, given at dispatch; also `data.sequence`"
     )
+    dispatch_order: int | None = Field(
+        default=None,
+        index=True,
+        description="across all events, given at dispatch with `sequence` (so it orders each deployment's "
+        "events as `sequence` does): the one order of sending and replay",
+    )
 
 
 class WebhookSequence(SQLModel, table=True):

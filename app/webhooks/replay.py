@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import sqlalchemy as sa
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
@@ -38,7 +39,7 @@ def replay(
     events = session.exec(
         select(OutboxEvent)
         .where(col(OutboxEvent.created_at) >= since, col(OutboxEvent.dispatched_at).is_not(None))
-        .order_by(col(OutboxEvent.id))
+        .order_by(sa.func.coalesce(col(OutboxEvent.dispatch_order), 0), col(OutboxEvent.id))
         .limit(limit + 1)
     ).all()
     truncated = len(events) > limit

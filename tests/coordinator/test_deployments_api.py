@@ -92,20 +92,33 @@ def test_configuration_needs_admin(client: TestClient) -> None:
 
 def test_autoscaling_behaviour_defaults_to_hpas_and_updates_field_by_field(client: TestClient) -> None:
     created = client.post("/v1/deployments", json={"name": "hpa"}).json()
+    unset = {"max_step": None, "period_s": 60.0, "policies": None, "select_policy": "Max"}
     assert created["autoscale_behavior"] == {
-        "scale_down": {"stabilization_window_s": 300.0, "max_step": None, "period_s": 60.0},
-        "scale_up": {"stabilization_window_s": 0.0, "max_step": None, "period_s": 60.0},
+        "scale_down": {"stabilization_window_s": 300.0, **unset},
+        "scale_up": {"stabilization_window_s": 0.0, **unset},
     }
     assert created["autoscale_paused"] is False
     body = {"autoscale_behavior": {"scale_up": {"max_step": 2}}, "autoscale_paused": True}
     updated = client.patch("/v1/deployments/hpa", json=body).json()
     assert updated["autoscale_behavior"]["scale_up"] == {
         "stabilization_window_s": 0.0,
+        **unset,
         "max_step": 2,
-        "period_s": 60.0,
     }
     assert updated["autoscale_behavior"]["scale_down"]["stabilization_window_s"] == 300.0
     assert updated["autoscale_paused"] is True
+    # HPA's Percent policies and selectPolicy (issue 36).
+    percent = {"type": "Percent", "value": 50, "period_s": 30.0}
+    body = {"autoscale_behavior": {"scale_down": {"policies": [percent], "select_policy": "Min"}}}
+    down = client.patch("/v1/deployments/hpa", json=body).json()["autoscale_behavior"]["scale_down"]
+    assert (down["policies"], down["select_policy"], down["stabilization_window_s"]) == (
+        [percent],
+        "Min",
+        300.0,
+    )
+    body = {"autoscale_behavior": {"scale_down": {"policies": None, "select_policy": "Disabled"}}}
+    down = client.patch("/v1/deployments/hpa", json=body).json()["autoscale_behavior"]["scale_down"]
+    assert (down["policies"], down["select_policy"]) == (None, "Disabled")
 
 
 @pytest.mark.parametrize(
@@ -117,6 +130,8 @@ def test_autoscaling_behaviour_defaults_to_hpas_and_updates_field_by_field(clien
         {"scale_up": {"period_s": 0}},
         {"scale_up": {"colour": "red"}},
         {"sideways": {}},
+        {"scale_up": {"policies": [{"type": "Replicas", "value": 1, "period_s": 15}]}},
+        {"scale_up": {"select_policy": "Largest"}},
     ],
 )
 def test_a_behaviour_out_of_bounds_is_422_and_changes_nothing(

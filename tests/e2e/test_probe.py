@@ -35,11 +35,13 @@ def test_metrics_count_the_canaries_the_client_outage_and_the_slowest_answer(sta
     job = stack.scale_to(3)
     assert job["state"] == "succeeded" and job["client_outage_ms"] is not None
 
+    labels = f'{{deployment="{job["deployment"]}",outcome="succeeded"}}'
+
     def scraped() -> str | None:
         text = stack.coordinator.api.get("/metrics").text
-        histogram = 'epctl_reconfiguration_client_outage_seconds_count{outcome="succeeded"}'
+        histogram = f"epctl_reconfiguration_client_outage_seconds_count{labels}"
         return text if histogram in text else None
 
     text = wait_until(scraped, timeout_s=30, what="the client outage histogram")
-    assert 'epctl_reconfiguration_client_slowest_answer_seconds_count{outcome="succeeded"}' in text
+    assert f"epctl_reconfiguration_client_slowest_answer_seconds_count{labels}" in text
     assert 'epctl_probe_canaries_total{outcome="ok"}' in text

@@ -154,7 +154,9 @@ def test_webhook_backlog_is_a_gauge_by_subscription(client: TestClient, db_engin
         labels: v for (name, labels), v in samples(text).items() if name == "epctl_webhook_backlog_deliveries"
     }
     assert list(backlog.values()) == [5.0] and dict(next(iter(backlog)))["active"] == "true"
-    assert (value(text, "epctl_webhook_oldest_pending_age_seconds") or 0) >= 0
+    [(name, labels)] = [key for key in samples(text) if key[0] == "epctl_webhook_oldest_pending_age_seconds"]
+    assert dict(labels)["subscription"] == dict(next(iter(backlog)))["subscription"]
+    assert (value(text, name, **dict(labels)) or 0) >= 0
 
 
 def test_service_discovery_lists_serving_agents_as_prometheus_targets(

@@ -90,8 +90,9 @@ def test_the_max_step_cuts_a_move_and_then_holds_until_the_period_passes() -> No
     assert held.holds["more"].until == ago(10) + timedelta(seconds=60)
 
 
-def test_moves_down_do_not_use_the_scale_up_step() -> None:
+def test_moves_down_within_the_period_raise_the_base_of_a_step_up_as_hpa() -> None:
+    # HPA's periodStartReplicas: current - added + removed within the period (2 + 3 = 5), so +1 allows 6.
     behavior = ScalingBehavior(scale_up=ScalingRules(stabilization_window_s=0, max_step=1))
     moved = [Moved(at=ago(10), up=0, down=3)]
     verdict = decide([ask("up", 5, 1)], current=2, behavior=behavior, moves=moved, now=NOW)
-    assert verdict.move is not None and verdict.move.to == 3
+    assert verdict.move is not None and verdict.move.to == 5

@@ -132,9 +132,8 @@ def test_metrics_count_finished_jobs_once_with_phase_durations(
     durations_before = sample(
         "epctl_reconfiguration_job_duration_seconds_count", deployment="d1", outcome="succeeded"
     )
-    phases_before = sample(
-        "epctl_reconfiguration_phase_duration_seconds_count", phase="committing", outcome="succeeded"
-    )
+    phase = {"deployment": "d1", "phase": "committing", "outcome": "succeeded"}
+    phases_before = sample("epctl_reconfiguration_phase_duration_seconds_count", **phase)
     rows.run_to_success(session, rows.make_job(session, rows.make_deployment(session, "d1").id).id)
     worker = DeliveryWorker(db_engine, DeliveryPolicy())
     worker.dispatch_outbox()
@@ -144,10 +143,7 @@ def test_metrics_count_finished_jobs_once_with_phase_durations(
         sample("epctl_reconfiguration_job_duration_seconds_count", deployment="d1", outcome="succeeded")
         == durations_before + 1
     )
-    assert (
-        sample("epctl_reconfiguration_phase_duration_seconds_count", phase="committing", outcome="succeeded")
-        == phases_before + 1
-    )
+    assert sample("epctl_reconfiguration_phase_duration_seconds_count", **phase) == phases_before + 1
     text = client.get("/metrics").text
     assert 'epctl_reconfiguration_jobs_total{deployment="d1",outcome="succeeded",requested_by="api"}' in text
     assert "rcfg_" not in text, "no job ids as labels"
@@ -158,8 +154,8 @@ def test_metrics_show_jobs_in_progress_from_the_database(client: TestClient, ses
     rows.advance(session, job.id, rows.JobState.pending, rows.JobState.preparing)
     response = client.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    assert 'epctl_reconfiguration_jobs_in_progress{state="preparing"} 1.0' in response.text
-    assert 'epctl_reconfiguration_jobs_in_progress{state="pending"} 0.0' in response.text
+    assert 'epctl_reconfiguration_jobs_in_progress{deployment="d1",state="preparing"} 1.0' in response.text
+    assert 'epctl_reconfiguration_jobs_in_progress{deployment="d1",state="pending"} 0.0' in response.text
 
 
 def test_agent_calls_are_counted_by_operation_and_outcome() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,17 +19,26 @@ Serve = Callable[[Any], str]
 
 
 @contextlib.contextmanager
-def served(app: Any) -> Iterator[str]:
-    """`app` listening on a free loopback port; yields its base URL, stops it on exit."""
+def served(app: Any, *, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
+    """`app` listening on a free loopback port; yields its base URL, stops it on exit. `tls`: the
+    (certificate, key) PEM files to serve HTTPS with."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    certificate, key = (str(tls[0]), str(tls[1])) if tls else (None, None)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        ssl_certfile=certificate,
+        ssl_keyfile=key,
     )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"served-{port}", daemon=True)
     thread.start()
     try:
         wait_until(lambda: server.started, timeout_s=10.0, what=f"a test server on port {port}")
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=5.0)

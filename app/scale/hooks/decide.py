@@ -325,8 +325,10 @@ def _act_on(
 
     def accepted(session: Session, job: ReconfigurationJob) -> None:
         row.job_id = job.id
-        reason = f"scaling {from_size} -> {job.to_dp_size}: {size.note} ({intent.reason})"
-        finalize(HookDecision.accepted, "scaling", reason)
+        step = job.to_dp_size != intent.target_dp_size  # a rate policy's step: more follow
+        verb = f"stepping toward {intent.target_dp_size}" if step else "scaling"
+        reason = f"{verb} {from_size} -> {job.to_dp_size}: {size.note} ({intent.reason})"
+        finalize(HookDecision.accepted, "stepping" if step else "scaling", reason)
 
     acted = desired.act(session, assessment, own=intent.id, on_created=accepted)
     if acted.job is None:

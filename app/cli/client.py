@@ -313,9 +313,12 @@ def parse_time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+# One clock and one duration format for every command, as the dashboard shows them: times in UTC with
+# the zone named ("2026-12-06 07:17:02 UTC"), durations by size ("6.67 ms", "18.0 ms", "320 ms",
+# "1.92 s", "37.7 s", "2 min 5 s").
 def short_time(value: str | None) -> str:
     parsed = parse_time(value)
-    return parsed.astimezone().strftime("%Y-%m-%d %H:%M:%S") if parsed else "-"
+    return parsed.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if parsed else "-"
 
 
 def fmt_ms(ms: float | None) -> str:
@@ -329,7 +332,30 @@ def fmt_ms(ms: float | None) -> str:
         return f"{ms:.1f} ms"
     if ms < 1000:
         return f"{ms:.0f} ms"
-    return f"{ms / 1000:.2f} s"
+    if ms < 60_000:
+        return f"{ms / 1000:.2f} s" if ms < 10_000 else f"{ms / 1000:.1f} s"
+    seconds = round(ms / 1000)
+    return f"{seconds // 60} min {seconds % 60} s"
+
+
+NOT_MEASURED = "not measured"
+
+
+def client_outage_ms(job: Mapping[str, Any]) -> float | None:
+    """The job's client outage, or None where nothing measured it: no probe ran, or its probe sent no
+    canary (a 0 from no canary is no measurement)."""
+    outage = job.get("client_outage_ms")
+    if not isinstance(outage, int | float):
+        return None
+    probe = job.get("probe")
+    if not outage and isinstance(probe, dict) and probe.get("canaries_sent") == 0:
+        return None
+    return float(outage)
+
+
+def fmt_outage(job: Mapping[str, Any]) -> str:
+    outage = client_outage_ms(job)
+    return NOT_MEASURED if outage is None else fmt_ms(outage)
 
 
 def duration_ms(start: str | None, end: str | None) -> float | None:

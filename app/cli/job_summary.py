@@ -7,7 +7,9 @@ import time
 from typing import Any
 
 from app.cli.client import (
+    NOT_MEASURED,
     PHASE_ORDER,
+    client_outage_ms,
     duration_ms,
     fmt_ms,
     parse_time,
@@ -138,25 +140,53 @@ def print_summary(job: dict[str, Any]) -> None:
 
 def client_line(job: dict[str, Any]) -> str:
     """What the canary probe saw, in the job's words: the client outage (the headline), the slowest
-    answer with its phase, and the canaries; a job recorded before the two were told apart shows its
-    one old figure as such."""
+    answer with its phase, and the canaries; "not measured" where no canary ran (never a 0 nobody saw);
+    a job recorded before the outage and the slowest answer were told apart shows its old figure."""
     probe = job.get("probe") or {}
-    outage, slowest = job.get("client_outage_ms"), job.get("client_slowest_answer_ms")
+    outage, slowest = client_outage_ms(job), job.get("client_slowest_answer_ms")
     counts = (
         f"[dim](canary probe: {probe.get('canaries_sent', '?')} sent, "
         f"{probe.get('canaries_failed', '?')} failed, {probe.get('canaries_late', 0)} late)[/]"
     )
     if outage is None:
-        old = job.get("client_downtime_ms")
-        return "" if old is None else f"  [bold]client downtime (old figure):[/] {fmt_ms(old)} {counts}"
+        old = job.get("client_downtime_ms") if job.get("client_outage_ms") is None else None
+        if old is not None:
+            return f"  [bold]client downtime (old figure):[/] {fmt_ms(old)} {counts}"
+        why = "no canary sent" if probe.get("canaries_sent") == 0 else "no canary probe ran"
+        return f"  [bold]client outage:[/] {NOT_MEASURED} [dim]({why})[/]"
     line = f"  [bold]client outage:[/] {fmt_ms(outage)}"
     if outage and probe.get("outage_phase"):
         line += f" [dim]({probe['outage_phase']})[/]"
+    elif not outage and probe.get("canaries_failed"):
+        # Failures that never made a stretch with no answer: another engine answered meanwhile.
+        line += " [dim](failed canaries were answered elsewhere in time)[/]"
     if slowest is not None:
         line += f"  [bold]slowest answer:[/] {fmt_ms(slowest)}"
         if probe.get("slowest_answer_phase"):
             line += f" [dim]({probe['slowest_answer_phase']})[/]"
     return f"{line}  {counts}"
+
+
+def self_heal_lines(job: dict[str, Any], incident: dict[str, Any] | None) -> list[str]:
+    """A self-heal job's loss, detection and serving-again times, and the incident it belongs to (with
+    the clients' outage the incident measured from the loss)."""
+    lines = []
+    if job.get("loss_at") is not None:
+        lines.append(
+            f"[bold]loss:[/] at {short_time(job['loss_at'])}, detected after "
+            f"{fmt_ms(job.get('time_to_detect_ms'))}, "
+            f"serving again after {fmt_ms(job.get('time_to_serving_ms'))}"
+        )
+    if incident is not None:
+        outage = incident.get("client_outage_ms")
+        figure = NOT_MEASURED if not isinstance(outage, int | float) else fmt_ms(outage)
+        lines.append(
+            f"[bold]incident:[/] {incident.get('id')} ({incident.get('state')}, {incident.get('reason')}): "
+            f"client outage {figure} from the loss; `epctl incidents show {incident.get('id')}`"
+        )
+    elif job.get("incident_id"):
+        lines.append(f"[bold]incident:[/] {job['incident_id']}; `epctl incidents show {job['incident_id']}`")
+    return lines
 
 
 def describe_placement(job: dict[str, Any]) -> str | None:

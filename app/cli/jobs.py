@@ -11,6 +11,8 @@ import typer
 from app.cli.client import (
     DEFAULT_URL,
     EXIT_JOB_UNSUCCESSFUL,
+    Coordinator,
+    CoordinatorError,
     DeploymentFilter,
     JsonOption,
     TokenOption,
@@ -21,6 +23,7 @@ from app.cli.client import (
     duration_ms,
     fail,
     fmt_ms,
+    fmt_outage,
     print_json,
     short_time,
     stderr,
@@ -28,7 +31,7 @@ from app.cli.client import (
     styled_state,
     table,
 )
-from app.cli.job_summary import describe_failure, print_summary
+from app.cli.job_summary import describe_failure, print_summary, self_heal_lines
 from app.cli.watch import WatchTimeout, follow, job_path
 
 app = command_group("Reconfiguration jobs: history, details, live progress, cancel.")
@@ -69,12 +72,15 @@ def job_rows(jobs: list[dict[str, Any]]) -> list[list[Any]]:
             short_time(j.get("created_at")),
             fmt_ms(duration_ms(j.get("created_at"), j.get("finished_at"))) if j.get("finished_at") else "-",
             fmt_ms(j.get("downtime_ms")) if j.get("downtime_ms") is not None else "-",
+            fmt_outage(j),
         ]
         for j in jobs
     ]
 
 
-JOB_COLUMNS = ["JOB", "DEPLOYMENT", "SIZE", "STATE", "SOURCE", "CREATED", "TOOK", "DOWNTIME"]
+# Downtime is the engines' own pause; the client outage is what the canaries saw (often longer: a
+# prepare under load stalls clients without pausing anything), so both stand side by side.
+JOB_COLUMNS = ["JOB", "DEPLOYMENT", "SIZE", "STATE", "SOURCE", "CREATED", "TOOK", "DOWNTIME", "CLIENT OUTAGE"]
 
 
 @app.command("list")
@@ -186,11 +192,12 @@ def show(
     """Show one job: state, phases, engines, downtime, error, cleanup and its transition log."""
     with api_errors(), connect(url, token) as api:
         job = api.get(job_path(job_id))
+        incident = _incident_of(api, job) if not as_json else None
     if as_json:
         print_json(job)
         return
     print_summary(job)
-    for line in probe_lines(job):
+    for line in [*self_heal_lines(job, incident), *probe_lines(job)]:
         stdout.print(line)
     events = job.get("events") or []
     if log and events:
@@ -205,6 +212,19 @@ def show(
             for e in events
         ]
         stdout.print(table("log", ["#", "TIME", "KIND", "TRANSITION", "MESSAGE"], rows))
+
+
+def _incident_of(api: Coordinator, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The incident the job belongs to (the loss a self-heal job recovers from, or one that hit its
+    generation right after it), or None; a job's page still prints when the incident cannot be read."""
+    incident_id = job.get("incident_id")
+    if not incident_id:
+        return None
+    try:
+        found = api.get(f"/v1/incidents/{incident_id}")
+    except CoordinatorError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def watch_job(job_id: str, *, url: str, token: str | None, as_json: bool, timeout_s: float | None) -> None:

@@ -160,3 +160,11 @@ def test_times_are_utc_with_the_zone_named() -> None:
 
     assert short_time("2026-12-06T07:12:39+01:00") == "2026-12-06 06:12:39 UTC"
     assert short_time("2026-12-06T07:12:39") == "2026-12-06 07:12:39 UTC"
+
+
+def test_the_incidents_list_reads_not_measured_never_0() -> None:
+    from app.cli.incidents import _outage_short
+
+    assert _outage_short({"client_outage_ms": 1800.0, "state": "resolved"}) == "1.80 s"
+    assert _outage_short({"client_outage_ms": None, "outage_evidence": "not-measured"}) == "not measured"
+    assert _outage_short({"client_outage_ms": None, "state": "open"}) == "not over"

@@ -217,6 +217,23 @@ def print_problem(error: CoordinatorError) -> None:
         stderr.print(f"  {key}: {rendered}")
     if problem.get("type") and problem.get("type") != "about:blank":
         stderr.print(f"  [dim]type: {problem['type']}[/]")
+    if problem.get("code") == "missing-token":
+        stderr.print(f"  [yellow]hint:[/] {missing_token_hint()}")
+
+
+def missing_token_hint() -> str:
+    """Where a token comes from: `--token` or EPCTL_TOKEN, and the admin token `epctl up` keeps in its
+    data directory (EPCTL_DATA_DIR, default .data) when that file is here."""
+    import os
+    from pathlib import Path
+
+    kept = Path(os.environ.get("EPCTL_DATA_DIR") or ".data") / "admin-token"
+    where = (
+        f"export EPCTL_TOKEN=$(cat {kept})  (the admin token `epctl up` keeps)"
+        if kept.is_file()
+        else "`epctl up` keeps its admin token in <data dir>/admin-token (EPCTL_DATA_DIR, default .data)"
+    )
+    return f"no token was sent: pass --token or set EPCTL_TOKEN; {where}"
 
 
 def _validation_line(item: Any) -> str:

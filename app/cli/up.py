@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from app.cli.down import state_dir, stop_recorded
-from app.cli.serve import PortUnavailableError, claim_data_dir, listening_socket, server_config
+from app.cli.serve import PortUnavailableError, claim_or_close, listening_socket, server_config
 
 if TYPE_CHECKING:
     import httpx
@@ -78,10 +78,11 @@ def up(
         overrides["data_dir"] = data_dir
     try:
         settings = load_settings(**overrides)
-        # Before anything is touched: a second `epctl up` on this directory must leave the first alone,
-        # and a port someone else holds stops this one here, in one line.
-        claim_data_dir(settings, holder="epctl up")
+        # Before anything is touched: a port someone else holds stops this one here, in one line, before
+        # the data directory or its lock exists; a second `epctl up` on this directory must leave the
+        # first alone.
         sock = listening_socket(settings.host, settings.port)
+        claim_or_close(settings, sock, holder="epctl up")
     except (ConfigError, DataDirInUseError, PortUnavailableError) as exc:
         typer.echo(f"epctl up: {exc}", err=True)
         raise typer.Exit(2 if isinstance(exc, ConfigError) else 1) from None
@@ -327,9 +328,31 @@ def _write_secret(path: Path, secret: str) -> None:
         f.write(secret + "\n")
 
 
+def runnable_epctl(argv0: str | None = None, cwd: Path | None = None) -> str:
+    """`epctl` as this shell can run it, for commands that must paste: `epctl` when that name on PATH is
+    this program, else the path it was started by (`.venv/bin/epctl` from a checkout's `scripts/run`),
+    else `python -m app.cli.main`."""
+    import shutil
+
+    started = Path(argv0 if argv0 is not None else sys.argv[0])
+    on_path = shutil.which("epctl")
+    if on_path and started.name == "epctl" and Path(on_path).resolve() == started.resolve():
+        return "epctl"
+    if started.name == "epctl" and started.is_file():
+        absolute = Path(os.path.abspath(started))
+        try:
+            relative = str(absolute.relative_to(cwd or Path.cwd()))
+        except ValueError:
+            return str(absolute)
+        return relative if "/" in relative else f"./{relative}"
+    return "epctl" if on_path else f"{sys.executable} -m app.cli.main"
+
+
 def _print_welcome(url: str, new_token: str | None, settings: Settings, engines: int) -> None:
-    """`new_token` is printed (once: it was just made); otherwise the welcome says where the token is."""
+    """`new_token` is printed (once: it was just made); otherwise the welcome says where the token is.
+    Every command in it pastes as it is (`epctl` named as this shell can run it)."""
     bigger = min(engines * 2, 8)
+    epctl = runnable_epctl()
     curl = 'curl -s -H "Authorization: Bearer $EPCTL_TOKEN"'
     if settings.admin_token is not None:
         token_lines = ["  export EPCTL_TOKEN=$EPCTL_ADMIN_TOKEN"]
@@ -356,7 +379,7 @@ def _print_welcome(url: str, new_token: str | None, settings: Settings, engines:
         f"  # back to {engines}:",
         f"  {curl} -X POST $EPCTL_URL/v1/reconfigurations -H 'Content-Type: application/json' \\",
         f'       -d \'{{"deployment": "{DEMO}", "target_dp_size": {engines}}}\'',
-        f"  # or: epctl scale {DEMO} {bigger} --wait",
+        f"  # or, with the CLI:  {epctl} scale {DEMO} {bigger} --wait",
         "",
         "  Ctrl-C stops the coordinator and its engines.",
         "",

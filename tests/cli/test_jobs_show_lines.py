@@ -168,3 +168,33 @@ def test_the_incidents_list_reads_not_measured_never_0() -> None:
     assert _outage_short({"client_outage_ms": 1800.0, "state": "resolved"}) == "1.80 s"
     assert _outage_short({"client_outage_ms": None, "outage_evidence": "not-measured"}) == "not measured"
     assert _outage_short({"client_outage_ms": None, "state": "open"}) == "not over"
+
+
+def test_the_live_panel_shows_the_time_spent_in_the_step() -> None:
+    from rich.console import Console
+
+    from app.cli.progress_view import ProgressView
+
+    progress = {"step": "launching", "percent": 0}
+    job = {"id": "rcfg_1", "deployment": "demo", "state": "preparing", "progress": progress}
+    view = ProgressView(live=False)
+    view.update(job)
+    view.step_since -= 12.4  # as if the launch began 12 s ago
+    console = Console(width=160, record=True)
+    console.print(view)
+    assert "launching · 12 s in this step" in console.export_text()
+
+
+def test_piped_progress_says_still_when_a_step_holds(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli.progress_view import ProgressView
+
+    job = {"id": "rcfg_1", "state": "preparing", "progress": {"step": "launching", "percent": 0}}
+    view = ProgressView(live=True)
+    assert not view.interactive
+    view.update(job)
+    view.tick()  # just printed: nothing more
+    view.last_printed -= view.STILL_EVERY_S
+    view.update(job)  # nothing changed, but 10 s went by
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[1].endswith("launching  (still; 0 s in this step)"), lines

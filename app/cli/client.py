@@ -272,7 +272,7 @@ def print_json(value: Any) -> None:
 
 
 # Columns that may wrap on a narrow terminal; ids, states and times stay on one line.
-_PROSE_COLUMNS = frozenset({"MESSAGE", "DESCRIPTION", "LAST ERROR", "URL", "PAUSED"})
+_PROSE_COLUMNS = frozenset({"MESSAGE", "DESCRIPTION", "LAST ERROR", "URL", "PAUSED (UTC)"})
 
 
 def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:

@@ -4,6 +4,7 @@ durations, per-engine pauses, the error (and which engine overran its budget), t
 from __future__ import annotations
 
 import time
+from datetime import UTC
 from typing import Any
 
 from app.cli.client import (
@@ -81,9 +82,9 @@ def _pause_window(pause: Any) -> str | None:
 
 def _clock(value: Any) -> str:
     if isinstance(value, int | float):
-        return time.strftime("%H:%M:%S", time.localtime(value)) + f".{int((value % 1) * 1000):03d}"
+        return time.strftime("%H:%M:%S", time.gmtime(value)) + f".{int((value % 1) * 1000):03d}"
     parsed = parse_time(str(value))
-    return parsed.astimezone().strftime("%H:%M:%S.%f")[:-3] if parsed else str(value)
+    return parsed.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3] if parsed else str(value)
 
 
 def print_summary(job: dict[str, Any]) -> None:
@@ -134,7 +135,8 @@ def print_summary(job: dict[str, Any]) -> None:
         stdout.print(table("phases", ["PHASE", "STARTED", "DURATION"], rows))
     engines = engine_rows(job)
     if engines:
-        stdout.print(table("engines", ["ENGINE", "ROLE", "RANKS", "GENERATION", "PAUSE", "PAUSED"], engines))
+        columns = ["ENGINE", "ROLE", "RANKS", "GENERATION", "PAUSE", "PAUSED (UTC)"]
+        stdout.print(table("engines", columns, engines))
     print_failure(job)
 
 

@@ -47,18 +47,21 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_when(value: str | None) -> str | None:
-    """An ISO time, or an age like 30m / 2h / 7d meaning that long ago; returned as ISO UTC."""
+    """An ISO time (UTC unless it names its zone; the form epctl prints too), or an age like 30m / 2h /
+    7d meaning that long ago; returned as ISO UTC."""
     if value is None:
         return None
     match = _RELATIVE.match(value.strip())
     if match:
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
         return (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat()
+    text = value.strip().removesuffix(" UTC")  # as epctl prints times: "2026-12-06 07:17:02 UTC"
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise typer.BadParameter(f"{value!r} is neither an ISO time nor an age like 30m, 2h, 7d") from None
-    return (parsed if parsed.tzinfo else parsed.astimezone()).astimezone(UTC).isoformat()
+    # Without a zone: UTC, the clock every time epctl prints is on.
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
 
 
 def job_rows(jobs: list[dict[str, Any]]) -> list[list[Any]]:
@@ -95,10 +98,12 @@ def list_jobs(
         ),
     ] = None,
     since: Annotated[
-        str | None, typer.Option("--since", help="Created after: ISO time or an age (30m, 2h, 7d).")
+        str | None,
+        typer.Option("--since", help="Created after: ISO time (UTC unless zoned) or an age (30m, 2h, 7d)."),
     ] = None,
     until: Annotated[
-        str | None, typer.Option("--until", help="Created before: ISO time or an age (30m, 2h, 7d).")
+        str | None,
+        typer.Option("--until", help="Created before: ISO time (UTC unless zoned) or an age (30m, 2h, 7d)."),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=500, help="Jobs per page.")] = 20,
     cursor: Annotated[str | None, typer.Option("--cursor", help="Continue from a previous page.")] = None,

@@ -272,3 +272,22 @@ def test_the_lists_fit_760_px(page: Any, surface: Surface) -> None:
     page.goto(f"/ui/jobs/{surface.heal}")
     expect(page.locator("#events-table")).to_be_visible()
     assert page.evaluate("document.documentElement.scrollWidth") <= 760
+
+
+def test_a_browser_in_another_zone_still_reads_and_writes_utc(
+    browser: Any, coordinator: Coordinator, surface: Surface
+) -> None:
+    context = browser.new_context(base_url=coordinator.url, timezone_id="Asia/Kolkata")  # UTC+05:30
+    context.add_init_script(f"localStorage.setItem('epctl.token', {coordinator.admin_token!r})")
+    try:
+        page = context.new_page()
+        with coordinator.client() as api:
+            created = api.get(f"/v1/reconfigurations/{surface.measured}").json()["created_at"]
+        page.goto("/ui/?deployment=gamma")
+        shown = cell(page, surface.measured, "created").text_content() or ""
+        assert shown == created.replace("T", " ")[:19], (shown, created)
+        page.fill("#f-after", "2026-01-01T00:00")
+        page.click("#f-apply")
+        expect(page).to_have_url(re.compile(r"created_after=2026-01-01T00%3A00%3A00\.000Z"))
+    finally:
+        context.close()

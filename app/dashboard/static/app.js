@@ -106,17 +106,15 @@ function onResize(fn) {
 
 // ---------------------------------------------------------------- history page
 
-/** datetime-local value (local time) <-> ISO UTC for the API. */
+/** datetime-local value, read as UTC like every time on these pages <-> ISO UTC for the API. */
 function localInputToIso(value) {
   if (!value) return "";
-  const d = new Date(value);
+  const d = new Date(`${value}Z`);
   return Number.isNaN(d.getTime()) ? "" : d.toISOString();
 }
 function isoToLocalInput(value) {
   const ms = toMs(value);
-  if (ms === null) return "";
-  const d = new Date(ms - new Date(ms).getTimezoneOffset() * 60000);
-  return d.toISOString().slice(0, 16);
+  return ms === null ? "" : new Date(ms).toISOString().slice(0, 16);
 }
 
 // The newest incidents: a deployment that stopped being whole, what was lost, and what clients saw.
@@ -178,9 +176,9 @@ function historyPage() {
         <div class="field"><label for="f-source">Requested by</label>
           <select id="f-source" name="source">${option("", "Anyone", filters.source)}
           ${SOURCES.map((s) => option(s, s, filters.source)).join("")}</select></div>
-        <div class="field"><label for="f-after">Created after</label>
+        <div class="field"><label for="f-after">Created after (UTC)</label>
           <input id="f-after" name="created_after" type="datetime-local" value="${esc(isoToLocalInput(filters.created_after))}"></div>
-        <div class="field"><label for="f-before">Created before</label>
+        <div class="field"><label for="f-before">Created before (UTC)</label>
           <input id="f-before" name="created_before" type="datetime-local" value="${esc(isoToLocalInput(filters.created_before))}"></div>
         <div class="actions">
           <button class="btn" type="button" id="f-clear">Clear</button>
@@ -623,7 +621,7 @@ function jobPage(jobId) {
       </div>
       <section class="panel" id="progress-panel">${progressHtml(j)}</section>
       <div class="cards">
-        <div class="card"><div class="k">Downtime</div><div class="v" id="card-downtime">${downtime === null ? "–" : esc(fmtMs(downtime))}</div></div>
+        <div class="card"><div class="k">Downtime</div><div class="v" id="card-downtime">${downtime === null ? "–" : esc(fmtMs(downtime))}${job.source(j) === "self-heal" ? ` <span class="card-note">the engines' pause in this job; the loss before it is the incident's</span>` : ""}</div></div>
         ${clientCards(j)}
         <div class="card"><div class="k">Duration</div><div class="v" id="card-duration">${esc(fmtMs(duration))}${queued >= 1 ? ` <span class="card-note">${esc(fmtMs(queued))} queued</span>` : ""}</div></div>
         <div class="card"><div class="k">DP size</div><div class="v">${esc(sizeChange(j))}</div></div>

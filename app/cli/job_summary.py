@@ -87,12 +87,22 @@ def _clock(value: Any) -> str:
     return parsed.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3] if parsed else str(value)
 
 
+# Jobs that ended on the generation they started on: no new generation to show.
+KEPT_GENERATION = ("cancelled", "rolled_back")
+
+
+def generation_text(job: dict[str, Any]) -> str:
+    if job.get("state") in KEPT_GENERATION:
+        return f"generation {job.get('from_generation')} (unchanged)"
+    return f"generation {job.get('from_generation')} -> {job.get('to_generation')}"
+
+
 def print_summary(job: dict[str, Any]) -> None:
     state = job.get("state")
     stdout.print(
         f"Job [bold]{job.get('id')}[/] {styled_state(state)}  "
         f"{job.get('deployment')}: DP {job.get('from_dp_size')} -> {job.get('to_dp_size')}, "
-        f"generation {job.get('from_generation')} -> {job.get('to_generation')}"
+        f"{generation_text(job)}"
     )
     details = [
         ("requested by", job.get("requested_by")),
@@ -228,7 +238,11 @@ def describe_overrun(job: dict[str, Any]) -> str | None:
 
 def print_failure(job: dict[str, Any]) -> None:
     error = job.get("error")
-    if error:
+    if error and job.get("state") == "cancelled":
+        # An operator's cancel, not a fault: what it stopped, without an error's colours.
+        where = f" during {error['phase']}" if error.get("phase") else ""
+        stdout.print(f"[bold]cancelled{where}[/]: {error.get('message') or 'on request'}")
+    elif error:
         where = ", ".join(f"{k} {error[k]}" for k in ("phase", "engine_id") if error.get(k))
         if error.get("http_status") is not None:
             where += f"{', ' if where else ''}engine answered {error['http_status']}"
@@ -269,6 +283,9 @@ def describe_cleanup(job: dict[str, Any]) -> str:
 
 def describe_failure(job: dict[str, Any]) -> str:
     error = job.get("error") or {}
+    if job.get("state") == "cancelled":
+        where = f" during {error['phase']}" if error.get("phase") else ""
+        return f"job {job.get('id')} was cancelled{where}: {error.get('message') or 'on request'}"
     message = error.get("message") or "no error recorded"
     where = " ".join(f"{k}={error[k]}" for k in ("phase", "engine_id", "type") if error.get(k))
     return f"job {job.get('id')} ended {job.get('state')}: {message}" + (f" ({where})" if where else "")

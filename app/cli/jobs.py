@@ -244,7 +244,8 @@ def watch_job(job_id: str, *, url: str, token: str | None, as_json: bool, timeou
     else:
         print_summary(job)
     if job.get("state") != "succeeded":
-        stderr.print(f"[bold red]Error[/]: {describe_failure(job)}")
+        label = "[bold]Cancelled[/]" if job.get("state") == "cancelled" else "[bold red]Error[/]"
+        stderr.print(f"{label}: {describe_failure(job)}")
         raise typer.Exit(EXIT_JOB_UNSUCCESSFUL)
 
 

@@ -198,3 +198,19 @@ def test_piped_progress_says_still_when_a_step_holds(capsys: pytest.CaptureFixtu
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2, lines
     assert lines[1].endswith("launching  (still; 0 s in this step)"), lines
+
+
+def test_a_cancelled_job_shows_no_new_generation_and_no_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli.job_summary import describe_failure
+
+    job = {
+        "id": "rcfg_9",
+        "state": "cancelled",
+        "from_generation": 3,
+        "to_generation": 4,
+        "error": {"phase": "preparing", "type": "cancelled", "message": "cancelled by admin"},
+    }
+    out = summary(capsys, **job)
+    assert "generation 3 (unchanged)" in out and "3 -> 4" not in out, out
+    assert "cancelled during preparing: cancelled by admin" in out and "error" not in out, out
+    assert describe_failure(job) == "job rcfg_9 was cancelled during preparing: cancelled by admin"

@@ -54,6 +54,7 @@ class Surface:
     incident: str
     cancelled: str  # cancelled during preparing
     launching: str  # still launching engines
+    leaver: str  # 2 canaries failed (the leaver's 503s) while the others answered: no outage
 
 
 def _scale(api: Any, deployment: str, target: int) -> str:
@@ -91,6 +92,9 @@ def surface(coordinator: Coordinator) -> Surface:
             client_outage_ms=0.0,
             probe={**PROBE, "canaries_sent": 0, "canaries_failed": 0},
         )
+        leaver = _scale(api, "gamma", 2)
+        leaver_probe = {**PROBE, "canaries_failed": 2, "outage_phase": None}
+        _finish(coordinator, leaver, engines, client_outage_ms=0.0, probe=leaver_probe)
         cancelled = _scale(api, "gamma", 2)
         driver = JobDriver(coordinator.database_url, cancelled)
         driver.move("pending", "preparing", "claimed", progress_step="preparing", progress_percent=10.0)
@@ -107,7 +111,7 @@ def surface(coordinator: Coordinator) -> Surface:
         driver.progress("launching", 0.0)
         driver.close()
     heal, incident = _self_heal(coordinator, engines)
-    return Surface(measured, unmeasured, heal, incident, cancelled, launching)
+    return Surface(measured, unmeasured, heal, incident, cancelled, launching, leaver)
 
 
 def _self_heal(coordinator: Coordinator, engines: list[str]) -> tuple[str, str]:
@@ -147,7 +151,7 @@ def _self_heal(coordinator: Coordinator, engines: list[str]) -> tuple[str, str]:
 
 def keep(page: Any, name: str, element: Any = None) -> None:
     """A screenshot in the test artifacts; with EPCTL_DOCS_IMAGES=1 also the docs' copy (the viewport or
-    one element only, in a 64-colour palette: small files, and a plain test run leaves the tree clean)."""
+    one element only, in a 128-colour palette: small files, and a plain test run leaves the tree clean)."""
     path = screenshot(page, name) if element is None else SCREENSHOTS / f"{name}.png"
     if element is not None:
         element.screenshot(path=str(path))
@@ -159,7 +163,7 @@ def keep(page: Any, name: str, element: Any = None) -> None:
     shot = path if element is not None else DOCS_IMAGES / f"{name}.png"
     if element is None:
         page.screenshot(path=str(shot))
-    Image.open(shot).convert("RGB").quantize(colors=64).save(DOCS_IMAGES / f"{name}.png", optimize=True)
+    Image.open(shot).convert("RGB").quantize(colors=128).save(DOCS_IMAGES / f"{name}.png", optimize=True)
 
 
 def cell(page: Any, job_id: str, name: str) -> Any:
@@ -177,6 +181,11 @@ def test_the_job_list_shows_the_client_outage_beside_the_downtime(page: Any, sur
     created = cell(page, surface.measured, "created").text_content()
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", created or ""), created
     assert "Created (UTC)" in headers
+
+
+def test_failed_canaries_without_an_outage_say_another_engine_answered(page: Any, surface: Surface) -> None:
+    page.goto(f"/ui/jobs/{surface.leaver}")
+    expect(page.locator("#card-client-outage")).to_have_text("0 ms 2 failed, answered elsewhere")
 
 
 def test_chart_labels_say_what_each_job_did_and_when(page: Any, surface: Surface) -> None:

@@ -543,7 +543,7 @@ function jobPage(jobId) {
 
   function enginesHtml(j) {
     const engines = job.engines(j);
-    if (!engines.length) return `<div class="empty">No engine results yet.</div>`;
+    if (!engines.length) return `<div class="empty">${isTerminal(job.state(j)) ? "No engine took part." : "No engine results yet."}</div>`;
     return `<div class="table-wrap"><table id="engines-table"><thead><tr><th>Engine</th><th>Role</th><th>Ranks</th><th>Generation before → after</th>
       <th>Paused at (UTC)</th><th>Resumed at (UTC)</th><th class="num">Pause</th></tr></thead><tbody>
       ${engines.map((e) => `<tr data-engine="${esc(e.engineId)}"><td class="mono">${esc(e.engineId)}</td><td>${esc(e.role || "–")}</td>
@@ -621,9 +621,9 @@ function jobPage(jobId) {
       </div>
       <section class="panel" id="progress-panel">${progressHtml(j)}</section>
       <div class="cards">
-        <div class="card"><div class="k">Downtime</div><div class="v" id="card-downtime">${downtime === null ? "–" : esc(fmtMs(downtime))}${job.source(j) === "self-heal" ? ` <span class="card-note">the engines' pause in this job; the loss before it is the incident's</span>` : ""}</div></div>
+        <div class="card"><div class="k">Downtime</div><div class="v" id="card-downtime">${downtime === null ? "–" : esc(fmtMs(downtime))}${job.source(j) === "self-heal" ? ` <span class="card-note block">the engines' pause in this job; the loss before it is the incident's</span>` : ""}</div></div>
         ${clientCards(j)}
-        <div class="card"><div class="k">Duration</div><div class="v" id="card-duration">${esc(fmtMs(duration))}${queued >= 1 ? ` <span class="card-note">${esc(fmtMs(queued))} queued</span>` : ""}</div></div>
+        <div class="card"><div class="k">Duration</div><div class="v" id="card-duration">${esc(fmtMs(duration))}${queued >= 1 ? ` <span class="card-note block">${esc(fmtMs(queued))} of it queued</span>` : ""}</div></div>
         <div class="card"><div class="k">DP size</div><div class="v">${esc(sizeChange(j))}</div></div>
         <div class="card"><div class="k">Generation</div><div class="v" id="card-generation">${gens}</div></div>
         <div class="card"><div class="k">Warm-up · strategy</div><div class="v" style="font-size:15px;padding-top:4px">${esc(job.warmup(j) || "–")} · ${esc(job.strategy(j) || "–")}</div></div>

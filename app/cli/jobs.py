@@ -223,13 +223,18 @@ def _incident_of(api: Coordinator, job: dict[str, Any]) -> dict[str, Any] | None
     """The incident the job belongs to (the loss a self-heal job recovers from, or one that hit its
     generation right after it), or None; a job's page still prints when the incident cannot be read."""
     incident_id = job.get("incident_id")
-    if not incident_id:
-        return None
     try:
-        found = api.get(f"/v1/incidents/{incident_id}")
+        if incident_id:
+            found = api.get(f"/v1/incidents/{incident_id}")
+            return found if isinstance(found, dict) else None
+        if job.get("requested_by") != "self-heal":
+            return None
+        # Recorded before self-heal jobs named their incident: the incident names the job.
+        listed = api.get("/v1/incidents", deployment=job.get("deployment"), limit=100)
     except CoordinatorError:
         return None
-    return found if isinstance(found, dict) else None
+    data = listed.get("data", []) if isinstance(listed, dict) else []
+    return next((i for i in data if job.get("id") in (i.get("recovery_job_ids") or [])), None)
 
 
 def watch_job(job_id: str, *, url: str, token: str | None, as_json: bool, timeout_s: float | None) -> None:

@@ -110,35 +110,40 @@ def surface(coordinator: Coordinator) -> Surface:
         driver.move("pending", "preparing", "claimed", progress_step="preparing", progress_percent=0.0)
         driver.progress("launching", 0.0)
         driver.close()
-    heal, incident = _self_heal(coordinator, engines)
+    heal, incident = _self_heal(coordinator, "gamma", engines)
     return Surface(measured, unmeasured, heal, incident, cancelled, launching, leaver)
 
 
-def _self_heal(coordinator: Coordinator, engines: list[str]) -> tuple[str, str]:
-    """gamma loses an engine: its incident opens, a self-heal job recovers (naming the incident, as the
-    liveness pass has it do), the deployment serves again and the clients' outage is measured."""
+def _self_heal(
+    coordinator: Coordinator, name: str, engines: list[str], *, names_incident: bool = True
+) -> tuple[str, str]:
+    """`name` loses an engine: its incident opens, a self-heal job recovers (naming the incident, as the
+    liveness pass has it do; `names_incident=False`: as it did before, the incident alone naming the
+    job), the deployment serves again and the clients' outage is measured."""
     db = make_engine(coordinator.database_url)
     try:
         with Session(db) as session:
-            deployment = session.exec(select(Deployment).where(Deployment.name == "gamma")).one()
+            deployment = session.exec(select(Deployment).where(Deployment.name == name)).one()
             loss_at = utc_now() - timedelta(seconds=3)
             deployment.heal_loss_at = loss_at
-            detail = StatusDetail(reason="engine-lost", message="gamma-e2 stopped answering", since=utc_now())
+            lost = f"{engines[-1]} stopped answering"
+            detail = StatusDetail(reason="engine-lost", message=lost, since=utc_now())
             set_status(session, deployment, DeploymentStatus.degraded, detail)
             session.commit()
 
             def note(session: Session, job: ReconfigurationJob) -> None:
                 job.loss_at, job.time_to_detect_ms = loss_at, 812.0
-                job.incident_id = incidents.note_recovery_job(session, deployment.id, job.id)
+                named = incidents.note_recovery_job(session, deployment.id, job.id)
+                job.incident_id = named if names_incident else None
                 session.add(job)
 
-            request = ReconfigurationCreate(deployment="gamma", target_dp_size=2, reason="gamma-e2 lost")
+            request = ReconfigurationCreate(deployment=name, target_dp_size=2, reason="an engine lost")
             heal = create_reconfiguration(
                 session, request=request, requested_by=RequestSource.self_heal, on_created=note
             ).job.id
         _finish(coordinator, heal, engines[:2], time_to_serving_ms=1800.0)
         with Session(db) as session:
-            deployment = session.exec(select(Deployment).where(Deployment.name == "gamma")).one()
+            deployment = session.exec(select(Deployment).where(Deployment.name == name)).one()
             set_status(session, deployment, DeploymentStatus.ready)
             session.commit()
             (opened,) = incidents.list_incidents(session, deployment_id=deployment.id)
@@ -208,6 +213,19 @@ def test_a_self_heal_job_shows_its_loss_its_recovery_and_its_incident(page: Any,
     keep(page, "self-heal-job")
     page.locator("#job-incident").click()
     expect(page).to_have_url(re.compile(f"/ui/incidents/{surface.incident}$"))
+
+
+def test_a_self_heal_job_recorded_before_it_named_its_incident_still_links_it(
+    page: Any, coordinator: Coordinator, surface: Surface
+) -> None:
+    with coordinator.client() as api:
+        create_static_deployment(api, "zeta", engines=3)
+    heal, incident = _self_heal(coordinator, "zeta", [f"zeta-e{i}" for i in range(3)], names_incident=False)
+    with coordinator.client() as api:
+        assert api.get(f"/v1/reconfigurations/{heal}").json()["incident_id"] is None
+    page.goto(f"/ui/jobs/{heal}")
+    expect(page.locator("#job-incident")).to_have_text(incident)
+    expect(page.locator("#heal-outage")).to_contain_text("1.80 s")
 
 
 def test_the_incident_page_links_its_jobs(page: Any, surface: Surface) -> None:

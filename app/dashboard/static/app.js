@@ -398,6 +398,14 @@ function jobPage(jobId) {
           if (incidentId && (!incident || incident.id !== incidentId || incident.state === "open")) {
             incident = await api(`/v1/incidents/${encodeURIComponent(incidentId)}`).catch(() => null);
             if (!alive) return;
+          } else if (!incidentId && job.source(fresh) === "self-heal") {
+            // Recorded before self-heal jobs named their incident: the incident names the job.
+            if (!incident) {
+              const found = await api("/v1/incidents", { params: { deployment: job.deployment(fresh), limit: 100 } }).catch(() => null);
+              if (!alive) return;
+              incident = ((found && found.data) || []).find((i) => (i.recovery_job_ids || []).includes(jobId)) || null;
+            }
+            if (incident) current = { ...fresh, incident_id: incident.id };
           }
           draw();
         } catch (err) {

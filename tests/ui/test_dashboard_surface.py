@@ -262,6 +262,11 @@ def test_a_long_launch_shows_the_time_in_its_step(page: Any, surface: Surface) -
     first = elapsed.inner_text()
     expect(elapsed).not_to_have_text(first)  # it moves with the clock between events
     expect(page.locator("#progress-fill")).to_have_class(re.compile(r"\bbusy\b"))
+    duration = page.locator("#card-duration-value")
+    before = duration.inner_text()
+    expect(duration).not_to_have_text(before)  # the card moves with the clock, as the timeline does
+    ran = re.search(r"ran ([\d.]+ (?:ms|s|min))", page.locator("#timeline-note").inner_text())
+    assert ran is not None
 
 
 def test_every_time_on_a_job_page_is_utc_and_named(page: Any, surface: Surface) -> None:

@@ -631,7 +631,7 @@ function jobPage(jobId) {
       <div class="cards">
         <div class="card"><div class="k">Downtime</div><div class="v" id="card-downtime">${downtime === null ? "–" : esc(fmtMs(downtime))}${job.source(j) === "self-heal" ? ` <span class="card-note block">the engines' pause in this job; the loss before it is the incident's</span>` : ""}</div></div>
         ${clientCards(j)}
-        <div class="card"><div class="k">Duration</div><div class="v" id="card-duration">${esc(fmtMs(duration))}${queued >= 1 ? ` <span class="card-note block">${esc(fmtMs(queued))} of it queued</span>` : ""}</div></div>
+        <div class="card"><div class="k">Duration</div><div class="v" id="card-duration"><span id="card-duration-value">${esc(fmtMs(duration))}</span>${queued >= 1 ? ` <span class="card-note block">${esc(fmtMs(queued))} of it queued</span>` : ""}</div></div>
         <div class="card"><div class="k">DP size</div><div class="v">${esc(sizeChange(j))}</div></div>
         <div class="card"><div class="k">Generation</div><div class="v" id="card-generation">${gens}</div></div>
         <div class="card"><div class="k">Warm-up · strategy</div><div class="v" style="font-size:15px;padding-top:4px">${esc(job.warmup(j) || "–")} · ${esc(job.strategy(j) || "–")}</div></div>
@@ -713,6 +713,12 @@ function jobPage(jobId) {
       drawCharts();
       const elapsed = document.getElementById("progress-elapsed");
       if (elapsed) elapsed.textContent = stepElapsedText(current);
+      // The duration card and the timeline's note move with the clock too, so they agree with the
+      // timeline's bars between events (a card frozen at the last event read seconds short).
+      const duration = document.getElementById("card-duration-value");
+      if (duration) duration.textContent = fmtMs(jobDurationMs(current));
+      const note = document.getElementById("timeline-note");
+      if (note) note.innerHTML = timelineNote(current);
     }, 1000);
   });
 

@@ -40,6 +40,25 @@ class CollectiveTimeout(RuntimeError):
     """A collective ran past its deadline (or its group broke)."""
 
 
+class PeerLost(CollectiveTimeout):
+    """A peer's connection dropped mid-collective (gloo: "Connection reset by peer", "Broken pipe",
+    "Connection closed by peer"): the peer left or died; no deadline passed."""
+
+
+# What gloo (and the socket layer under it) says when the other end went away.
+_PEER_GONE = ("connection reset by peer", "broken pipe", "connection closed by peer", "connection refused")
+
+
+def collective_failed(what: str, exc: BaseException) -> CollectiveTimeout:
+    """The error for a collective that failed with `exc`: `PeerLost`, named for what happened, when a
+    peer's connection dropped; `CollectiveTimeout` otherwise."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    said = next((line for line in lines if any(sign in line.lower() for sign in _PEER_GONE)), None)
+    if said is not None:
+        return PeerLost(f"{what}: a peer left or died (its connection dropped): {said}")
+    return CollectiveTimeout(f"{what}: {exc}")
+
+
 class GroupAbandoned(CollectiveTimeout):
     """The group was given up (broken, as a peer or this engine found): its collectives end at once."""
 
@@ -147,7 +166,7 @@ class CommGroup:
         try:
             work = self.pg.allreduce([tensor], opts)
         except RuntimeError as exc:
-            raise CollectiveTimeout(f"{what}: {exc}") from exc
+            raise collective_failed(what, exc) from exc
         self._wait(work, what, deadline)
         return tensor
 
@@ -176,7 +195,7 @@ class CommGroup:
         try:
             work = self.pg.alltoall_base(output, input, output_splits, input_splits, opts)
         except RuntimeError as exc:
-            raise CollectiveTimeout(f"{what}: {exc}") from exc
+            raise collective_failed(what, exc) from exc
         if in_step and self.device.type == "cuda":
             work.wait()  # no timeout: the stream waits on it, the host does not
             return output
@@ -222,7 +241,7 @@ class CommGroup:
             try:
                 work.wait()  # completed: returns at once (raising the work's own error, if it failed)
             except RuntimeError as exc:
-                raise CollectiveTimeout(f"{what}: {exc}") from exc
+                raise collective_failed(what, exc) from exc
             return
         # Gloo ends the operation itself at `deadline_s` (a peer's error ends it sooner); the
         # backstop only guards against a work that never completes.
@@ -240,10 +259,10 @@ class CommGroup:
                     try:
                         work.wait(timedelta(seconds=WAIT_SLICE_S))
                     except RuntimeError as failed:
-                        raise CollectiveTimeout(f"{what}: {failed}") from failed
+                        raise collective_failed(what, failed) from failed
                     return
                 if time.monotonic() > backstop:
-                    raise CollectiveTimeout(f"{what}: {exc}") from exc
+                    raise collective_failed(what, exc) from exc
             # Not done yet: the slice ran out. Still wanted?
             if not slow_told and time.monotonic() - started >= self.slow_after_s and self.on_slow is not None:
                 slow_told = True

@@ -1,14 +1,14 @@
 # Sourced by the set-up scripts: long steps say what they do, how long that usually takes, and that
-# they are still going (a line every 30 s while they run), so a first run is never a silent wait.
+# they are still going (a line every 10 s while they run), so a first run is never a silent wait.
 
 step_say() { printf '%s %s\n' "[$(date +%H:%M:%S)]" "$*" >&2; }
 
-# _tick WHAT STARTED: every 30 s, "still going". Its sleep dies with it, so no pipe is held open after.
+# _tick WHAT STARTED: every 10 s, "still going". Its sleep dies with it, so no pipe is held open after.
 _tick() {
   local what=$1 started=$2 nap=""
   trap 'kill "$nap" 2>/dev/null; exit 0' TERM
   while :; do
-    sleep 30 & nap=$!
+    sleep 10 & nap=$!
     wait "$nap"
     step_say "    ... $what: $(( $(date +%s) - started )) s so far"
   done

@@ -141,7 +141,9 @@ async def get_principal(
         guard.throttle.failed(client)
         guard.refusals.refused(client, "missing token", f"{request.method} {request.url.path}")
         raise AuthenticationError(
-            "missing bearer token: send `Authorization: Bearer <token>`", code="missing-token"
+            "missing bearer token: send `Authorization: Bearer <token>` (epctl: `--token` or "
+            "`EPCTL_TOKEN`; `epctl up` keeps its admin token in `<data dir>/admin-token`)",
+            code="missing-token",
         )
     cached = cache.get(secret_hash)
     if cached is not None:

@@ -217,6 +217,23 @@ def print_problem(error: CoordinatorError) -> None:
         stderr.print(f"  {key}: {rendered}")
     if problem.get("type") and problem.get("type") != "about:blank":
         stderr.print(f"  [dim]type: {problem['type']}[/]")
+    if problem.get("code") == "missing-token":
+        stderr.print(f"  [yellow]hint:[/] {missing_token_hint()}")
+
+
+def missing_token_hint() -> str:
+    """Where a token comes from: `--token` or EPCTL_TOKEN, and the admin token `epctl up` keeps in its
+    data directory (EPCTL_DATA_DIR, default .data) when that file is here."""
+    import os
+    from pathlib import Path
+
+    kept = Path(os.environ.get("EPCTL_DATA_DIR") or ".data") / "admin-token"
+    where = (
+        f"export EPCTL_TOKEN=$(cat {kept})  (the admin token `epctl up` keeps)"
+        if kept.is_file()
+        else "`epctl up` keeps its admin token in <data dir>/admin-token (EPCTL_DATA_DIR, default .data)"
+    )
+    return f"no token was sent: pass --token or set EPCTL_TOKEN; {where}"
 
 
 def _validation_line(item: Any) -> str:
@@ -255,7 +272,7 @@ def print_json(value: Any) -> None:
 
 
 # Columns that may wrap on a narrow terminal; ids, states and times stay on one line.
-_PROSE_COLUMNS = frozenset({"MESSAGE", "DESCRIPTION", "LAST ERROR", "URL", "PAUSED"})
+_PROSE_COLUMNS = frozenset({"MESSAGE", "DESCRIPTION", "LAST ERROR", "URL", "PAUSED (UTC)"})
 
 
 def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
@@ -313,9 +330,12 @@ def parse_time(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+# One clock and one duration format for every command, as the dashboard shows them: times in UTC with
+# the zone named ("2026-12-06 07:17:02 UTC"), durations by size ("6.67 ms", "18.0 ms", "320 ms",
+# "1.92 s", "37.7 s", "2 min 5 s").
 def short_time(value: str | None) -> str:
     parsed = parse_time(value)
-    return parsed.astimezone().strftime("%Y-%m-%d %H:%M:%S") if parsed else "-"
+    return parsed.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if parsed else "-"
 
 
 def fmt_ms(ms: float | None) -> str:
@@ -329,7 +349,30 @@ def fmt_ms(ms: float | None) -> str:
         return f"{ms:.1f} ms"
     if ms < 1000:
         return f"{ms:.0f} ms"
-    return f"{ms / 1000:.2f} s"
+    if ms < 60_000:
+        return f"{ms / 1000:.2f} s" if ms < 10_000 else f"{ms / 1000:.1f} s"
+    seconds = round(ms / 1000)
+    return f"{seconds // 60} min {seconds % 60} s"
+
+
+NOT_MEASURED = "not measured"
+
+
+def client_outage_ms(job: Mapping[str, Any]) -> float | None:
+    """The job's client outage, or None where nothing measured it: no probe ran, or its probe sent no
+    canary (a 0 from no canary is no measurement)."""
+    outage = job.get("client_outage_ms")
+    if not isinstance(outage, int | float):
+        return None
+    probe = job.get("probe")
+    if not outage and isinstance(probe, dict) and probe.get("canaries_sent") == 0:
+        return None
+    return float(outage)
+
+
+def fmt_outage(job: Mapping[str, Any]) -> str:
+    outage = client_outage_ms(job)
+    return NOT_MEASURED if outage is None else fmt_ms(outage)
 
 
 def duration_ms(start: str | None, end: str | None) -> float | None:

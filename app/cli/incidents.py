@@ -8,6 +8,7 @@ import typer
 
 from app.cli.client import (
     DEFAULT_URL,
+    NOT_MEASURED,
     DeploymentFilter,
     JsonOption,
     TokenOption,
@@ -52,8 +53,9 @@ def list_incidents(
             ", ".join(i.get("engines") or []) or "-",
             short_time(i.get("loss_at")),
             fmt_ms(i.get("time_to_serving_ms")),
-            fmt_ms(i.get("client_outage_ms")),
+            _outage_short(i),
             i.get("hit_job_id") or "-",
+            ", ".join(i.get("recovery_job_ids") or []) or "-",
         ]
         for i in data
     ]
@@ -67,6 +69,7 @@ def list_incidents(
         "TO SERVING",
         "CLIENT OUTAGE",
         "AFTER JOB",
+        "RECOVERED BY",
     ]
     stdout.print(table(None, columns, rows))
 
@@ -101,12 +104,22 @@ def show_incident(
         stdout.print(line)
 
 
+def _outage_short(incident: dict[str, object]) -> str:
+    """The list's cell: the figure, "not measured", or "not over" while open."""
+    figure = incident.get("client_outage_ms")
+    if isinstance(figure, int | float):
+        return fmt_ms(figure)
+    if incident.get("outage_evidence") == "not-measured":
+        return NOT_MEASURED
+    return "not over" if incident.get("state") == "open" else "-"
+
+
 def _outage(incident: dict[str, object]) -> str:
     """The client outage and what it rests on; "not measured" where nothing measured it (never 0)."""
     evidence = incident.get("outage_evidence")
     figure = incident.get("client_outage_ms")
     if evidence == "not-measured":
-        return "not measured (nothing watched when it began, and nothing saw clients fail)"
+        return f"{NOT_MEASURED} (nothing watched when it began, and nothing saw clients fail)"
     if evidence is None:
         return "not decided yet" if incident.get("state") == "open" else "-"
     value = fmt_ms(figure if isinstance(figure, int | float) else None)

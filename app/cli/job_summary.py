@@ -4,10 +4,13 @@ durations, per-engine pauses, the error (and which engine overran its budget), t
 from __future__ import annotations
 
 import time
+from datetime import UTC
 from typing import Any
 
 from app.cli.client import (
+    NOT_MEASURED,
     PHASE_ORDER,
+    client_outage_ms,
     duration_ms,
     fmt_ms,
     parse_time,
@@ -79,9 +82,19 @@ def _pause_window(pause: Any) -> str | None:
 
 def _clock(value: Any) -> str:
     if isinstance(value, int | float):
-        return time.strftime("%H:%M:%S", time.localtime(value)) + f".{int((value % 1) * 1000):03d}"
+        return time.strftime("%H:%M:%S", time.gmtime(value)) + f".{int((value % 1) * 1000):03d}"
     parsed = parse_time(str(value))
-    return parsed.astimezone().strftime("%H:%M:%S.%f")[:-3] if parsed else str(value)
+    return parsed.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3] if parsed else str(value)
+
+
+# Jobs that ended on the generation they started on: no new generation to show.
+KEPT_GENERATION = ("cancelled", "rolled_back")
+
+
+def generation_text(job: dict[str, Any]) -> str:
+    if job.get("state") in KEPT_GENERATION:
+        return f"generation {job.get('from_generation')} (unchanged)"
+    return f"generation {job.get('from_generation')} -> {job.get('to_generation')}"
 
 
 def print_summary(job: dict[str, Any]) -> None:
@@ -89,7 +102,7 @@ def print_summary(job: dict[str, Any]) -> None:
     stdout.print(
         f"Job [bold]{job.get('id')}[/] {styled_state(state)}  "
         f"{job.get('deployment')}: DP {job.get('from_dp_size')} -> {job.get('to_dp_size')}, "
-        f"generation {job.get('from_generation')} -> {job.get('to_generation')}"
+        f"{generation_text(job)}"
     )
     details = [
         ("requested by", job.get("requested_by")),
@@ -132,31 +145,60 @@ def print_summary(job: dict[str, Any]) -> None:
         stdout.print(table("phases", ["PHASE", "STARTED", "DURATION"], rows))
     engines = engine_rows(job)
     if engines:
-        stdout.print(table("engines", ["ENGINE", "ROLE", "RANKS", "GENERATION", "PAUSE", "PAUSED"], engines))
+        columns = ["ENGINE", "ROLE", "RANKS", "GENERATION", "PAUSE", "PAUSED (UTC)"]
+        stdout.print(table("engines", columns, engines))
     print_failure(job)
 
 
 def client_line(job: dict[str, Any]) -> str:
     """What the canary probe saw, in the job's words: the client outage (the headline), the slowest
-    answer with its phase, and the canaries; a job recorded before the two were told apart shows its
-    one old figure as such."""
+    answer with its phase, and the canaries; "not measured" where no canary ran (never a 0 nobody saw);
+    a job recorded before the outage and the slowest answer were told apart shows its old figure."""
     probe = job.get("probe") or {}
-    outage, slowest = job.get("client_outage_ms"), job.get("client_slowest_answer_ms")
+    outage, slowest = client_outage_ms(job), job.get("client_slowest_answer_ms")
     counts = (
         f"[dim](canary probe: {probe.get('canaries_sent', '?')} sent, "
         f"{probe.get('canaries_failed', '?')} failed, {probe.get('canaries_late', 0)} late)[/]"
     )
     if outage is None:
-        old = job.get("client_downtime_ms")
-        return "" if old is None else f"  [bold]client downtime (old figure):[/] {fmt_ms(old)} {counts}"
+        old = job.get("client_downtime_ms") if job.get("client_outage_ms") is None else None
+        if old is not None:
+            return f"  [bold]client downtime (old figure):[/] {fmt_ms(old)} {counts}"
+        why = "no canary sent" if probe.get("canaries_sent") == 0 else "no canary probe ran"
+        return f"  [bold]client outage:[/] {NOT_MEASURED} [dim]({why})[/]"
     line = f"  [bold]client outage:[/] {fmt_ms(outage)}"
     if outage and probe.get("outage_phase"):
         line += f" [dim]({probe['outage_phase']})[/]"
+    elif not outage and probe.get("canaries_failed"):
+        # Failures that never made a stretch with no answer: another engine answered meanwhile.
+        line += " [dim](failed canaries were answered elsewhere in time)[/]"
     if slowest is not None:
         line += f"  [bold]slowest answer:[/] {fmt_ms(slowest)}"
         if probe.get("slowest_answer_phase"):
             line += f" [dim]({probe['slowest_answer_phase']})[/]"
     return f"{line}  {counts}"
+
+
+def self_heal_lines(job: dict[str, Any], incident: dict[str, Any] | None) -> list[str]:
+    """A self-heal job's loss, detection and serving-again times, and the incident it belongs to (with
+    the clients' outage the incident measured from the loss)."""
+    lines = []
+    if job.get("loss_at") is not None:
+        lines.append(
+            f"[bold]loss:[/] at {short_time(job['loss_at'])}, detected after "
+            f"{fmt_ms(job.get('time_to_detect_ms'))}, "
+            f"serving again after {fmt_ms(job.get('time_to_serving_ms'))}"
+        )
+    if incident is not None:
+        outage = incident.get("client_outage_ms")
+        figure = NOT_MEASURED if not isinstance(outage, int | float) else fmt_ms(outage)
+        lines.append(
+            f"[bold]incident:[/] {incident.get('id')} ({incident.get('state')}, {incident.get('reason')}): "
+            f"client outage {figure} from the loss; `epctl incidents show {incident.get('id')}`"
+        )
+    elif job.get("incident_id"):
+        lines.append(f"[bold]incident:[/] {job['incident_id']}; `epctl incidents show {job['incident_id']}`")
+    return lines
 
 
 def describe_placement(job: dict[str, Any]) -> str | None:
@@ -196,7 +238,11 @@ def describe_overrun(job: dict[str, Any]) -> str | None:
 
 def print_failure(job: dict[str, Any]) -> None:
     error = job.get("error")
-    if error:
+    if error and job.get("state") == "cancelled":
+        # An operator's cancel, not a fault: what it stopped, without an error's colours.
+        where = f" during {error['phase']}" if error.get("phase") else ""
+        stdout.print(f"[bold]cancelled{where}[/]: {error.get('message') or 'on request'}")
+    elif error:
         where = ", ".join(f"{k} {error[k]}" for k in ("phase", "engine_id") if error.get(k))
         if error.get("http_status") is not None:
             where += f"{', ' if where else ''}engine answered {error['http_status']}"
@@ -237,6 +283,9 @@ def describe_cleanup(job: dict[str, Any]) -> str:
 
 def describe_failure(job: dict[str, Any]) -> str:
     error = job.get("error") or {}
+    if job.get("state") == "cancelled":
+        where = f" during {error['phase']}" if error.get("phase") else ""
+        return f"job {job.get('id')} was cancelled{where}: {error.get('message') or 'on request'}"
     message = error.get("message") or "no error recorded"
     where = " ".join(f"{k}={error[k]}" for k in ("phase", "engine_id", "type") if error.get(k))
     return f"job {job.get('id')} ended {job.get('state')}: {message}" + (f" ({where})" if where else "")

@@ -11,6 +11,8 @@ import typer
 from app.cli.client import (
     DEFAULT_URL,
     EXIT_JOB_UNSUCCESSFUL,
+    Coordinator,
+    CoordinatorError,
     DeploymentFilter,
     JsonOption,
     TokenOption,
@@ -21,6 +23,7 @@ from app.cli.client import (
     duration_ms,
     fail,
     fmt_ms,
+    fmt_outage,
     print_json,
     short_time,
     stderr,
@@ -28,7 +31,7 @@ from app.cli.client import (
     styled_state,
     table,
 )
-from app.cli.job_summary import describe_failure, print_summary
+from app.cli.job_summary import describe_failure, print_summary, self_heal_lines
 from app.cli.watch import WatchTimeout, follow, job_path
 
 app = command_group("Reconfiguration jobs: history, details, live progress, cancel.")
@@ -44,18 +47,21 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_when(value: str | None) -> str | None:
-    """An ISO time, or an age like 30m / 2h / 7d meaning that long ago; returned as ISO UTC."""
+    """An ISO time (UTC unless it names its zone; the form epctl prints too), or an age like 30m / 2h /
+    7d meaning that long ago; returned as ISO UTC."""
     if value is None:
         return None
     match = _RELATIVE.match(value.strip())
     if match:
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
         return (datetime.now(UTC) - timedelta(seconds=seconds)).isoformat()
+    text = value.strip().removesuffix(" UTC")  # as epctl prints times: "2026-12-06 07:17:02 UTC"
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise typer.BadParameter(f"{value!r} is neither an ISO time nor an age like 30m, 2h, 7d") from None
-    return (parsed if parsed.tzinfo else parsed.astimezone()).astimezone(UTC).isoformat()
+    # Without a zone: UTC, the clock every time epctl prints is on.
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
 
 
 def job_rows(jobs: list[dict[str, Any]]) -> list[list[Any]]:
@@ -69,12 +75,15 @@ def job_rows(jobs: list[dict[str, Any]]) -> list[list[Any]]:
             short_time(j.get("created_at")),
             fmt_ms(duration_ms(j.get("created_at"), j.get("finished_at"))) if j.get("finished_at") else "-",
             fmt_ms(j.get("downtime_ms")) if j.get("downtime_ms") is not None else "-",
+            fmt_outage(j),
         ]
         for j in jobs
     ]
 
 
-JOB_COLUMNS = ["JOB", "DEPLOYMENT", "SIZE", "STATE", "SOURCE", "CREATED", "TOOK", "DOWNTIME"]
+# Downtime is the engines' own pause; the client outage is what the canaries saw (often longer: a
+# prepare under load stalls clients without pausing anything), so both stand side by side.
+JOB_COLUMNS = ["JOB", "DEPLOYMENT", "SIZE", "STATE", "SOURCE", "CREATED", "TOOK", "DOWNTIME", "CLIENT OUTAGE"]
 
 
 @app.command("list")
@@ -89,10 +98,12 @@ def list_jobs(
         ),
     ] = None,
     since: Annotated[
-        str | None, typer.Option("--since", help="Created after: ISO time or an age (30m, 2h, 7d).")
+        str | None,
+        typer.Option("--since", help="Created after: ISO time (UTC unless zoned) or an age (30m, 2h, 7d)."),
     ] = None,
     until: Annotated[
-        str | None, typer.Option("--until", help="Created before: ISO time or an age (30m, 2h, 7d).")
+        str | None,
+        typer.Option("--until", help="Created before: ISO time (UTC unless zoned) or an age (30m, 2h, 7d)."),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=500, help="Jobs per page.")] = 20,
     cursor: Annotated[str | None, typer.Option("--cursor", help="Continue from a previous page.")] = None,
@@ -186,11 +197,12 @@ def show(
     """Show one job: state, phases, engines, downtime, error, cleanup and its transition log."""
     with api_errors(), connect(url, token) as api:
         job = api.get(job_path(job_id))
+        incident = _incident_of(api, job) if not as_json else None
     if as_json:
         print_json(job)
         return
     print_summary(job)
-    for line in probe_lines(job):
+    for line in [*self_heal_lines(job, incident), *probe_lines(job)]:
         stdout.print(line)
     events = job.get("events") or []
     if log and events:
@@ -207,6 +219,24 @@ def show(
         stdout.print(table("log", ["#", "TIME", "KIND", "TRANSITION", "MESSAGE"], rows))
 
 
+def _incident_of(api: Coordinator, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The incident the job belongs to (the loss a self-heal job recovers from, or one that hit its
+    generation right after it), or None; a job's page still prints when the incident cannot be read."""
+    incident_id = job.get("incident_id")
+    try:
+        if incident_id:
+            found = api.get(f"/v1/incidents/{incident_id}")
+            return found if isinstance(found, dict) else None
+        if job.get("requested_by") != "self-heal":
+            return None
+        # Recorded before self-heal jobs named their incident: the incident names the job.
+        listed = api.get("/v1/incidents", deployment=job.get("deployment"), limit=100)
+    except CoordinatorError:
+        return None
+    data = listed.get("data", []) if isinstance(listed, dict) else []
+    return next((i for i in data if job.get("id") in (i.get("recovery_job_ids") or [])), None)
+
+
 def watch_job(job_id: str, *, url: str, token: str | None, as_json: bool, timeout_s: float | None) -> None:
     """Follow a job to its end, print the summary (or JSON), exit 1 unless it succeeded."""
     with api_errors(), connect(url, token) as api:
@@ -219,7 +249,8 @@ def watch_job(job_id: str, *, url: str, token: str | None, as_json: bool, timeou
     else:
         print_summary(job)
     if job.get("state") != "succeeded":
-        stderr.print(f"[bold red]Error[/]: {describe_failure(job)}")
+        label = "[bold]Cancelled[/]" if job.get("state") == "cancelled" else "[bold red]Error[/]"
+        stderr.print(f"{label}: {describe_failure(job)}")
         raise typer.Exit(EXIT_JOB_UNSUCCESSFUL)
 
 

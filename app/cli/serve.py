@@ -29,6 +29,15 @@ def claim_data_dir(settings: Settings, *, holder: str = "epctl serve") -> Path |
     return hold_state_dir(Path(runner.state_dir or settings.data_dir), holder=holder)
 
 
+def claim_or_close(settings: Settings, sock: socket.socket, *, holder: str = "epctl serve") -> None:
+    """`claim_data_dir`, closing the socket already bound when the directory is another's."""
+    try:
+        claim_data_dir(settings, holder=holder)
+    except BaseException:
+        sock.close()
+        raise
+
+
 class PortUnavailableError(Exception):
     """The coordinator's address cannot be listened on (in use, not ours, not an address here)."""
 
@@ -94,8 +103,9 @@ def serve(
         raise typer.Exit(2) from None
     configure_logging(settings.log_format)
     try:
-        claim_data_dir(settings)
+        # The port first: a busy one refuses before the data directory or its lock is made.
         sock = listening_socket(settings.host, settings.port)
+        claim_or_close(settings, sock)
     except (ConfigError, DataDirInUseError, PortUnavailableError) as exc:
         typer.echo(f"epctl serve: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from app.cli.down import state_dir, stop_recorded
-from app.cli.serve import PortUnavailableError, claim_data_dir, listening_socket, server_config
+from app.cli.heartbeat import Heartbeat
+from app.cli.serve import PortUnavailableError, claim_or_close, listening_socket, server_config
 
 if TYPE_CHECKING:
     import httpx
@@ -47,6 +48,13 @@ if TYPE_CHECKING:
 
 DEMO = "demo"
 DEMO_ENGINES = 2
+# A line at least every 10 s while it starts (`app.cli.heartbeat`): what it is doing, still.
+_beat: Heartbeat | None = None
+
+
+def _doing(what: str | None) -> None:
+    if _beat is not None:
+        _beat.doing(what)
 
 
 def up(
@@ -78,20 +86,26 @@ def up(
         overrides["data_dir"] = data_dir
     try:
         settings = load_settings(**overrides)
-        # Before anything is touched: a second `epctl up` on this directory must leave the first alone,
-        # and a port someone else holds stops this one here, in one line.
-        claim_data_dir(settings, holder="epctl up")
+        # Before anything is touched: a port someone else holds stops this one here, in one line, before
+        # the data directory or its lock exists; a second `epctl up` on this directory must leave the
+        # first alone.
         sock = listening_socket(settings.host, settings.port)
+        claim_or_close(settings, sock, holder="epctl up")
     except (ConfigError, DataDirInUseError, PortUnavailableError) as exc:
         typer.echo(f"epctl up: {exc}", err=True)
         raise typer.Exit(2 if isinstance(exc, ConfigError) else 1) from None
     configure_logging(settings.log_format, logging.WARNING)  # a terminal session: warnings and errors only
+    global _beat
+    typer.echo(f"epctl up: starting the coordinator at {settings.base_url} ...", err=True)
+    _beat = Heartbeat("epctl up", lambda line: typer.echo(line, err=True))
+    _beat.start("checking the previous run's engines")
     _forget_a_dead_run(settings)
     try:
         asyncio.run(_run(settings, engines, sock))
     except KeyboardInterrupt:
         pass
     finally:
+        _beat.stop()
         # The cleanup is bounded (SIGKILL after a grace); a second SIGTERM or SIGHUP must not cut it short.
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
@@ -128,7 +142,9 @@ ADMIN_TOKEN_FILE = "admin-token"
 async def _run(settings: Settings, engines: int | None, sock: socket.socket) -> None:
     from app.main import create_app
 
+    _doing("migrating the database")
     token, first = await asyncio.to_thread(_session_admin_token, settings)
+    _doing("starting the coordinator (its runner adopts the engines it finds)")
     app = create_app(settings)
     app.state.end_jobs_on_stop = True  # its engines stop with it: the runner ends its jobs first
     server = _server_class()(server_config(app, settings, log_level="warning"))
@@ -162,6 +178,7 @@ async def _set_up(
     # Over HTTPS its own certificate is checked like an agent's (the operator's CA signs both).
     ca_file = str(settings.agent_ca_file) if settings.agent_ca_file else None
     verify = client_context(ca_file)
+    _doing(f"reading deployment {DEMO}")
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30.0, verify=verify) as api:
         deployment = await _demo_deployment(api)
         if deployment["active_job_id"]:
@@ -181,6 +198,7 @@ async def _set_up(
             if why:
                 typer.echo(f"epctl up: {why}", err=True)
             await _start_engines(api, size)
+    _doing(None)
     _print_welcome(url, token if first else None, settings, size)
 
 
@@ -201,6 +219,7 @@ async def _adopt(
     generation (`app.backends.reference.liveness.adoption`); otherwise say what is missing and wait
     for self-healing to make the deployment whole again (it is never shown `ready` with a member that
     does not answer)."""
+    _doing(f"asking the engines of deployment {DEMO} whether they still serve")
     runner = getattr(app.state, "job_runner", None)
     liveness = runner.backends["reference"].liveness if runner else None
     found = [a for a in (await liveness.adoption() if liveness else []) if a.deployment == DEMO]
@@ -216,6 +235,7 @@ async def _adopt(
         return deployment
     what = found[0].summary() if found else "its engines could not be asked"
     typer.echo(f"epctl up: deployment {DEMO} is not whole: {what}; self-healing ...", err=True)
+    _doing(f"waiting for self-healing to make deployment {DEMO} whole")
     started = time.monotonic()
     while True:
         await asyncio.sleep(0.5)
@@ -262,6 +282,7 @@ PROGRESS_EVERY_S = 10.0  # a loaded machine takes tens of seconds to start engin
 
 
 async def _wait(api: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
+    _doing(None)  # its own lines, with the job's progress
     started = next_line = time.monotonic()
     while True:
         response = await api.get(f"/v1/reconfigurations/{job_id}")
@@ -327,9 +348,31 @@ def _write_secret(path: Path, secret: str) -> None:
         f.write(secret + "\n")
 
 
+def runnable_epctl(argv0: str | None = None, cwd: Path | None = None) -> str:
+    """`epctl` as this shell can run it, for commands that must paste: `epctl` when that name on PATH is
+    this program, else the path it was started by (`.venv/bin/epctl` from a checkout's `scripts/run`),
+    else `python -m app.cli.main`."""
+    import shutil
+
+    started = Path(argv0 if argv0 is not None else sys.argv[0])
+    on_path = shutil.which("epctl")
+    if on_path and started.name == "epctl" and Path(on_path).resolve() == started.resolve():
+        return "epctl"
+    if started.name == "epctl" and started.is_file():
+        absolute = Path(os.path.abspath(started))
+        try:
+            relative = str(absolute.relative_to(cwd or Path.cwd()))
+        except ValueError:
+            return str(absolute)
+        return relative if "/" in relative else f"./{relative}"
+    return "epctl" if on_path else f"{sys.executable} -m app.cli.main"
+
+
 def _print_welcome(url: str, new_token: str | None, settings: Settings, engines: int) -> None:
-    """`new_token` is printed (once: it was just made); otherwise the welcome says where the token is."""
+    """`new_token` is printed (once: it was just made); otherwise the welcome says where the token is.
+    Every command in it pastes as it is (`epctl` named as this shell can run it)."""
     bigger = min(engines * 2, 8)
+    epctl = runnable_epctl()
     curl = 'curl -s -H "Authorization: Bearer $EPCTL_TOKEN"'
     if settings.admin_token is not None:
         token_lines = ["  export EPCTL_TOKEN=$EPCTL_ADMIN_TOKEN"]
@@ -356,7 +399,7 @@ def _print_welcome(url: str, new_token: str | None, settings: Settings, engines:
         f"  # back to {engines}:",
         f"  {curl} -X POST $EPCTL_URL/v1/reconfigurations -H 'Content-Type: application/json' \\",
         f'       -d \'{{"deployment": "{DEMO}", "target_dp_size": {engines}}}\'',
-        f"  # or: epctl scale {DEMO} {bigger} --wait",
+        f"  # or, with the CLI:  {epctl} scale {DEMO} {bigger} --wait",
         "",
         "  Ctrl-C stops the coordinator and its engines.",
         "",

@@ -8,7 +8,7 @@ while the job runs, `app.cli.job_summary` once it has ended.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from app.cli.client import Coordinator, CoordinatorUnreachable
@@ -80,7 +80,8 @@ def _follow_stream(
                 if response.is_error:
                     Coordinator.decode(response.read())
                 failures = 0
-                for event in iter_sse(_lines_until(response.iter_lines(), deadline, job_id)):
+                lines = _lines_until(response.iter_lines(), deadline, job_id, view.tick)
+                for event in iter_sse(lines):
                     if event.id:
                         last_event_id = event.id
                     if event.event == END_EVENT:
@@ -104,10 +105,14 @@ def _follow_stream(
             return job
 
 
-def _lines_until(lines: Iterator[str], deadline: float | None, job_id: str) -> Iterator[str]:
-    """The stream's lines, checking the deadline at each one (keep-alive comments included)."""
+def _lines_until(
+    lines: Iterator[str], deadline: float | None, job_id: str, tick: Callable[[], None] = lambda: None
+) -> Iterator[str]:
+    """The stream's lines, checking the deadline at each one (keep-alive comments included), and
+    letting the view say "still" when a step holds."""
     for line in lines:
         _check_deadline(deadline, job_id)
+        tick()
         yield line
 
 

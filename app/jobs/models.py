@@ -133,7 +133,8 @@ class ReconfigurationJob(SQLModel, table=True):
     loss_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     time_to_detect_ms: float | None = None
     time_to_serving_ms: float | None = None
-    # An incident that hit this job's generation within a minute of its end (`app.deployments.incidents`).
+    # The incident a self-heal job recovers from, or one that hit this job's generation within a minute of
+    # its end (`app.deployments.incidents`).
     incident_id: str | None = Field(default=None, max_length=40)
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -352,8 +353,9 @@ class JobPublic(RowShape):
     )
     incident_id: str | None = ApiField(
         None,
-        description="the incident that hit this job's generation within a minute of its end (an engine "
-        "lost or frozen right after it): clients' outage then is on that record (`/v1/incidents/{id}`)",
+        description="the incident this job belongs to (`/v1/incidents/{id}`): for a self-heal job, the loss "
+        "it recovers from; otherwise one that hit this job's generation within a minute of its end (an "
+        "engine lost or frozen right after it). Clients' outage from the loss is on that record",
     )
     created_at: datetime
     updated_at: datetime

@@ -16,8 +16,9 @@ def figures_changes(figures: ProbeFigures, probe: dict[str, Any] | None = None) 
     metrics.record_canaries(
         ok=figures.sent - figures.failed - figures.late, late=figures.late, failed=figures.failed
     )
+    # No canary sent: nothing measured the clients, so no figure (never a 0 nobody saw).
     return {
-        "client_outage_ms": figures.outage_ms,
+        "client_outage_ms": figures.outage_ms if figures.sent else None,
         "client_slowest_answer_ms": figures.slowest_answer_ms,
         "probe": probe if probe is not None else figures.as_dict(),
     }
@@ -25,6 +26,8 @@ def figures_changes(figures: ProbeFigures, probe: dict[str, Any] | None = None) 
 
 def outage_summary(figures: ProbeFigures) -> str:
     """One line in the job's words: "client outage 0 ms; slowest answer 41.2 ms (pause)"."""
+    if not figures.sent:
+        return "client outage not measured (no canary sent)"
     outage = f"client outage {figures.outage_ms:.1f} ms" + (
         f" ({figures.outage_phase})" if figures.outage_ms and figures.outage_phase else ""
     )

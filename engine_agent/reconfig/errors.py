@@ -6,7 +6,7 @@ becomes the job's `AgentError`, whose `type` the coordinator copies into its job
 
 from __future__ import annotations
 
-from engine_agent.groups import CollectiveTimeout, GroupRendezvousTimeout
+from engine_agent.groups import CollectiveTimeout, GroupRendezvousTimeout, PeerLost
 from engine_agent.protocol import AgentError, DowntimeOverrun
 from engine_agent.serving import EngineUnavailable
 from engine_agent.transfer import TransferError, TransferTimeout
@@ -47,6 +47,7 @@ class Aborted(Exception):
 # Exceptions of the parts a step uses, and the type each is reported as. Subclasses come first.
 _TYPE_OF: list[tuple[type[Exception], str]] = [
     (GroupRendezvousTimeout, "rendezvous-timeout"),
+    (PeerLost, "peer-lost"),
     (CollectiveTimeout, "collective-timeout"),
     (TransferTimeout, "transfer-timeout"),
     (TransferError, "transfer-failed"),

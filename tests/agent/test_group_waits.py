@@ -72,3 +72,31 @@ def test_an_abandoned_group_is_left_within_one_slice() -> None:
     work.is_completed = abandon_during_the_wait  # type: ignore[method-assign]
     with pytest.raises(GroupAbandoned, match="told while waiting"):
         comm.allreduce(torch.zeros(2))
+
+
+GLOO_RESET = RuntimeError(
+    "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:41234: "
+    "Connection reset by peer\nThis may indicate a possible application crash on rank 0 or a network "
+    "set up issue. GLHF!"
+)
+
+
+def test_a_peer_whose_connection_dropped_is_named_a_lost_peer_not_a_timeout() -> None:
+    from engine_agent.groups import PeerLost
+    from engine_agent.reconfig.errors import agent_error_of
+
+    work = StandInWork(waits=[SLICE_RAN_OUT, GLOO_RESET], completed=[True])
+    with pytest.raises(PeerLost, match="a peer left or died") as raised:
+        group(work).allreduce(torch.zeros(2))
+    assert "Connection reset by peer" in str(raised.value) and "GLHF" not in str(raised.value)
+    error = agent_error_of(raised.value, "commit")
+    assert error.type == "peer-lost", error
+
+
+def test_a_collective_past_its_deadline_stays_a_timeout() -> None:
+    from engine_agent.reconfig.errors import agent_error_of
+
+    work = StandInWork(waits=[SLICE_RAN_OUT, RuntimeError("Timed out waiting 5000ms")], completed=[True])
+    with pytest.raises(CollectiveTimeout) as raised:
+        group(work).allreduce(torch.zeros(2))
+    assert agent_error_of(raised.value, "commit").type == "collective-timeout"

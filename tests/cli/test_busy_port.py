@@ -1,5 +1,5 @@
 """`epctl up` and `epctl serve` on a port another process holds: one line that says so, a non-zero
-exit, and nothing touched (no database made), in a real process."""
+exit, and nothing touched (no data directory, lock or database made), in a real process."""
 
 from __future__ import annotations
 
@@ -41,4 +41,4 @@ def test_a_busy_port_is_one_line_and_a_non_zero_exit(command: str, busy_port: in
     assert lines[0].startswith(
         f"epctl {command}: cannot listen on 127.0.0.1:{busy_port}: address already in use"
     )
-    assert not (data / "epctl.db").exists()
+    assert not data.exists()  # no database, and neither the data directory nor its lock

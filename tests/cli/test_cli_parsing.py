@@ -45,9 +45,11 @@ def test_age_means_that_long_before_now_in_utc() -> None:
     assert abs((datetime.now(UTC) - timedelta(hours=2) - parsed).total_seconds()) < 5
 
 
-def test_iso_time_without_zone_is_taken_as_local_time() -> None:
-    local = datetime(2026, 11, 29, 12, 0).astimezone()
-    assert datetime.fromisoformat(parse_when("2026-11-29T12:00") or "") == local
+def test_iso_time_without_zone_is_taken_as_utc_like_every_time_epctl_prints() -> None:
+    utc = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    assert datetime.fromisoformat(parse_when("2026-11-29T12:00") or "") == utc
+    assert datetime.fromisoformat(parse_when("2026-11-29 12:00:00 UTC") or "") == utc  # pasted back
+    assert datetime.fromisoformat(parse_when("2026-11-29T13:00+01:00") or "") == utc
 
 
 def test_unreadable_time_is_a_usage_error() -> None:

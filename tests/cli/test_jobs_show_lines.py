@@ -82,3 +82,135 @@ def test_each_engine_shows_its_own_generation_before_and_after() -> None:
     assert running["e1"] == "1 -> ?"  # not known until the job ends
     old_record = engine_rows({"terminal": True, "engine_results": [{"engine_id": "e0", "generation": 2}]})
     assert old_record[0][3] == "2"
+
+
+def test_a_job_whose_probe_sent_no_canary_reads_not_measured_never_0(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = summary(capsys, client_outage_ms=0.0, probe={**PROBE, "canaries_sent": 0, "canaries_failed": 0})
+    assert "client outage: not measured (no canary sent)" in out, out
+    assert "client outage: 0 ms" not in out
+
+
+def test_a_job_without_a_probe_reads_not_measured(capsys: pytest.CaptureFixture[str]) -> None:
+    out = summary(capsys, client_outage_ms=None, probe=None)
+    assert "client outage: not measured (no canary probe ran)" in out, out
+
+
+def test_failed_canaries_without_an_outage_say_another_engine_answered(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = summary(capsys, client_outage_ms=0.0, probe={**PROBE, "canaries_failed": 2})
+    assert "client outage: 0 ms (failed canaries were answered elsewhere in time)" in out, out
+
+
+def test_the_jobs_list_puts_the_client_outage_beside_the_downtime() -> None:
+    from app.cli.jobs import JOB_COLUMNS, job_rows
+
+    measured = {"downtime_ms": 6.67, "client_outage_ms": 4550.0, "probe": PROBE}
+    unmeasured = {"downtime_ms": 0.0, "client_outage_ms": 0.0, "probe": {"canaries_sent": 0}}
+    rows = job_rows([measured, unmeasured])
+    at = JOB_COLUMNS.index("DOWNTIME")
+    assert JOB_COLUMNS[at + 1] == "CLIENT OUTAGE"
+    assert [row[at : at + 2] for row in rows] == [["6.67 ms", "4.55 s"], ["0 ms", "not measured"]]
+
+
+def test_a_self_heal_job_shows_its_loss_times_and_its_incident() -> None:
+    from app.cli.job_summary import self_heal_lines
+
+    job = {
+        "loss_at": "2026-12-06T07:12:39.100000",
+        "time_to_detect_ms": 812.0,
+        "time_to_serving_ms": 1800.0,
+        "incident_id": "inc_1",
+    }
+    incident = {"id": "inc_1", "state": "resolved", "reason": "engine-lost", "client_outage_ms": 1800.0}
+    lines = self_heal_lines(job, incident)
+    assert lines[0] == (
+        "[bold]loss:[/] at 2026-12-06 07:12:39 UTC, detected after 812 ms, serving again after 1.80 s"
+    )
+    assert "inc_1 (resolved, engine-lost): client outage 1.80 s from the loss" in lines[1]
+    assert "epctl incidents show inc_1" in lines[1]
+    assert self_heal_lines({"incident_id": "inc_2"}, None) == [
+        "[bold]incident:[/] inc_2; `epctl incidents show inc_2`"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [
+        (0, "0 ms"),
+        (0.42, "0.42 ms"),
+        (6.67, "6.67 ms"),
+        (18, "18.0 ms"),
+        (320, "320 ms"),
+        (1920, "1.92 s"),
+        (37700, "37.7 s"),
+        (125_000, "2 min 5 s"),
+    ],
+)
+def test_one_duration_format(ms: float, text: str) -> None:
+    from app.cli.client import fmt_ms
+
+    assert fmt_ms(ms) == text
+
+
+def test_times_are_utc_with_the_zone_named() -> None:
+    from app.cli.client import short_time
+
+    assert short_time("2026-12-06T07:12:39+01:00") == "2026-12-06 06:12:39 UTC"
+    assert short_time("2026-12-06T07:12:39") == "2026-12-06 07:12:39 UTC"
+
+
+def test_the_incidents_list_reads_not_measured_never_0() -> None:
+    from app.cli.incidents import _outage_short
+
+    assert _outage_short({"client_outage_ms": 1800.0, "state": "resolved"}) == "1.80 s"
+    assert _outage_short({"client_outage_ms": None, "outage_evidence": "not-measured"}) == "not measured"
+    assert _outage_short({"client_outage_ms": None, "state": "open"}) == "not over"
+
+
+def test_the_live_panel_shows_the_time_spent_in_the_step() -> None:
+    from rich.console import Console
+
+    from app.cli.progress_view import ProgressView
+
+    progress = {"step": "launching", "percent": 0}
+    job = {"id": "rcfg_1", "deployment": "demo", "state": "preparing", "progress": progress}
+    view = ProgressView(live=False)
+    view.update(job)
+    view.step_since -= 12.4  # as if the launch began 12 s ago
+    console = Console(width=160, record=True)
+    console.print(view)
+    assert "launching · 12 s in this step" in console.export_text()
+
+
+def test_piped_progress_says_still_when_a_step_holds(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli.progress_view import ProgressView
+
+    job = {"id": "rcfg_1", "state": "preparing", "progress": {"step": "launching", "percent": 0}}
+    view = ProgressView(live=True)
+    assert not view.interactive
+    view.update(job)
+    view.tick()  # just printed: nothing more
+    view.last_printed -= view.STILL_EVERY_S
+    view.update(job)  # nothing changed, but 10 s went by
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[1].endswith("launching  (still; 0 s in this step)"), lines
+
+
+def test_a_cancelled_job_shows_no_new_generation_and_no_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli.job_summary import describe_failure
+
+    job = {
+        "id": "rcfg_9",
+        "state": "cancelled",
+        "from_generation": 3,
+        "to_generation": 4,
+        "error": {"phase": "preparing", "type": "cancelled", "message": "cancelled by admin"},
+    }
+    out = summary(capsys, **job)
+    assert "generation 3 (unchanged)" in out and "3 -> 4" not in out, out
+    assert "cancelled during preparing: cancelled by admin" in out and "error" not in out, out
+    assert describe_failure(job) == "job rcfg_9 was cancelled during preparing: cancelled by admin"

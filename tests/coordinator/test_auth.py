@@ -23,6 +23,8 @@ def test_requests_without_a_token_get_401_problem_with_a_challenge(client: TestC
     assert response.headers["content-type"] == "application/problem+json"
     assert response.headers["www-authenticate"] == "Bearer"
     assert response.json()["code"] == "missing-token"
+    # where a token comes from, for epctl's users: the option, the variable, the admin token's file
+    assert all(w in response.json()["detail"] for w in ("--token", "EPCTL_TOKEN", "admin-token"))
 
 
 def test_unknown_tokens_get_401(client: TestClient) -> None:

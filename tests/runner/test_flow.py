@@ -75,6 +75,8 @@ def test_a_scale_up_launches_what_is_missing(db_engine: DbEngine) -> None:
     launched = stage.agents[stage.launcher.started[0]]
     assert (launched.generation, launched.rank) == (2, 2)
     assert stage.engine_rows()[launched.engine_id].state == "serving"
+    steps = [e.message for e in stage.events(job.id) if e.kind == "progress"]
+    assert "launching: 1 new engine" in steps, steps  # the step names what it waits for
 
 
 def test_a_scale_down_releases_the_leavers(stage: Scenario) -> None:

@@ -76,6 +76,7 @@ def test_a_loss_right_after_a_job_opens_an_incident_linked_to_that_job_and_heali
     assert stage.job(job.id).incident_id == incident.id  # the job links back
     assert len(events(stage, "incident.opened")) == 1
     assert incident.recovery_job_ids == [heal_id]
+    assert stage.job(heal_id).incident_id == incident.id  # the self-heal job names the loss it heals
     asyncio.run(stage.run(heal_id))
     (incident,) = incidents(stage)
     assert incident.state == "resolved" and incident.recovery_job_ids[0] == heal_id

@@ -201,7 +201,7 @@ def test_running_job_progress_advances_live(
     expect(state).to_have_text("succeeded")
     expect(percent).to_have_attribute("data-percent", "100")
     expect(page.locator("#live-mode")).to_have_text("final")
-    expect(page.locator("#card-downtime")).to_have_text("8.0 ms")
+    expect(page.locator("#card-downtime")).to_have_text("8.00 ms")  # one format: 2 decimals under 10 ms
     screenshot(page, "job-running-finished")
 
 

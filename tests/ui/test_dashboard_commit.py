@@ -47,5 +47,5 @@ def test_job_page_names_the_engine_and_part_that_overran_the_budget(
     driver.close()
     page.goto(f"/ui/jobs/{job_id}")
     expect(page.locator("#job-overrun")).to_have_text(
-        "engine over-e1, part warm_up: stopped 7.4 ms of a 5 ms budget"
+        "engine over-e1, part warm_up: stopped 7.40 ms of a 5 ms budget"
     )

@@ -35,6 +35,19 @@ def test_no_failure_means_no_outage() -> None:
     assert 100.0 <= figures.longest_gap_ms < 120.0  # the spacing, not an outage
 
 
+def test_a_recording_with_no_canary_is_no_measurement_never_an_outage_of_0() -> None:
+    from app.probe import figures_changes, outage_summary
+
+    figures = probe_figures([], start=0.0, end=10.0, interval_s=0.1, deadline_s=1.0)
+    changes = figures_changes(figures)
+    assert changes["client_outage_ms"] is None and changes["probe"]["canaries_sent"] == 0
+    assert outage_summary(figures) == "client outage not measured (no canary sent)"
+    measured = figures_changes(
+        probe_figures(steady(0.0, 1.0, 0.1), start=0.0, end=1.0, interval_s=0.1, deadline_s=1.0)
+    )
+    assert measured["client_outage_ms"] == 0.0
+
+
 def test_slow_answers_that_never_fail_are_no_outage_but_the_slowest_answer_in_its_phase() -> None:
     # Answers in 10 ms, except those sent in prepare (1.0-2.0 s): 450 ms, like a busy host.
     samples = steady(0.0, 1.0, 0.05) + steady(1.0, 2.0, 0.05, latency=0.45) + steady(2.0, 3.0, 0.05)

@@ -80,6 +80,9 @@ class Participants:
         idle = [i for i in infos if i.state == AgentState.idle]
         need = target - len(members_now)
         if need > 0 and len(idle) < need:
+            # Starting engines takes seconds to tens of seconds: the step names what it waits for.
+            starting = need - len(idle)
+            await self.record.progress(run, f"launching: {starting} new engine{'s' if starting != 1 else ''}")
             handles = [EngineHandle(engine_id=i.engine_id, url=i.url) for i in idle]
             ready = await self._launch(run, need, handles)
             known = {i.engine_id for i in idle}

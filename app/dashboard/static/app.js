@@ -1,9 +1,10 @@
 // The dashboard's pages: reconfiguration history and one job, live.
 import { api, ApiError, followJob, getToken, on, setToken } from "./api.js";
 import { chartLegend, commitLegend, commitWindowSvg, downtimeChartSvg, timelineSvg } from "./charts.js";
+import { incidentPage, incidentRows } from "./incident.js";
 import {
-  ALL_STATES, CANCELLABLE_STATES, PHASE_ORDER, SOURCES, badge, esc, fmtAgo, fmtMs, fmtTime, isTerminal,
-  job, jobDurationMs, sizeChange, toMs,
+  ALL_STATES, CANCELLABLE_STATES, NOT_MEASURED, PHASE_ORDER, SOURCES, badge, esc, fmtAgo, fmtMs, fmtTime,
+  isTerminal, job, jobDurationMs, jobEndMs, keptGeneration, queuedMs, sizeChange, timeCell, toMs,
 } from "./model.js";
 
 const view = document.getElementById("view");
@@ -72,6 +73,7 @@ function render() {
   teardown = () => {};
   const path = location.pathname.replace(/\/+$/, "");
   const match = path.match(/^\/ui\/jobs\/([^/]+)$/);
+  const incident = path.match(/^\/ui\/incidents\/([^/]+)$/);
   if (!getToken()) {
     view.innerHTML = `<div class="panel empty">Enter a coordinator token to see reconfigurations.
       <div style="margin-top:12px"><button class="btn btn-primary" id="enter-token">Enter token</button></div></div>`;
@@ -80,6 +82,7 @@ function render() {
     return;
   }
   if (match) teardown = jobPage(decodeURIComponent(match[1]));
+  else if (incident) teardown = incidentPage(view, decodeURIComponent(incident[1]), problemHtml);
   else teardown = historyPage();
 }
 
@@ -103,17 +106,15 @@ function onResize(fn) {
 
 // ---------------------------------------------------------------- history page
 
-/** datetime-local value (local time) <-> ISO UTC for the API. */
+/** datetime-local value, read as UTC like every time on these pages <-> ISO UTC for the API. */
 function localInputToIso(value) {
   if (!value) return "";
-  const d = new Date(value);
+  const d = new Date(`${value}Z`);
   return Number.isNaN(d.getTime()) ? "" : d.toISOString();
 }
 function isoToLocalInput(value) {
   const ms = toMs(value);
-  if (ms === null) return "";
-  const d = new Date(ms - new Date(ms).getTimezoneOffset() * 60000);
-  return d.toISOString().slice(0, 16);
+  return ms === null ? "" : new Date(ms).toISOString().slice(0, 16);
 }
 
 // The newest incidents: a deployment that stopped being whole, what was lost, and what clients saw.
@@ -121,13 +122,7 @@ function showIncidents(incidents) {
   const panel = document.getElementById("incidents-panel");
   const body = document.getElementById("incidents-body");
   if (!panel || !body || !incidents.length) return;
-  const ms = (v) => (v == null ? "–" : `${Number(v).toFixed(v < 100 ? 1 : 0)} ms`);
-  const jobLink = (id) => (id ? `<a href="/ui/jobs/${encodeURIComponent(id)}">${esc(id)}</a>` : "–");
-  body.innerHTML = incidents.map((i) => `<tr class="incident ${esc(i.state)}">
-      <td title="${esc(i.message)}">${esc(i.id)}</td><td>${esc(i.deployment)}</td><td>${esc(i.state)}</td>
-      <td>${esc(i.reason)}</td><td>${esc((i.engines || []).join(", ") || "–")}</td>
-      <td>${esc(new Date(i.loss_at).toLocaleString())}</td><td class="num">${ms(i.time_to_serving_ms)}</td>
-      <td class="num">${ms(i.client_outage_ms)}</td><td>${jobLink(i.hit_job_id)}</td></tr>`).join("");
+  body.innerHTML = incidentRows(incidents);
   panel.hidden = false;
 }
 
@@ -143,7 +138,7 @@ function showDeployments(deployments) {
       <td class="num">${want.dp_size == null ? "–" : esc(want.dp_size)}</td>
       <td>${want.source ? esc(`${want.source}${want.requester ? ` (${want.requester})` : ""}`) : "–"}</td>
       <td title="${esc(want.reason || "")}">${esc(waiting)}</td>
-      <td>${want.next_scale_at ? esc(new Date(want.next_scale_at).toLocaleString())
+      <td>${want.next_scale_at ? esc(fmtTime(toMs(want.next_scale_at)))
         : d.active_job_id ? "after the active job and its cooldown" : "now"}</td></tr>`;
   }).join("");
   panel.hidden = false;
@@ -181,9 +176,9 @@ function historyPage() {
         <div class="field"><label for="f-source">Requested by</label>
           <select id="f-source" name="source">${option("", "Anyone", filters.source)}
           ${SOURCES.map((s) => option(s, s, filters.source)).join("")}</select></div>
-        <div class="field"><label for="f-after">Created after</label>
+        <div class="field"><label for="f-after">Created after (UTC)</label>
           <input id="f-after" name="created_after" type="datetime-local" value="${esc(isoToLocalInput(filters.created_after))}"></div>
-        <div class="field"><label for="f-before">Created before</label>
+        <div class="field"><label for="f-before">Created before (UTC)</label>
           <input id="f-before" name="created_before" type="datetime-local" value="${esc(isoToLocalInput(filters.created_before))}"></div>
         <div class="actions">
           <button class="btn" type="button" id="f-clear">Clear</button>
@@ -203,8 +198,8 @@ function historyPage() {
       <div class="panel-head"><h2>Incidents</h2>
         <span class="muted">a deployment that stopped being whole, and what clients saw</span></div>
       <div class="table-wrap"><table id="incidents-table">
-        <thead><tr><th>Incident</th><th>Deployment</th><th>State</th><th>Reason</th><th>Lost</th>
-          <th>At</th><th class="num">To serving</th><th class="num">Client outage</th><th>After job</th></tr></thead>
+        <thead><tr><th>Incident</th><th>Deployment</th><th>State</th><th class="wide-only">Reason</th><th class="wide-only">Lost</th>
+          <th>At (UTC)</th><th class="num">To serving</th><th class="num">Client outage</th><th class="wide-only">Jobs</th></tr></thead>
         <tbody id="incidents-body"></tbody>
       </table></div>
     </section>
@@ -215,9 +210,10 @@ function historyPage() {
     </section>
     <section class="panel">
       <div class="table-wrap"><table id="jobs-table">
-        <thead><tr><th>Job</th><th>Deployment</th><th>Size</th><th>State</th><th>Requested by</th>
-          <th>Created</th><th class="num">Duration</th><th class="num">Downtime</th></tr></thead>
-        <tbody id="jobs-body"><tr><td colspan="8" class="empty">Loading…</td></tr></tbody>
+        <thead><tr><th>Job</th><th>Deployment</th><th>Size</th><th>State</th><th class="wide-only">Requested by</th>
+          <th>Created (UTC)</th><th class="num">Duration</th><th class="num" title="the engines' own pause">Downtime</th>
+          <th class="num" title="what the canary probe's clients saw">Client outage</th></tr></thead>
+        <tbody id="jobs-body"><tr><td colspan="9" class="empty">Loading…</td></tr></tbody>
       </table></div>
       <div class="pager">
         <span class="count" id="jobs-count"></span>
@@ -306,29 +302,31 @@ function historyPage() {
     } catch (err) {
       if (!alive) return;
       document.getElementById("history-error").innerHTML = problemHtml(err);
-      document.getElementById("jobs-body").innerHTML = `<tr><td colspan="8" class="empty">Could not load jobs.</td></tr>`;
+      document.getElementById("jobs-body").innerHTML = `<tr><td colspan="9" class="empty">Could not load jobs.</td></tr>`;
     }
   }
 
   function renderRows(jobs) {
     const body = document.getElementById("jobs-body");
     if (!jobs.length) {
-      body.innerHTML = `<tr><td colspan="8" class="empty">No reconfigurations match these filters.</td></tr>`;
+      body.innerHTML = `<tr><td colspan="9" class="empty">No reconfigurations match these filters.</td></tr>`;
       return;
     }
     body.innerHTML = jobs.map((j) => {
       const id = job.id(j);
       const created = job.createdMs(j);
       const downtime = job.downtimeMs(j);
+      const outage = job.clientOutageMeasuredMs(j);
       return `<tr class="clickable" data-job="${esc(id)}">
-        <td class="nowrap"><a href="/ui/jobs/${encodeURIComponent(id)}" data-link class="mono">${esc(id)}</a></td>
+        <td class="job-id"><a href="/ui/jobs/${encodeURIComponent(id)}" data-link class="mono" title="${esc(id)}">${esc(id)}</a></td>
         <td>${esc(job.deployment(j))}</td>
         <td class="nowrap">${esc(sizeChange(j))}</td>
         <td>${badge(job.state(j))}</td>
-        <td><span class="tag">${esc(job.source(j) || "–")}</span></td>
-        <td class="nowrap" title="${esc(fmtTime(created))}">${esc(fmtTime(created))} <span class="faint">${esc(fmtAgo(created))}</span></td>
+        <td class="wide-only"><span class="tag">${esc(job.source(j) || "–")}</span></td>
+        <td class="created" title="${esc(fmtAgo(created))}">${timeCell(created)}</td>
         <td class="num">${esc(fmtMs(jobDurationMs(j)))}</td>
-        <td class="num">${downtime === null ? "–" : esc(fmtMs(downtime))}</td>
+        <td class="num downtime">${downtime === null ? "–" : esc(fmtMs(downtime))}</td>
+        <td class="num client-outage${outage === null ? " faint" : ""}">${outage === null ? NOT_MEASURED : esc(fmtMs(outage))}</td>
       </tr>`;
     }).join("");
     for (const row of body.querySelectorAll("tr.clickable")) {
@@ -377,6 +375,7 @@ function jobPage(jobId) {
   let pending = false;
   let mode = "";
   let ticker = null;
+  let incident = null;  // the incident this job belongs to (fetched once it names one)
 
   view.innerHTML = `<div class="crumbs"><a href="/ui/" data-link>History</a> / <span class="mono">${esc(jobId)}</span></div>
     <div id="job-root"><div class="panel empty">Loading…</div></div>`;
@@ -395,6 +394,19 @@ function jobPage(jobId) {
           const fresh = await api(`/v1/reconfigurations/${encodeURIComponent(jobId)}`);
           if (!alive) return;
           current = fresh;
+          const incidentId = job.incidentId(fresh);
+          if (incidentId && (!incident || incident.id !== incidentId || incident.state === "open")) {
+            incident = await api(`/v1/incidents/${encodeURIComponent(incidentId)}`).catch(() => null);
+            if (!alive) return;
+          } else if (!incidentId && job.source(fresh) === "self-heal") {
+            // Recorded before self-heal jobs named their incident: the incident names the job.
+            if (!incident) {
+              const found = await api("/v1/incidents", { params: { deployment: job.deployment(fresh), limit: 100 } }).catch(() => null);
+              if (!alive) return;
+              incident = ((found && found.data) || []).find((i) => (i.recovery_job_ids || []).includes(jobId)) || null;
+            }
+            if (incident) current = { ...fresh, incident_id: incident.id };
+          }
           draw();
         } catch (err) {
           if (!alive) return;
@@ -418,7 +430,8 @@ function jobPage(jobId) {
   function progressHtml(j) {
     const state = job.state(j);
     const pct = Math.max(0, Math.min(100, isTerminal(state) && state === "succeeded" ? 100 : job.progressPercent(j)));
-    const fillCls = state === "succeeded" ? "done" : state === "failed" ? "bad" : ["rolled_back", "cancelled"].includes(state) ? "warn" : "";
+    // A cancel is an operator's choice, not a fault: neutral, like its badge.
+    const fillCls = state === "succeeded" ? "done" : state === "failed" ? "bad" : state === "rolled_back" ? "warn" : state === "cancelled" ? "idle" : "";
     const phasesSeen = new Set(job.phases(j).map((p) => p.name));
     const currentIndex = PHASE_ORDER.indexOf(state);
     const errorPhase = (job.error(j) || {}).phase;
@@ -426,21 +439,36 @@ function jobPage(jobId) {
       let cls = "";
       if (name === state) cls = "current";
       else if (name === "pending" ? state !== "pending" : phasesSeen.has(name) || (currentIndex > -1 && i - 1 < currentIndex)) cls = "done";
-      if (isTerminal(state) && errorPhase === name) cls = "bad";
+      if (isTerminal(state) && errorPhase === name) cls = state === "cancelled" ? "stopped" : "bad";
       return `<span class="step ${cls}" data-step="${name}">${name.replace(/_/g, " ")}</span>`;
     });
-    chips.push(`<span class="step ${state === "succeeded" ? "done" : isTerminal(state) ? "bad" : ""}">${isTerminal(state) ? esc(state.replace(/_/g, " ")) : "done"}</span>`);
+    const last = state === "succeeded" ? "done" : state === "cancelled" ? "stopped" : isTerminal(state) ? "bad" : "";
+    chips.push(`<span class="step ${last}">${isTerminal(state) ? esc(state.replace(/_/g, " ")) : "done"}</span>`);
     const step = job.progressStep(j);
-    return `<div class="progress"><div class="progress-track"><div class="progress-fill ${fillCls}" id="progress-fill" style="width:${pct}%"></div></div>
+    // A long step (a launch: engines starting) moves the bar little; the time in it shows it is alive.
+    const busy = !isTerminal(state) && state !== "pending";
+    return `<div class="progress"><div class="progress-track"><div class="progress-fill ${fillCls}${busy ? " busy" : ""}" id="progress-fill" style="width:${Math.max(pct, busy ? 2 : 0)}%"></div></div>
       <span class="progress-label" id="progress-percent" data-percent="${pct}">${Math.round(pct)}%</span></div>
-      <div class="muted" style="margin-top:8px;font-size:13px" id="progress-step">${step ? esc(step) : isTerminal(state) ? "finished" : "waiting"}</div>
+      <div class="muted" style="margin-top:8px;font-size:13px"><span id="progress-step">${step ? esc(step.replace(/_/g, " ")) : isTerminal(state) ? "finished" : "waiting"}</span>${busy ? ` <span id="progress-elapsed">${esc(stepElapsedText(j))}</span>` : ""}</div>
       <div class="steps">${chips.join("")}</div>`;
+  }
+
+  // How long the job has been in its current step (from that step's first progress line).
+  function stepElapsedText(j) {
+    const step = job.progressStep(j);
+    const events = job.events(j).filter((e) => e.kind === "progress" && (e.data || {}).step === step);
+    const since = events.length ? toMs(events[0].created_at) : job.startedMs(j);
+    return since === null ? "" : `· ${fmtMs(Math.max(0, Date.now() - since))} in this step`;
   }
 
   function failureHtml(j) {
     let out = "";
     const error = job.error(j);
-    if (error) {
+    if (error && job.state(j) === "cancelled") {
+      // An operator's cancel: what it stopped and where, without an error's colours.
+      out += `<div class="alert info" id="job-error"><h2>Cancelled${error.phase ? ` during ${esc(error.phase)}` : ""}</h2>
+        <p style="margin:0">${esc(error.message || "cancelled on request")}; the deployment stayed on generation ${esc(job.fromGeneration(j) ?? "?")}.</p></div>`;
+    } else if (error) {
       let kv = ["phase", "engine_id", "type"].filter((k) => error[k]).map((k) => `<dt>${k.replace("_id", "")}</dt><dd class="mono">${esc(error[k])}</dd>`).join("");
       const over = error.overrun;
       if (over) kv += `<dt>over budget</dt><dd id="job-overrun">engine ${esc(over.engine_id)}, part ${esc(over.part)}: stopped ${esc(fmtMs(over.stopped_ms))} of a ${esc(over.budget_ms)} ms budget</dd>`;
@@ -494,16 +522,21 @@ function jobPage(jobId) {
   // The client's two figures: the outage is the headline; the slowest answer is a slow stretch (with
   // the phase it fell in), not a stop. A job from before they were told apart shows its old figure.
   function clientCards(j) {
-    const outage = job.clientOutageMs(j);
+    const outage = job.clientOutageMeasuredMs(j);
     const slowest = job.clientSlowestAnswerMs(j);
     const old = job.oldClientDowntimeMs(j);
     const phase = (p) => (p ? ` <span class="card-note">in ${esc(p)}</span>` : "");
     let out = "";
     if (outage !== null) {
-      out += `<div class="card"><div class="k">Client outage (canaries)</div><div class="v" id="card-client-outage">${esc(fmtMs(outage))}${outage ? phase(job.outagePhase(j)) : ""}</div></div>`;
+      // Failed canaries with no outage: another engine answered meanwhile (a leaver's 503s).
+      const note = !outage && job.canariesFailed(j) ? ` <span class="card-note">${esc(job.canariesFailed(j))} failed, answered elsewhere</span>` : "";
+      out += `<div class="card"><div class="k">Client outage (canaries)</div><div class="v" id="card-client-outage">${esc(fmtMs(outage))}${outage ? phase(job.outagePhase(j)) : note}</div></div>`;
       out += `<div class="card"><div class="k">Slowest answer (canaries)</div><div class="v" id="card-slowest-answer">${esc(fmtMs(slowest))}${slowest !== null ? phase(job.slowestAnswerPhase(j)) : ""}</div></div>`;
     } else if (old !== null) {
       out += `<div class="card" title="recorded before the outage and the slowest answer were told apart: slow answers counted as an outage"><div class="k">Client downtime (old figure)</div><div class="v" id="card-client-downtime">${esc(fmtMs(old))}</div></div>`;
+    } else {
+      const why = (j.probe || {}).canaries_sent === 0 ? "no canary sent" : "no canary probe ran";
+      out += `<div class="card"><div class="k">Client outage (canaries)</div><div class="v muted small" id="card-client-outage">${NOT_MEASURED} <span class="card-note">${why}</span></div></div>`;
     }
     return out;
   }
@@ -518,9 +551,9 @@ function jobPage(jobId) {
 
   function enginesHtml(j) {
     const engines = job.engines(j);
-    if (!engines.length) return `<div class="empty">No engine results yet.</div>`;
+    if (!engines.length) return `<div class="empty">${isTerminal(job.state(j)) ? "No engine took part." : "No engine results yet."}</div>`;
     return `<div class="table-wrap"><table id="engines-table"><thead><tr><th>Engine</th><th>Role</th><th>Ranks</th><th>Generation before → after</th>
-      <th>Paused at</th><th>Resumed at</th><th class="num">Pause</th></tr></thead><tbody>
+      <th>Paused at (UTC)</th><th>Resumed at (UTC)</th><th class="num">Pause</th></tr></thead><tbody>
       ${engines.map((e) => `<tr data-engine="${esc(e.engineId)}"><td class="mono">${esc(e.engineId)}</td><td>${esc(e.role || "–")}</td>
         <td class="mono">${esc(Array.isArray(e.ranks) ? e.ranks.map((r) => r ?? "–").join(" → ") : e.ranks ?? "–")}</td><td class="mono generations">${esc(generationsText(e, j))}</td>
         <td class="nowrap">${e.start === null ? "–" : esc(fmtTime(e.start, false))}</td>
@@ -532,7 +565,7 @@ function jobPage(jobId) {
   function eventsHtml(j) {
     const events = job.events(j);
     if (!events.length) return `<div class="empty">No transitions yet.</div>`;
-    return `<div class="table-wrap"><table id="events-table"><thead><tr><th class="num">#</th><th>Time</th><th>Transition</th><th>Kind</th><th>Message</th></tr></thead><tbody>
+    return `<div class="table-wrap"><table id="events-table"><thead><tr><th class="num">#</th><th>Time (UTC)</th><th>Transition</th><th>Kind</th><th>Message</th></tr></thead><tbody>
       ${events.map((e) => {
         const data = e.data && Object.keys(e.data).length ? `<details><summary class="faint">data</summary><pre class="json">${esc(JSON.stringify(e.data, null, 2))}</pre></details>` : "";
         let transition = `<span class="faint">–</span>`;
@@ -543,10 +576,35 @@ function jobPage(jobId) {
       }).join("")}</tbody></table></div>`;
   }
 
-  function queuedNote(j) {
+  // The timeline starts where the work starts; its note adds the queue, so it sums to the Duration card.
+  function timelineNote(j) {
+    const queued = queuedMs(j);
     const created = job.createdMs(j);
-    const started = job.startedMs(j);
-    return created !== null && started !== null && started - created >= 1 ? `queued ${esc(fmtMs(started - created))} · ` : "";
+    const end = jobEndMs(j);
+    const ran = end !== null && created !== null ? Math.max(0, end - created - (queued ?? 0)) : null;
+    const parts = [];
+    if (queued >= 1) parts.push(`queued ${fmtMs(queued)}`);
+    if (ran !== null) parts.push(`ran ${fmtMs(ran)}`);
+    return esc([...parts, "phases and each engine's pause"].join(" · "));
+  }
+
+  // A self-heal job: the loss it recovers from, when it was found, when the deployment served again,
+  // and the incident that holds the whole story (with what clients saw from the loss on).
+  function selfHealHtml(j) {
+    const incidentId = job.incidentId(j);
+    if (job.lossMs(j) === null && !incidentId) return "";
+    const selfHeal = job.source(j) === "self-heal";
+    const outage = incident && typeof incident.client_outage_ms === "number" ? fmtMs(incident.client_outage_ms) : NOT_MEASURED;
+    const link = incidentId ? `<a href="/ui/incidents/${encodeURIComponent(incidentId)}" data-link class="mono" id="job-incident">${esc(incidentId)}</a>` : "–";
+    return `<section class="panel" id="self-heal-panel"><div class="panel-head"><h2>${selfHeal ? "Self-heal" : "Incident"}</h2>
+      <span class="muted">${selfHeal ? "the engine loss this job recovers from" : "a loss that hit this job's generation right after it"}</span></div>
+      <dl class="kv">
+        ${job.lossMs(j) !== null ? `<dt>Loss at</dt><dd id="heal-loss">${esc(fmtTime(job.lossMs(j)))}</dd>
+        <dt>Detected after</dt><dd id="heal-detect">${esc(fmtMs(job.timeToDetectMs(j)))}</dd>
+        <dt>Serving again after</dt><dd id="heal-serving">${job.timeToServingMs(j) === null ? (isTerminal(job.state(j)) ? "–" : "not yet") : esc(fmtMs(job.timeToServingMs(j)))}</dd>` : ""}
+        <dt>Incident</dt><dd>${link}${incident ? ` <span class="muted">${esc(incident.state)} · ${esc(incident.reason)}</span>` : ""}</dd>
+        ${incidentId ? `<dt>Client outage from the loss</dt><dd id="heal-outage">${esc(outage)}${incident && incident.outage_evidence ? ` <span class="faint">(${esc(incident.outage_evidence)})</span>` : ""}</dd>` : ""}
+      </dl></section>`;
   }
 
   function draw() {
@@ -555,8 +613,11 @@ function jobPage(jobId) {
     const openDetails = new Set([...root.querySelectorAll("details[open]")].map((d) => d.closest("tr")?.dataset.seq));
     const canCancel = CANCELLABLE_STATES.includes(state) && !j.cancel_requested;
     const duration = jobDurationMs(j);
+    const queued = queuedMs(j);
     const downtime = job.downtimeMs(j);
-    const gens = `${job.fromGeneration(j) ?? "?"} → ${job.toGeneration(j) ?? "?"}`;
+    const gens = keptGeneration(j)
+      ? `${esc(job.fromGeneration(j) ?? "?")} <span class="card-note">(unchanged)</span>`
+      : esc(`${job.fromGeneration(j) ?? "?"} → ${job.toGeneration(j) ?? "?"}`);
     root.innerHTML = `
       <div class="page-head">
         <h1>${esc(job.deployment(j))} <span class="muted">${esc(sizeChange(j))}</span></h1>
@@ -568,16 +629,17 @@ function jobPage(jobId) {
       </div>
       <section class="panel" id="progress-panel">${progressHtml(j)}</section>
       <div class="cards">
-        <div class="card"><div class="k">Downtime</div><div class="v" id="card-downtime">${downtime === null ? "–" : esc(fmtMs(downtime))}</div></div>
+        <div class="card"><div class="k">Downtime</div><div class="v" id="card-downtime">${downtime === null ? "–" : esc(fmtMs(downtime))}${job.source(j) === "self-heal" ? ` <span class="card-note block">the engines' pause in this job; the loss before it is the incident's</span>` : ""}</div></div>
         ${clientCards(j)}
-        <div class="card"><div class="k">Duration</div><div class="v">${esc(fmtMs(duration))}</div></div>
+        <div class="card"><div class="k">Duration</div><div class="v" id="card-duration"><span id="card-duration-value">${esc(fmtMs(duration))}</span>${queued >= 1 ? ` <span class="card-note block">${esc(fmtMs(queued))} of it queued</span>` : ""}</div></div>
         <div class="card"><div class="k">DP size</div><div class="v">${esc(sizeChange(j))}</div></div>
-        <div class="card"><div class="k">Generation</div><div class="v">${esc(gens)}</div></div>
+        <div class="card"><div class="k">Generation</div><div class="v" id="card-generation">${gens}</div></div>
         <div class="card"><div class="k">Warm-up · strategy</div><div class="v" style="font-size:15px;padding-top:4px">${esc(job.warmup(j) || "–")} · ${esc(job.strategy(j) || "–")}</div></div>
         <div class="card"><div class="k">Requested by</div><div class="v" style="font-size:15px;padding-top:4px">${esc(job.source(j) || "–")}</div></div>
       </div>
+      ${selfHealHtml(j)}
       ${failureHtml(j)}
-      <section class="panel"><div class="panel-head"><h2>Timeline</h2><span class="muted">${queuedNote(j)}phases and each engine's pause</span></div>
+      <section class="panel"><div class="panel-head"><h2>Timeline</h2><span class="muted" id="timeline-note">${timelineNote(j)}</span></div>
         <div id="timeline"></div>
         <div class="legend"><span><i style="background:var(--accent)"></i>phase</span><span><i style="background:var(--pause)"></i>engine paused</span><span><i style="background:var(--bad)"></i>deployment down (union)</span></div>
       </section>
@@ -647,7 +709,16 @@ function jobPage(jobId) {
     });
     // The running phase's bar grows with the clock even between events.
     ticker = setInterval(() => {
-      if (current && !isTerminal(job.state(current))) drawCharts();
+      if (!current || isTerminal(job.state(current))) return;
+      drawCharts();
+      const elapsed = document.getElementById("progress-elapsed");
+      if (elapsed) elapsed.textContent = stepElapsedText(current);
+      // The duration card and the timeline's note move with the clock too, so they agree with the
+      // timeline's bars between events (a card frozen at the last event read seconds short).
+      const duration = document.getElementById("card-duration-value");
+      if (duration) duration.textContent = fmtMs(jobDurationMs(current));
+      const note = document.getElementById("timeline-note");
+      if (note) note.innerHTML = timelineNote(current);
     }, 1000);
   });
 

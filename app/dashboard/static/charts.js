@@ -1,5 +1,5 @@
 // Plain SVG charts: a job's timeline, its commit window, and downtime per job.
-import { badge, esc, fmtMs, fmtTime, job, shortId, stateClass, isTerminal } from "./model.js";
+import { NOT_MEASURED, badge, esc, fmtClock, fmtMs, fmtTime, job, sizeChange, stateClass, isTerminal } from "./model.js";
 
 const LABEL_W = 150;
 const ROW_H = 26;
@@ -205,13 +205,15 @@ export function logScale(values, top, bottom) {
 export function downtimeChartSvg(jobs, width) {
   const rows = jobs.slice().reverse();
   if (!rows.length) return `<div class="empty">No jobs to chart.</div>`;
-  const height = 190;
+  const height = 204;
   const left = 56;
-  const bottom = height - 28;
+  const bottom = height - 40;
   const plotW = width - left - 8;
   const slot = plotW / rows.length;
   const barW = Math.max(3, Math.min(36, slot * 0.6));
-  const values = rows.flatMap((j) => [job.downtimeMs(j), job.clientOutageMs(j), job.clientSlowestAnswerMs(j)]);
+  const values = rows.flatMap((j) => [job.downtimeMs(j), job.clientOutageMeasuredMs(j), job.clientSlowestAnswerMs(j)]);
+  // Each bar is labelled by what the job did and when (UTC), as many as fit side by side.
+  const labelEvery = Math.max(1, Math.ceil(52 / slot));
   const { y, ticks } = logScale(values, 10, bottom);
   let out = `<defs><pattern id="blocking-stripes" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">
     <rect width="3" height="6" class="stripe"></rect></pattern></defs>`;
@@ -226,12 +228,12 @@ export function downtimeChartSvg(jobs, width) {
     const id = job.id(j);
     const strategy = job.strategy(j) || "background";
     const x0 = (cx - barW / 2).toFixed(1);
-    const title = `${shortId(id)} · ${job.deployment(j)} · ${strategy} · ${job.state(j)} · downtime ${v === null ? "–" : fmtMs(v)}`;
+    const title = `${id} · ${job.deployment(j)} ${sizeChange(j)} · ${fmtTime(job.createdMs(j))} · ${strategy} · ${job.state(j)} · downtime ${v === null ? "–" : fmtMs(v)}`;
     out += `<a href="/ui/jobs/${encodeURIComponent(id)}" data-link>`;
     out += `<rect class="bar ${stateClass(job.state(j))} strategy-${esc(strategy)}" data-job="${esc(id)}" data-strategy="${esc(strategy)}" x="${x0}" y="${(bottom - h).toFixed(1)}" width="${barW.toFixed(1)}" height="${h.toFixed(1)}" rx="2"><title>${esc(title)}</title></rect>`;
     if (strategy === "blocking" && h > 0) out += `<rect class="stripes" x="${x0}" y="${(bottom - h).toFixed(1)}" width="${barW.toFixed(1)}" height="${h.toFixed(1)}" fill="url(#blocking-stripes)" pointer-events="none"></rect>`;
     if (!v) out += `<rect x="${x0}" y="${bottom - 2}" width="${barW.toFixed(1)}" height="2" class="bar ${stateClass(job.state(j))}" opacity=".5"></rect>`;
-    const outage = job.clientOutageMs(j);
+    const outage = job.clientOutageMeasuredMs(j);
     const slowest = job.clientSlowestAnswerMs(j);
     const cw = Math.max(3, barW / 3);
     const cx0 = cx + barW / 2 + 1;
@@ -245,7 +247,10 @@ export function downtimeChartSvg(jobs, width) {
       out += `<rect class="slowest-tick" data-slowest-job="${esc(id)}" x="${(cx0 - 1).toFixed(1)}" y="${(y(slowest) - 1).toFixed(1)}" width="${(cw + 2).toFixed(1)}" height="2"><title>${esc(`slowest answer ${fmtMs(slowest)}${where} (canary probe)`)}</title></rect>`;
     }
     out += `</a>`;
-    if (rows.length <= 24) out += `<text x="${cx}" y="${bottom + 16}" text-anchor="middle" class="mono">${esc(shortId(id).slice(1))}</text>`;
+    if (i % labelEvery === 0) {
+      out += `<text x="${cx}" y="${bottom + 15}" text-anchor="middle" class="bar-label" data-label-job="${esc(id)}">${esc(sizeChange(j))}</text>`;
+      out += `<text x="${cx}" y="${bottom + 28}" text-anchor="middle" class="faint">${esc(fmtClock(job.createdMs(j)))}</text>`;
+    }
   });
   out += `<line x1="${left}" x2="${width - 8}" y1="${bottom}" y2="${bottom}" stroke="var(--border)"></line>`;
   return `<svg class="chart downtime-chart" data-scale="log" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" role="img" aria-label="downtime per job, log scale">${out}</svg>`;
@@ -253,7 +258,7 @@ export function downtimeChartSvg(jobs, width) {
 
 export function chartLegend() {
   const item = (cls, label) => `<span><i class="lg-${cls}"></i>${label}</span>`;
-  return `<div class="legend">${item("ok", "succeeded")}${item("warn", "rolled back")}${item("bad", "failed")}${item("idle", "cancelled / pending")}${item("run", "running")}${item("blocking", "blocking strategy (striped)")}${item("client", "client outage (canary probe)")}${item("slowest", "slowest answer (canary probe)")}<span class="faint">log scale</span></div>`;
+  return `<div class="legend">${item("ok", "succeeded")}${item("warn", "rolled back")}${item("bad", "failed")}${item("idle", "cancelled / pending")}${item("run", "running")}${item("blocking", "blocking strategy (striped)")}${item("client", `client outage (canary probe; none drawn: ${NOT_MEASURED})`)}${item("slowest", "slowest answer (canary probe)")}<span class="faint">log scale · labels: size change, created (UTC)</span></div>`;
 }
 
 function shortLabel(id) {

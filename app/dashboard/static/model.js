@@ -39,24 +39,39 @@ export function toMs(value) {
   return Number.isNaN(ms) ? null : ms;
 }
 
+// One duration format and one clock on every page, the CLI's too (app/cli/client.py): durations by size
+// ("6.67 ms", "18.0 ms", "320 ms", "1.92 s", "37.7 s", "2 min 5 s"); times in UTC with the zone named
+// ("2026-12-06 07:17:02 UTC"; a time alone, "07:17:02.123", sits under a heading that names UTC).
 export function fmtMs(ms) {
   if (ms === null || ms === undefined || Number.isNaN(ms)) return "–";
   if (ms === 0) return "0 ms";
-  if (ms < 1) return `${ms.toFixed(2)} ms`;
+  if (ms < 10) return `${ms.toFixed(2)} ms`;
   if (ms < 100) return `${ms.toFixed(1)} ms`;
   if (ms < 1000) return `${Math.round(ms)} ms`;
   if (ms < 60000) return `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
-  const minutes = Math.floor(ms / 60000);
-  return `${minutes} min ${Math.round((ms % 60000) / 1000)} s`;
+  const seconds = Math.round(ms / 1000);
+  return `${Math.floor(seconds / 60)} min ${seconds % 60} s`;
 }
+
+export const NOT_MEASURED = "not measured";
 
 export function fmtTime(ms, withDate = true) {
   if (ms === null || ms === undefined) return "–";
-  const d = new Date(ms);
-  const pad = (n, w = 2) => String(n).padStart(w, "0");
-  const time = `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
-  if (!withDate) return time;
-  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${time.slice(0, 8)}`;
+  const iso = new Date(ms).toISOString();  // always UTC
+  if (!withDate) return iso.slice(11, 23);
+  return `${iso.slice(0, 10)} ${iso.slice(11, 19)} UTC`;
+}
+
+/** A table cell's time (the column's heading names UTC): date and clock, which stack in a narrow window. */
+export function timeCell(ms) {
+  if (ms === null || ms === undefined) return "–";
+  const iso = new Date(ms).toISOString();
+  return `<span class="date">${iso.slice(0, 10)}</span> <span class="clock">${iso.slice(11, 19)}</span>`;
+}
+
+/** A short clock for chart labels and narrow cells: "07:17" (UTC). */
+export function fmtClock(ms) {
+  return ms === null || ms === undefined ? "–" : new Date(ms).toISOString().slice(11, 16);
 }
 
 export function fmtAgo(ms) {
@@ -112,6 +127,19 @@ export const job = {
     const v = first(j, "client_outage_ms");
     return v === null ? null : Number(v);
   },
+  // The outage, or null where nothing measured it: no probe ran, or it sent no canary (a 0 from no
+  // canary is no measurement; the CLI reads it the same way).
+  clientOutageMeasuredMs: (j) => {
+    const v = first(j, "client_outage_ms");
+    if (v === null) return null;
+    const sent = (j.probe || {}).canaries_sent;
+    return Number(v) === 0 && sent === 0 ? null : Number(v);
+  },
+  canariesFailed: (j) => Number((j.probe || {}).canaries_failed || 0),
+  incidentId: (j) => first(j, "incident_id"),
+  lossMs: (j) => toMs(first(j, "loss_at")),
+  timeToDetectMs: (j) => first(j, "time_to_detect_ms"),
+  timeToServingMs: (j) => first(j, "time_to_serving_ms"),
   clientSlowestAnswerMs: (j) => {
     const v = first(j, "client_slowest_answer_ms");
     return v === null ? null : Number(v);
@@ -200,10 +228,28 @@ export function sizeChange(j) {
   return `${from ?? "?"} → ${to ?? "?"}`;
 }
 
+/** From creation to the end (now while it runs): the job's duration, queue included. */
 export function jobDurationMs(j) {
   const start = job.createdMs(j);
-  const end = job.finishedMs(j) ?? (isTerminal(job.state(j)) ? lastPhaseEnd(j) : Date.now());
+  const end = jobEndMs(j);
   return start !== null && end !== null ? Math.max(0, end - start) : null;
+}
+
+/** When the job ended: its finish time, else (older records) its last phase's end; now while it runs. */
+export function jobEndMs(j) {
+  return job.finishedMs(j) ?? (isTerminal(job.state(j)) ? lastPhaseEnd(j) : Date.now());
+}
+
+/** The time it sat queued before its first phase (null when it did not start). */
+export function queuedMs(j) {
+  const created = job.createdMs(j);
+  const started = job.startedMs(j) ?? job.phases(j).map((p) => p.start).find((v) => v !== null) ?? null;
+  return created !== null && started !== null ? Math.max(0, started - created) : null;
+}
+
+/** A job that ended without a new generation: cancelled, or rolled back to the one it started on. */
+export function keptGeneration(j) {
+  return ["cancelled", "rolled_back"].includes(job.state(j));
 }
 
 function lastPhaseEnd(j) {

@@ -3,8 +3,8 @@
 An incident opens when a deployment becomes `degraded` (an engine lost, frozen or unreachable, a group
 broken, a switch failed part-way) and resolves when it is `ready` again, both in the transaction that
 changes the status (`app.deployments.status`). It links the job whose generation it hit when that job
-ended within the minute before (and the job links back: `incident_id`), and the self-heal jobs that
-recovered from it.
+ended within the minute before, and the self-heal jobs that recovered from it; those jobs link back
+(`incident_id`).
 """
 
 from __future__ import annotations

@@ -161,11 +161,16 @@ def note_lost(session: Session, deployment: Deployment, engines: Sequence[str], 
     session.add(incident)
 
 
-def note_recovery_job(session: Session, deployment_id: str, job_id: str) -> None:
+def note_recovery_job(session: Session, deployment_id: str, job_id: str) -> str | None:
+    """A self-heal job recovering from the open incident: named on it; its id (the job names it back,
+    `incident_id`), or None when none is open."""
     incident = current(session, deployment_id)
-    if incident is not None and job_id not in incident.recovery_job_ids:
+    if incident is None:
+        return None
+    if job_id not in incident.recovery_job_ids:
         incident.recovery_job_ids = [*incident.recovery_job_ids, job_id]
         session.add(incident)
+    return incident.id
 
 
 def resolved(session: Session, deployment: Deployment, now: datetime) -> Incident | None:

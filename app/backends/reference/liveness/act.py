@@ -170,7 +170,7 @@ def _announce_lost(
 
 def _request(session: Session, view: DeploymentView, heal: HealJob) -> str | None:
     """Create the job; it records the loss it recovers from and, for the first job after it
-    (`detected`), the time to detect; the open incident names it."""
+    (`detected`), the time to detect; the open incident names it, and it names the incident."""
 
     def note(session: Session, job: ReconfigurationJob) -> None:
         if heal.loss_at is not None:
@@ -178,8 +178,10 @@ def _request(session: Session, view: DeploymentView, heal: HealJob) -> str | Non
             if heal.detected:
                 detect = max(0.0, (job.created_at - heal.loss_at).total_seconds() * 1000.0)
                 job.time_to_detect_ms = round(detect, 1)
-            session.add(job)
-        incidents.note_recovery_job(session, view.id, job.id)
+        incident_id = incidents.note_recovery_job(session, view.id, job.id)
+        if incident_id is not None:
+            job.incident_id = incident_id
+        session.add(job)
 
     try:
         outcome = create_reconfiguration(

@@ -87,6 +87,9 @@ def test_put_without_content_type_is_json_and_a_wrong_type_is_415(client: TestCl
     taken = client.put("/v1/deployments/demo/scale", content=raw)
     assert "content-type" not in taken.request.headers
     assert taken.status_code == 200 and taken.json()["spec"]["replicas"] == 2, taken.text
+    # Read as JSON, a body that is no Scale is the client's mistake in its content, not in its type.
+    not_a_scale = client.put("/v1/deployments/demo/scale", content=b"[1]")
+    assert not_a_scale.status_code == 422, not_a_scale.text
     refused = client.put("/v1/deployments/demo/scale", content=raw, headers={"content-type": "text/plain"})
     assert refused.status_code == 415 and refused.json()["code"] == "unsupported-media-type"
     # PATCH keeps naming its type: the API server refuses a patch without one too.

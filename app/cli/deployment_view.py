@@ -8,8 +8,20 @@ from app.cli.client import short_time, stdout, table
 
 
 def _rules_text(rules: dict[str, Any]) -> str:
-    step = rules.get("max_step")
-    limit = f"at most {step} per {rules.get('period_s'):g} s" if step else "no step limit"
+    """The window and the rate limits as HPA names them: `max_step`'s and the policies, chosen by
+    `select_policy` (none at all: HPA's defaults)."""
+    limits = [f"{rules['max_step']} per {rules.get('period_s'):g} s"] if rules.get("max_step") else []
+    limits += [
+        f"{p.get('value')}{' %' if p.get('type') == 'Percent' else ''} per {p.get('period_s'):g} s"
+        for p in rules.get("policies") or []
+    ]
+    select = rules.get("select_policy") or "Max"
+    if select == "Disabled":
+        limit = "disabled (select_policy Disabled)"
+    elif not limits:
+        limit = "HPA's default rate"
+    else:
+        limit = ("at most " if len(limits) == 1 else f"{select} of ") + ", ".join(limits)
     return f"window {rules.get('stabilization_window_s'):g} s, {limit}"
 
 

@@ -37,6 +37,7 @@ from app.deployments.companions import DeploymentCompanions
 from app.deployments.engines.router import router as engines_router
 from app.deployments.incidents.router import router as incidents_router
 from app.deployments.router import router as deployments_router
+from app.frontdoor.router import router as endpoints_router
 from app.jobs.active import active_job_ids
 from app.jobs.event_hub import JobLogHub
 from app.jobs.events_router import router as events_router
@@ -205,6 +206,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _document_request_limits(app)
     app.include_router(health.router)
     app.include_router(deployments_router)
+    app.include_router(endpoints_router)
     app.include_router(vllm_engine_router)
     app.include_router(scale_router)
     app.include_router(engines_router)

@@ -37,7 +37,9 @@ from app.deployments.companions import DeploymentCompanions
 from app.deployments.engines.router import router as engines_router
 from app.deployments.incidents.router import router as incidents_router
 from app.deployments.router import router as deployments_router
+from app.frontdoor.keeper import front_door_keepers
 from app.frontdoor.router import router as endpoints_router
+from app.frontdoor.settings import load_front_doors
 from app.jobs.active import active_job_ids
 from app.jobs.event_hub import JobLogHub
 from app.jobs.events_router import router as events_router
@@ -173,6 +175,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             max_active_requests=resolved.max_active_requests,
             max_waiting_requests=resolved.max_waiting_requests,
         )
+        # The front doors this coordinator keeps (`epctl up` passes its own HAProxy's).
+        doors = getattr(app.state, "front_doors", None)
+        front_doors = load_front_doors() if doors is None else doors
         try:
             # Stopped in reverse order. Cluster launchers (Ray) and the local vLLM launcher outlive the
             # runner, which may still release engines as it stops.
@@ -181,7 +186,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 cluster_launchers(engine) as extra_launchers,
                 run_jobs(app, extra_launchers, partial(builtin_backends, vllm_launcher=vllm_launcher)),
                 delivery_worker(engine, resolved),
+                front_door_keepers(database, front_doors) as keepers,
             ):
+                app.state.front_door_keepers = keepers
                 yield
         finally:
             summaries.cancel()

@@ -7,6 +7,7 @@ from sqlmodel import SQLModel
 
 import app.coordinators.models
 import app.deployments.engines.models
+import app.deployments.front_door
 import app.deployments.incidents.models
 import app.deployments.models
 import app.frontdoor.models

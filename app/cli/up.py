@@ -38,12 +38,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from app.cli.down import state_dir, stop_recorded
+from app.cli.front_door import open_front_door
 from app.cli.serve import PortUnavailableError, claim_data_dir, listening_socket, server_config
 
 if TYPE_CHECKING:
     import httpx
 
     from app.core.config import Settings
+    from app.frontdoor.launch import RunningDoor
+    from app.frontdoor.settings import FrontDoorSpec
 
 DEMO = "demo"
 DEMO_ENGINES = 2
@@ -65,8 +68,18 @@ def up(
             max=8,
         ),
     ] = None,
+    front_door_port: Annotated[
+        int | None,
+        typer.Option(
+            help="port of the demo deployment's front door (HAProxy) on 127.0.0.1; default port + 1"
+        ),
+    ] = None,
+    front_door: Annotated[
+        bool, typer.Option(help="start a front door (HAProxy) for the demo deployment, when installed")
+    ] = True,
 ) -> None:
-    """Run the coordinator (SQLite) and a local deployment `demo` of reference engines."""
+    """Run the coordinator (SQLite), a local deployment `demo` of reference engines, and its front
+    door (HAProxy) when installed."""
     from app.core.config import ConfigError, load_settings
     from app.core.private_files import keep_new_files_private
     from app.launchers.state_lock import DataDirInUseError
@@ -87,8 +100,12 @@ def up(
         raise typer.Exit(2 if isinstance(exc, ConfigError) else 1) from None
     configure_logging(settings.log_format, logging.WARNING)  # a terminal session: warnings and errors only
     _forget_a_dead_run(settings)
+    door: RunningDoor | None = None
+    specs: list[FrontDoorSpec] = []
+    if front_door:
+        door, specs = open_front_door(state_dir(settings), DEMO, front_door_port or settings.port + 1)
     try:
-        asyncio.run(_run(settings, engines, sock))
+        asyncio.run(_run(settings, engines, sock, specs))
     except KeyboardInterrupt:
         pass
     finally:
@@ -96,6 +113,8 @@ def up(
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
         _stop_engines(settings)
+        if door is not None:
+            door.stop()
     typer.echo("epctl up: stopped the coordinator and its engines.", err=True)
 
 
@@ -125,11 +144,14 @@ def _server_class() -> type[Any]:
 ADMIN_TOKEN_FILE = "admin-token"
 
 
-async def _run(settings: Settings, engines: int | None, sock: socket.socket) -> None:
+async def _run(
+    settings: Settings, engines: int | None, sock: socket.socket, doors: list[FrontDoorSpec]
+) -> None:
     from app.main import create_app
 
     token, first = await asyncio.to_thread(_session_admin_token, settings)
     app = create_app(settings)
+    app.state.front_doors = doors
     app.state.end_jobs_on_stop = True  # its engines stop with it: the runner ends its jobs first
     server = _server_class()(server_config(app, settings, log_level="warning"))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -181,7 +203,7 @@ async def _set_up(
             if why:
                 typer.echo(f"epctl up: {why}", err=True)
             await _start_engines(api, size)
-    _print_welcome(url, token if first else None, settings, size)
+    _print_welcome(url, token if first else None, settings, size, app.state.front_doors)
 
 
 def start_size(requested: int | None, had: int | None) -> tuple[int, str | None]:
@@ -327,7 +349,9 @@ def _write_secret(path: Path, secret: str) -> None:
         f.write(secret + "\n")
 
 
-def _print_welcome(url: str, new_token: str | None, settings: Settings, engines: int) -> None:
+def _print_welcome(
+    url: str, new_token: str | None, settings: Settings, engines: int, doors: list[FrontDoorSpec]
+) -> None:
     """`new_token` is printed (once: it was just made); otherwise the welcome says where the token is."""
     bigger = min(engines * 2, 8)
     curl = 'curl -s -H "Authorization: Bearer $EPCTL_TOKEN"'
@@ -344,6 +368,14 @@ def _print_welcome(url: str, new_token: str | None, settings: Settings, engines:
         "",
         f"  epctl up: coordinator at {url} (database {settings.database_url})",
         f"  deployment {DEMO}: {engines} reference engines serving; dashboard {url}/ui/",
+        *(
+            [
+                f"  front door (HAProxy): {doors[0].url}/v1/infer"
+                f" (rank set: $EPCTL_URL/v1/deployments/{DEMO}/endpoints)"
+            ]
+            if doors
+            else [f"  no front door: clients call the engines ($EPCTL_URL/v1/deployments/{DEMO}/endpoints)"]
+        ),
         "",
         f"  export EPCTL_URL={url}",
         *token_lines,

@@ -1,6 +1,6 @@
 """The feed's record: one row per change of a deployment's rank set (its `resourceVersion`), kept for a
-while so a watch sees every change once and in order, across coordinator restarts; and the front door
-of a deployment (its URL, what keeps it in step, the last version that keeper applied)."""
+while so a watch sees every change once and in order, across coordinator restarts. (The front door's
+own record is the deployment's: `app.deployments.front_door`.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pydantic import Field as ApiField
 from sqlmodel import Field, SQLModel
 
 from app.core.clock import utc_now
-from app.core.db import NullableJSON, UTCDateTime
+from app.core.db import UTCDateTime
+from app.deployments.front_door import FrontDoorPublic
 from app.frontdoor.rules import EndpointState
 
 
@@ -26,19 +27,6 @@ class EndpointSetVersion(SQLModel, table=True):
     job_id: str | None = Field(default=None, max_length=40)
     endpoints: list[Any] = Field(default_factory=list, sa_type=sa.JSON)
     changed_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
-
-
-class FrontDoor(SQLModel, table=True):
-    __tablename__ = "front_doors"
-
-    deployment_id: str = Field(primary_key=True, max_length=40)
-    url: str = Field(max_length=512)
-    keeper: str = Field(max_length=200)
-    applied_version: int | None = None
-    applied_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
-    # The front door's own counters when it applied that version (e.g. HAProxy's per-server counters).
-    counters: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
-    updated_at: datetime = Field(default_factory=utc_now, sa_type=UTCDateTime)
 
 
 class EndpointPublic(BaseModel):
@@ -56,13 +44,6 @@ class EndpointPublic(BaseModel):
         None,
         description="why it is not ready (e.g. joining, leaving in job ..., fenced, unreachable, paused)",
     )
-
-
-class FrontDoorPublic(BaseModel):
-    url: str = ApiField(description="where clients send requests (e.g. http://127.0.0.1:8001/v1/infer)")
-    keeper: str = ApiField(description="what keeps it in step with the feed")
-    applied_version: int | None = ApiField(None, description="the last resourceVersion it applied")
-    applied_at: datetime | None = None
 
 
 class EndpointSetPublic(BaseModel):

@@ -13,15 +13,10 @@ from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
 from app.deployments.engines.models import Engine
+from app.deployments.front_door import FrontDoor, FrontDoorPublic
 from app.deployments.models import Deployment
 from app.deployments.service import get_deployment
-from app.frontdoor.models import (
-    EndpointPublic,
-    EndpointSetPublic,
-    EndpointSetVersion,
-    FrontDoor,
-    FrontDoorPublic,
-)
+from app.frontdoor.models import EndpointPublic, EndpointSetPublic, EndpointSetVersion
 from app.frontdoor.rules import Endpoint, EngineFacts, JobFacts, rank_set, roles_of
 from app.frontdoor.wakeup import FEED_CHANGED
 from app.jobs.models import ReconfigurationJob
@@ -144,11 +139,7 @@ def front_door_of(session: Session, deployment_id: str) -> FrontDoor | None:
 
 
 def front_door_public(row: FrontDoor | None) -> FrontDoorPublic | None:
-    if row is None:
-        return None
-    return FrontDoorPublic(
-        url=row.url, keeper=row.keeper, applied_version=row.applied_version, applied_at=row.applied_at
-    )
+    return FrontDoorPublic.of(row) if row is not None else None
 
 
 def public(session: Session, deployment: Deployment, version: EndpointSetVersion) -> EndpointSetPublic:

@@ -42,3 +42,4 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 FEED_CHANGED = FeedSignal()
+FEED_APPLIED = FeedSignal()  # a keeper applied a version (a job waiting for its front door wakes)

@@ -58,11 +58,19 @@ class DoorStep:
 
 
 async def publish(
-    in_session: InSession[Any], deployment_id: str, what: str, deadline_s: float = DEADLINE_S
+    in_session: InSession[Any],
+    deployment_id: str,
+    what: str,
+    deadline_s: float = DEADLINE_S,
+    before: Callable[[Session], None] | None = None,
 ) -> DoorStep:
+    """`before`: a change of the record to make first, in the same session (e.g. the job's results
+    saying it ends on the old generation)."""
     started = time.monotonic()
 
     def write(session: Session) -> tuple[int, dict[str, str], bool]:
+        if before is not None:
+            before(session)
         deployment = session.get(Deployment, deployment_id)
         assert deployment is not None
         version, _ = service.refresh(session, deployment)

@@ -10,8 +10,9 @@
     member                                 -> ready (a member paused inside a job's commit holds the
                                               requests it receives, so it stays in)
 
-A job that ends without a switch (rolled back, cancelled) names no leaver any more: its leavers are
-`ready` again, as the front door was before it.
+A job that ends without a switch (rolled back, cancelled) gives its leavers back: once its engines
+resumed, its results say they ended on the old generation, and they are `ready` again before the job
+ends, as the front door was before it.
 """
 
 from __future__ import annotations
@@ -114,10 +115,14 @@ def rank_set(generation: int, engines: Iterable[EngineFacts], job: JobFacts | No
 
 
 def roles_of(engine_results: Sequence[Mapping[str, object]] | None) -> dict[str, str]:
-    """A job's roles by engine, from its per-engine results (written with its plan, before prepare)."""
+    """A job's roles by engine, from its per-engine results (written with its plan, before prepare). A
+    leaver whose result says it ended on the generation it had (the job is ending on the old one: its
+    engines resumed) stays: the front door is given back as it was before the job ends."""
     roles: dict[str, str] = {}
     for result in engine_results or ():
         engine_id, role = result.get("engine_id"), result.get("role")
         if isinstance(engine_id, str) and isinstance(role, str):
-            roles[engine_id] = role
+            after = result.get("generation_after")
+            stays = role == "leaving" and after is not None and after == result.get("generation_before")
+            roles[engine_id] = "staying" if stays else role
     return roles

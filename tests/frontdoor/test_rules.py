@@ -108,3 +108,15 @@ def test_roles_come_from_the_jobs_engine_results_and_skip_malformed_rows() -> No
     results = [{"engine_id": "a", "role": "leaving"}, {"engine_id": "b"}, {"role": "joining"}]
     assert roles_of(results) == {"a": "leaving"}
     assert roles_of(None) == {}
+
+
+def test_a_leaver_of_a_job_ending_on_the_old_generation_stays_before_the_job_ends() -> None:
+    results = [
+        {"engine_id": "a", "role": "leaving", "generation_before": 3, "generation_after": 3},
+        {"engine_id": "b", "role": "leaving", "generation_before": 3, "generation_after": None},
+    ]
+    roles = roles_of(results)
+    assert roles == {"a": "staying", "b": "leaving"}
+    still_running = JobFacts("rcfg_1", "syncing", roles)
+    assert endpoint_of(engine(engine_id="a"), GEN, still_running).state == R  # type: ignore[union-attr]
+    assert endpoint_of(engine(engine_id="b"), GEN, still_running).state == D  # type: ignore[union-attr]

@@ -22,6 +22,7 @@ from sqlmodel import Session
 
 from app.backends.base import JobCancelled, JobFailure
 from app.backends.reference.fanout import Fanout
+from app.backends.reference.front_door import new_rank_set, rank_set_restored
 from app.backends.reference.job import JobRun
 from app.backends.reference.launching import launch_spec
 from app.backends.reference.record import JobRecord, apply_generation, degrade
@@ -53,6 +54,7 @@ class Endings:
         if run.plan is not None:
             await fanout.abort_all(run, run.participant_clients(), {MOVES[Operation.abort].done})
         await self.release_joiners(run)
+        await rank_set_restored(self.record, run)
         await self.record.move(
             run,
             S.cancelled if isinstance(failure, JobCancelled) else S.rolled_back,
@@ -70,6 +72,7 @@ class Endings:
         on the old generation."""
         await fanout.abort_all(run, run.participant_clients(), ROLLED_BACK)
         await self.release_joiners(run)
+        await rank_set_restored(self.record, run)
         await self.record.move(
             run,
             S.cancelled if isinstance(failure, JobCancelled) else S.rolled_back,
@@ -136,6 +139,7 @@ class Endings:
                 },
                 also=commit,
             )
+        await new_rank_set(self.record, run)  # joiners in, leavers out, before the leavers stop
         await self.record.progress(run, "cleaning_up")
         await hang_for_test(self.settings, "cleaning_up")
         await self._release(run, run.leaver_handles(), "leavers")

@@ -42,6 +42,7 @@ from app.backends.base import EXPECTED_FAILURES, JobCancelled, JobFailure, JobMo
 from app.backends.reference.confirm import confirm_serving
 from app.backends.reference.endings import Endings
 from app.backends.reference.fanout import Fanout, ShouldCancel
+from app.backends.reference.front_door import drain_leavers
 from app.backends.reference.job import JobRun
 from app.backends.reference.launching import Participants
 from app.backends.reference.record import JobRecord, is_member_row
@@ -275,6 +276,7 @@ class Flow:
         )
         if await self.record.cancel_requested(run):
             raise JobCancelled(run.state.value)
+        await drain_leavers(self.record, run)  # before they stop admitting (at prepare)
         settings = self.settings
         timeouts = Timeouts.model_validate(settings.model_dump(include=set(Timeouts.model_fields)))
         request = plan.prepare_request(run.job_id, timeouts)

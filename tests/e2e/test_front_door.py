@@ -1,0 +1,166 @@
+"""The front door on a live `epctl up`: a steady client that only ever calls the front door (HAProxy)
+sees no failed request through 2 -> 4 -> 3 -> 2, and the rank-set feed says, at each step, who is
+ready, draining and out (issue 35)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from engine_agent import moe
+from engine_agent.protocol import EngineConfig
+from tests.frontdoor.conftest import require_haproxy
+from tests.support.processes import clean_environment, epctl_command, free_port, spawn
+from tests.support.stack import SteadyClient
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.processes
+
+
+class FeedWatcher:
+    """Follows `GET .../endpoints?watch=true` from version 0: every version it is answered, in order."""
+
+    def __init__(self, base: str, headers: dict[str, str]) -> None:
+        self.base, self.headers = base, headers
+        self.versions: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> FeedWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        return self.versions
+
+    def _run(self) -> None:
+        version = 0
+        with httpx.Client(base_url=self.base, headers=self.headers, timeout=30) as http:
+            while not self._stop.is_set():
+                try:
+                    response = http.get(
+                        "/v1/deployments/demo/endpoints",
+                        params={"watch": "true", "resourceVersion": version, "timeoutSeconds": 2},
+                    )
+                except httpx.TransportError:
+                    return  # the coordinator stopped
+                body = response.json()
+                if body["resourceVersion"] != version:
+                    self.versions.append(body)
+                    version = body["resourceVersion"]
+
+
+def _states(feed: dict[str, Any]) -> dict[str, str]:
+    return {e["engine_id"]: e["state"] for e in feed["endpoints"]}
+
+
+def _ready(feed: dict[str, Any]) -> list[str]:
+    return sorted(e["engine_id"] for e in feed["endpoints"] if e["state"] == "ready")
+
+
+def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2(tmp_path: Path) -> None:
+    require_haproxy()
+    port, door_port = free_port(), free_port()
+    env = clean_environment({"EPCTL_RUNNER_LOCAL_AGENT_ARGS": "--heartbeat-s 1"})
+    argv = [*epctl_command(), "up", "--port", str(port), "--front-door-port", str(door_port)]
+    up = spawn(
+        "epctl up", [*argv, "--data-dir", str(tmp_path / "data")], tmp_path / "up.log", env=env, cwd=tmp_path
+    )
+    door = f"http://127.0.0.1:{door_port}"
+    haproxy_pid: int | None = None
+    try:
+
+        def welcome() -> str | None:
+            text = up.log_path.read_text()
+            return text if "export EPCTL_TOKEN=" in text else None
+
+        output = up.wait_for(welcome, timeout_s=120, what="epctl up to print the token")
+        assert f"front door (HAProxy): {door}/v1/infer" in output, output
+        headers = {"Authorization": f"Bearer {output.split('export EPCTL_TOKEN=')[1].split()[0]}"}
+        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30)
+        deployment = api.get("/v1/deployments/demo").json()
+        assert deployment["front_door"]["url"] == door and "haproxy" in deployment["front_door"]["keeper"]
+        haproxy_pid = _haproxy_pid(tmp_path / "data")
+
+        engine = EngineConfig.model_validate(deployment["engine"])
+        tokens = torch.randn(2, engine.hidden_size, generator=torch.Generator().manual_seed(3))
+        expected = moe.reference_forward(engine, tokens).tolist()
+        client = SteadyClient([door], tokens.tolist(), expected, streams=2, period_s=0.01).start()
+        watcher = FeedWatcher(f"http://127.0.0.1:{port}", headers).start()
+        client.wait_serving(count=20, timeout_s=60)
+
+        jobs: dict[int, dict[str, Any]] = {}
+        after: dict[int, dict[str, Any]] = {}
+        for target in (4, 3, 2):
+            job_id = api.post(
+                "/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": target}
+            ).json()["id"]
+            job = wait_until(
+                lambda j=job_id: (b := api.get(f"/v1/reconfigurations/{j}").json())["terminal"] and b,
+                timeout_s=240,
+                what=f"the job to {target} engines to end",
+            )
+            assert job["state"] == "succeeded", job
+            jobs[target] = job
+            after[target] = api.get("/v1/deployments/demo/endpoints").json()
+            client.wait_serving(count=20, timeout_s=60)
+        samples = client.stop()
+        versions = watcher.stop()
+        logs = {t: api.get(f"/v1/reconfigurations/{jobs[t]['id']}").json()["events"] for t in (3, 2)}
+    finally:
+        up.popen.send_signal(signal.SIGINT)
+        try:
+            up.popen.wait(timeout=60)
+        finally:
+            up.kill()
+
+    failures = [s for s in samples if not s.ok]
+    print(f"front door: {len(samples)} requests, {len(failures)} failed; feed versions {len(versions)}")
+    assert len(samples) > 100 and failures == [], failures[:5]
+    assert all(s.max_abs_error is not None and s.max_abs_error < 1e-4 for s in samples)
+
+    for target, feed in after.items():  # at each step: exactly the new generation's members are ready
+        job = jobs[target]
+        members = sorted(r["engine_id"] for r in job["engine_results"] if r["new_rank"] is not None)
+        assert feed["generation"] == job["to_generation"]
+        assert _ready(feed) == members, (target, feed)
+        leavers = [r["engine_id"] for r in job["engine_results"] if r["role"] == "leaving"]
+        assert all(_states(feed).get(e, "out") == "out" for e in leavers), (target, feed)
+
+    # The watch saw every version once, in order, and the leavers draining before they left.
+    numbers = [v["resourceVersion"] for v in versions]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), numbers
+    for target in (3, 2):
+        leaver = next(r["engine_id"] for r in jobs[target]["engine_results"] if r["role"] == "leaving")
+        assert any(_states(v).get(leaver) == "draining" for v in versions), (target, leaver)
+    # The front door's steps are on the jobs' logs, drained before prepare.
+    for target in (3, 2):
+        kinds = [(e["kind"], e.get("message") or "") for e in logs[target]]
+        drain = next(
+            i for i, (k, m) in enumerate(kinds) if k == "front-door" and m.startswith("drain leavers")
+        )
+        prepared = next(i for i, (k, m) in enumerate(kinds) if k == "engines" and m == "prepared")
+        assert drain < prepared and "front door applied version" in kinds[drain][1], kinds
+    # Stopping `epctl up` stopped the HAProxy it started.
+    assert haproxy_pid is not None and not Path(f"/proc/{haproxy_pid}").exists()
+
+
+def _haproxy_pid(data: Path) -> int:
+    config = str(data / "front-door" / "haproxy.cfg")
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if config.encode() in cmdline:
+                return int(proc.name)
+    raise AssertionError(f"no haproxy with {config}")

@@ -124,6 +124,14 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2(tmp_path: Pa
 
     failures = [s for s in samples if not s.ok]
     print(f"front door: {len(samples)} requests, {len(failures)} failed; feed versions {len(versions)}")
+    for target, job in jobs.items():
+        print(
+            f"job to {target}: downtime_ms {job['downtime_ms']}, client_outage_ms {job['client_outage_ms']}, "
+            f"client_slowest_answer_ms {job['client_slowest_answer_ms']}, front door {job.get('front_door')}"
+        )
+        # The canary probe went through the front door: its figures are what a client saw.
+        assert job["probe"]["through"] == "front-door" and job["probe"]["front_door"] == door, job["probe"]
+        assert job["client_outage_ms"] is not None and job["probe"]["per_engine"] is not None
     assert len(samples) > 100 and failures == [], failures[:5]
     assert all(s.max_abs_error is not None and s.max_abs_error < 1e-4 for s in samples)
 

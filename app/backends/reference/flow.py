@@ -45,11 +45,11 @@ from app.backends.reference.fanout import Fanout, ShouldCancel
 from app.backends.reference.front_door import drain_leavers
 from app.backends.reference.job import JobRun
 from app.backends.reference.launching import Participants
+from app.backends.reference.probes import JobProbes
 from app.backends.reference.record import JobRecord, is_member_row
 from app.core.runner_settings import RunnerSettings, hang_for_test
 from app.jobs.states import JobState
 from app.launchers.base import Launcher
-from app.probe.job import JobProbe
 from app.probe.settings import ProbeSettings, load_probe_settings
 from engine_agent.protocol import (
     COMMITTING,
@@ -167,7 +167,7 @@ class Flow:
             if probe is not None:
                 await probe.close()
 
-    async def _steps(self, run: JobRun, fanout: Fanout, probe: JobProbe | None) -> None:
+    async def _steps(self, run: JobRun, fanout: Fanout, probe: JobProbes | None) -> None:
         rule = OnFailure.roll_back
         for step in steps_of(run):
             try:
@@ -196,16 +196,16 @@ class Flow:
         await self._record_probe(run, probe)
         await self.endings.finish(run)
 
-    async def _open_probe(self, run: JobRun) -> JobProbe | None:
-        """Canaries to the engines serving now, while the job runs (the reference engine's probe)."""
+    async def _open_probe(self, run: JobRun) -> JobProbes | None:
+        """Canaries to the engines serving now, and through the front door if any, while the job runs."""
         if not self.probe_settings.enabled:
             return None
         deployment, rows, _ = await self.record.deployment_and_engines(run)
         targets = {row.id: row.url for row in rows if is_member_row(row, deployment)}
-        key = run.agent_keys[0] if run.agent_keys else None
-        return await JobProbe.open(self.probe_settings, run.engine_config.hidden_size, targets, key)
+        key, door = run.agent_keys[0] if run.agent_keys else None, await self.record.front_door_url(run)
+        return await JobProbes.open(self.probe_settings, run.engine_config.hidden_size, targets, key, door)
 
-    async def _record_probe(self, run: JobRun, probe: JobProbe | None) -> None:
+    async def _record_probe(self, run: JobRun, probe: JobProbes | None) -> None:
         """The probe's figures onto the job, before its last transition (never fails the job)."""
         if probe is None:
             return

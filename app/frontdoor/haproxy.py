@@ -39,10 +39,13 @@ def backend_name(deployment: str) -> str:
     return f"ep_{deployment}"
 
 
-def render_config(socket_path: str, doors: list[DoorConfig], *, server_timeout_s: float = 120.0) -> str:
+def render_config(
+    socket_path: str, doors: list[DoorConfig], *, server_timeout_s: float = 120.0, socket_mode: str = "600"
+) -> str:
+    """`socket_mode` 660 where the coordinator reaches the socket as another user (docker-compose)."""
     lines = [
         "global",
-        f"    stats socket {socket_path} mode 600 level admin",
+        f"    stats socket {socket_path} mode {socket_mode} level admin",
         "    maxconn 4096",
         "",
         "defaults",

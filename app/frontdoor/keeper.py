@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from app.api.database import Database
 from app.core.errors import NotFoundError
@@ -45,6 +46,14 @@ class HaproxyKeeper:
 
     async def run(self) -> None:
         deployment_id = await self._register()
+        KEEPERS[deployment_id] = self
+        try:
+            await self._keep(deployment_id)
+        finally:
+            if KEEPERS.get(deployment_id) is self:
+                del KEEPERS[deployment_id]
+
+    async def _keep(self, deployment_id: str) -> None:
         in_sync = False
         failures = 0
         while True:
@@ -163,3 +172,51 @@ async def front_door_keepers(
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+# The keepers running in this process, by deployment id: a job run here reads its front door's counters
+# through them (`counters_of`); a job run by another coordinator has none (its accounting is null).
+KEEPERS: dict[str, HaproxyKeeper] = {}
+
+
+async def counters_of(deployment_id: str) -> dict[str, Any] | None:
+    """HAProxy's counters for the deployment's backend (`backend`) and per listed engine (`engines`),
+    or None where no keeper of it runs here or HAProxy does not answer."""
+    keeper = KEEPERS.get(deployment_id)
+    if keeper is None:
+        return None
+    try:
+        raw = await keeper.api.counters(keeper.backend)
+    except (HaproxyError, OSError):
+        return None
+    by_slot = {slot: engine_id for engine_id, slot in keeper.slots.items()}
+    return {
+        "backend": raw.get("BACKEND", {}),
+        "engines": {by_slot[name]: values for name, values in raw.items() if name in by_slot},
+    }
+
+
+def accounting(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
+    """A job's requests at the front door: the counters' growth from its start to its end."""
+
+    def grew(before: dict[str, int], after: dict[str, int], key: str) -> int:
+        return max(0, after.get(key, 0) - before.get(key, 0))
+
+    b0, b1 = start.get("backend", {}), end.get("backend", {})
+    engines = {}
+    for engine_id, after in end.get("engines", {}).items():
+        before = start.get("engines", {}).get(engine_id, {})
+        engines[engine_id] = {"requests": grew(before, after, "stot"), "5xx": grew(before, after, "hrsp_5xx")}
+    return {
+        "requests": grew(b0, b1, "stot"),
+        "answered_2xx": grew(b0, b1, "hrsp_2xx"),
+        "failed": {
+            "5xx": grew(b0, b1, "hrsp_5xx"),
+            "connection": grew(b0, b1, "econ"),
+            "response": grew(b0, b1, "eresp"),
+        },
+        "retried": grew(b0, b1, "wretr"),
+        "redispatched": grew(b0, b1, "wredis"),
+        "queued_max": b1.get("qmax"),
+        "per_engine": engines,
+    }

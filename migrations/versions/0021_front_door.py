@@ -1,6 +1,6 @@
 """the front door: the rank-set feed's versions (`endpoint_set_versions`, one row per change of a
 deployment's rank set) and each deployment's front door (`front_doors`: its URL, its keeper, the
-version it applied)
+version it applied); a job's request accounting at the front door (`reconfigurations.front_door_requests`)
 
 Revision ID: 0021
 Revises: 0019
@@ -44,6 +44,12 @@ def upgrade() -> None:
     )
 
 
+    with op.batch_alter_table("reconfigurations", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("front_door_requests", sa.JSON(), nullable=True))
+
+
 def downgrade() -> None:
+    with op.batch_alter_table("reconfigurations", schema=None) as batch_op:
+        batch_op.drop_column("front_door_requests")
     op.drop_table("front_doors")
     op.drop_table("endpoint_set_versions")

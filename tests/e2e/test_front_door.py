@@ -103,11 +103,12 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2(tmp_path: Pa
             job_id = api.post(
                 "/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": target}
             ).json()["id"]
-            job = wait_until(
-                lambda j=job_id: (b := api.get(f"/v1/reconfigurations/{j}").json())["terminal"] and b,
-                timeout_s=240,
-                what=f"the job to {target} engines to end",
-            )
+
+            def ended(job_id: str = job_id) -> dict[str, Any] | None:
+                body: dict[str, Any] = api.get(f"/v1/reconfigurations/{job_id}").json()
+                return body if body["terminal"] else None
+
+            job = wait_until(ended, timeout_s=240, what=f"the job to {target} engines to end")
             assert job["state"] == "succeeded", job
             jobs[target] = job
             after[target] = api.get("/v1/deployments/demo/endpoints").json()
@@ -132,6 +133,12 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2(tmp_path: Pa
         # The canary probe went through the front door: its figures are what a client saw.
         assert job["probe"]["through"] == "front-door" and job["probe"]["front_door"] == door, job["probe"]
         assert job["client_outage_ms"] is not None and job["probe"]["per_engine"] is not None
+        # The front door's own accounting: requests it passed, none failed.
+        counted = job["front_door_requests"]
+        print(f"job to {target}: front door requests {counted}")
+        assert counted["requests"] > 0 and counted["failed"] == {"5xx": 0, "connection": 0, "response": 0}
+        leavers = [r["engine_id"] for r in job["engine_results"] if r["role"] == "leaving"]
+        assert sorted(counted["drained"]) == sorted(leavers), counted
     assert len(samples) > 100 and failures == [], failures[:5]
     assert all(s.max_abs_error is not None and s.max_abs_error < 1e-4 for s in samples)
 

@@ -45,7 +45,7 @@ from app.backends.reference.fanout import Fanout, ShouldCancel
 from app.backends.reference.front_door import drain_leavers
 from app.backends.reference.job import JobRun
 from app.backends.reference.launching import Participants
-from app.backends.reference.probes import JobProbes
+from app.backends.reference.probes import JobProbes, open_job_probes
 from app.backends.reference.record import JobRecord, is_member_row
 from app.core.runner_settings import RunnerSettings, hang_for_test
 from app.jobs.states import JobState
@@ -202,8 +202,7 @@ class Flow:
             return None
         deployment, rows, _ = await self.record.deployment_and_engines(run)
         targets = {row.id: row.url for row in rows if is_member_row(row, deployment)}
-        key, door = run.agent_keys[0] if run.agent_keys else None, await self.record.front_door_url(run)
-        return await JobProbes.open(self.probe_settings, run.engine_config.hidden_size, targets, key, door)
+        return await open_job_probes(self.record, self.probe_settings, run, targets)
 
     async def _record_probe(self, run: JobRun, probe: JobProbes | None) -> None:
         """The probe's figures onto the job, before its last transition (never fails the job)."""

@@ -5,9 +5,13 @@ Same interface as one `JobProbe` (`mark`, `stop`, `close`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from app.backends.reference.job import JobRun
+from app.backends.reference.record import JobRecord
+from app.deployments.front_door import FrontDoor
+from app.frontdoor.keeper import accounting, counters_of
 from app.probe.job import JobProbe
 from app.probe.settings import ProbeSettings
 
@@ -17,6 +21,9 @@ FRONT_DOOR_TARGET = "front-door"
 class JobProbes:
     def __init__(self, engines: JobProbe | None, door: JobProbe | None, door_url: str | None) -> None:
         self.engines, self.door, self.door_url = engines, door, door_url
+        self.deployment_id: str | None = None
+        self.counters_at_start: dict[str, Any] | None = None  # the front door's, when the job started
+        self.drained: Callable[[], Awaitable[dict[str, Any] | None]] | None = None
 
     @classmethod
     async def open(
@@ -26,14 +33,33 @@ class JobProbes:
         targets: Mapping[str, str],
         key: str | None,
         door_url: str | None,
+        deployment_id: str | None = None,
+        drained: Callable[[], Awaitable[dict[str, Any] | None]] | None = None,
     ) -> JobProbes | None:
+        """`drained`: reads what the job's drain step measured (`front_door_requests.drained`)."""
         engines = await JobProbe.open(settings, hidden_size, targets, key)
         door = None
         if door_url is not None:
             door = await JobProbe.open(settings, hidden_size, {FRONT_DOOR_TARGET: door_url}, key)
         if engines is None and door is None:
             return None
-        return cls(engines, door, door_url)
+        probes = cls(engines, door, door_url)
+        if door_url is not None and deployment_id is not None:
+            probes.deployment_id, probes.drained = deployment_id, drained
+            probes.counters_at_start = await counters_of(deployment_id)
+        return probes
+
+    async def requests(self) -> dict[str, Any] | None:
+        """The job's request accounting at the front door (None: not measured)."""
+        if self.deployment_id is None or self.counters_at_start is None:
+            return None
+        end = await counters_of(self.deployment_id)
+        if end is None:
+            return None
+        counted = accounting(self.counters_at_start, end)
+        earlier = await self.drained() if self.drained is not None else None
+        counted["drained"] = (earlier or {}).get("drained", {})
+        return counted
 
     def mark(self, phase: str) -> None:
         for probe in (self.engines, self.door):
@@ -48,6 +74,14 @@ class JobProbes:
         if door is None:
             return engines
         changes, summary = door
+        requests = await self.requests()
+        if requests is not None:
+            changes = {**changes, "front_door_requests": requests}
+            failed = sum(requests["failed"].values())
+            summary += (
+                f"; front door: {requests['requests']} requests, {failed} failed, "
+                f"{requests['retried']} retried"
+            )
         probe = {
             **changes["probe"],
             "through": FRONT_DOOR_TARGET,
@@ -63,3 +97,24 @@ class JobProbes:
         for probe in (self.engines, self.door):
             if probe is not None:
                 await probe.close()
+
+
+async def open_job_probes(
+    record: JobRecord, settings: ProbeSettings, run: JobRun, targets: Mapping[str, str]
+) -> JobProbes | None:
+    """The job's probes: per engine (`targets`), and through the deployment's front door if it has one."""
+    door = await record.run_in_session(lambda session: session.get(FrontDoor, run.deployment_id))
+
+    async def drained() -> dict[str, Any] | None:
+        job = await record.job(run.job_id)
+        return job.front_door_requests
+
+    return await JobProbes.open(
+        settings,
+        run.engine_config.hidden_size,
+        targets,
+        run.agent_keys[0] if run.agent_keys else None,
+        door.url if door is not None else None,
+        run.deployment_id,
+        drained,
+    )

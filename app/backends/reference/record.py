@@ -20,7 +20,6 @@ from app.core.clock import utc_now
 from app.core.errors import ConflictError
 from app.deployments.agent_keys import agent_keys_of, previous_until_epoch
 from app.deployments.engines.models import SERVING_STATES, Engine, EngineState
-from app.deployments.front_door import FrontDoor
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
 from app.jobs import incident_outage
@@ -150,10 +149,6 @@ class JobRecord(FlowRecord[JobRun]):
             return deployment, list(rows), job.to_dp_size
 
         return await self.run_in_session(read)
-
-    async def front_door_url(self, run: JobRun) -> str | None:
-        door = await self.run_in_session(lambda session: session.get(FrontDoor, run.deployment_id))
-        return door.url if door is not None else None
 
     async def add_engines(self, run: JobRun, infos: Sequence[AgentInfo]) -> None:
         """Engines the launcher just started may not have registered yet: record them now."""

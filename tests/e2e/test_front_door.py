@@ -1,11 +1,12 @@
 """The front door on a live `epctl up`: a steady client that only ever calls the front door (HAProxy)
-sees no failed request through 2 -> 4 -> 3 -> 2, and the rank-set feed says, at each step, who is
-ready, draining and out (issue 35)."""
+sees no failed request through 2 -> 4 -> 3 -> 2, a rolled-back and a cancelled job, and the rank-set
+feed says, at each step, who is ready, draining and out (issue 35)."""
 
 from __future__ import annotations
 
 import signal
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,11 @@ class FeedWatcher:
                     version = body["resourceVersion"]
 
 
+def _ended(api: httpx.Client, job_id: str) -> dict[str, Any] | None:
+    body: dict[str, Any] = api.get(f"/v1/reconfigurations/{job_id}").json()
+    return body if body["terminal"] else None
+
+
 def _states(feed: dict[str, Any]) -> dict[str, str]:
     return {e["engine_id"]: e["state"] for e in feed["endpoints"]}
 
@@ -66,10 +72,12 @@ def _ready(feed: dict[str, Any]) -> list[str]:
     return sorted(e["engine_id"] for e in feed["endpoints"] if e["state"] == "ready")
 
 
-def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2(tmp_path: Path) -> None:
+def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2_a_rollback_and_a_cancel(
+    tmp_path: Path,
+) -> None:
     require_haproxy()
     port, door_port = free_port(), free_port()
-    env = clean_environment({"EPCTL_RUNNER_LOCAL_AGENT_ARGS": "--heartbeat-s 1"})
+    env = clean_environment({"EPCTL_RUNNER_LOCAL_AGENT_ARGS": "--enable-fault-injection --heartbeat-s 1"})
     argv = [*epctl_command(), "up", "--port", str(port), "--front-door-port", str(door_port)]
     up = spawn(
         "epctl up", [*argv, "--data-dir", str(tmp_path / "data")], tmp_path / "up.log", env=env, cwd=tmp_path
@@ -103,15 +111,44 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2(tmp_path: Pa
             job_id = api.post(
                 "/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": target}
             ).json()["id"]
-
-            def ended(job_id: str = job_id) -> dict[str, Any] | None:
-                body: dict[str, Any] = api.get(f"/v1/reconfigurations/{job_id}").json()
-                return body if body["terminal"] else None
-
-            job = wait_until(ended, timeout_s=240, what=f"the job to {target} engines to end")
+            job = wait_until(
+                partial(_ended, api, job_id), timeout_s=240, what=f"the job to {target} engines to end"
+            )
             assert job["state"] == "succeeded", job
             jobs[target] = job
             after[target] = api.get("/v1/deployments/demo/endpoints").json()
+            client.wait_serving(count=20, timeout_s=60)
+        # A job that ends on the old generation gives the front door back as it was: rolled back (a
+        # prepare that fails) and cancelled (a prepare held, then cancelled).
+        key = api.post("/v1/deployments/demo/agent-key").json()["key"]
+        agents = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        before = api.get("/v1/deployments/demo/endpoints").json()
+        rank0 = next(e["address"] for e in before["endpoints"] if e["dp_rank"] == 0)
+        ended: dict[str, dict[str, Any]] = {}
+        for outcome, fault in (
+            ("rolled_back", {"fail_prepare_at_step": "create_groups"}),
+            ("cancelled", {"hang_prepare_at_step": "create_groups"}),
+        ):
+            agents.post(f"{rank0}/v1/faults", json=fault).raise_for_status()
+            job_id = api.post(
+                "/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 1}
+            ).json()["id"]
+            if outcome == "cancelled":
+                wait_until(
+                    lambda: "draining" in _states(api.get("/v1/deployments/demo/endpoints").json()).values(),
+                    timeout_s=60,
+                    what="the leaver draining at the front door",
+                )
+                api.post(f"/v1/reconfigurations/{job_id}/cancel").raise_for_status()
+            ended[outcome] = wait_until(
+                partial(_ended, api, job_id), timeout_s=120, what=f"the job that should end {outcome}"
+            )
+            agents.post(f"{rank0}/v1/faults", json={}).raise_for_status()
+            restored = api.get("/v1/deployments/demo/endpoints").json()
+            assert ended[outcome]["state"] == outcome, ended[outcome]
+            assert (restored["generation"], _states(restored)) == (before["generation"], _states(before)), (
+                restored
+            )
             client.wait_serving(count=20, timeout_s=60)
         samples = client.stop()
         versions = watcher.stop()

@@ -65,8 +65,9 @@ class HaproxyKeeper:
                     await self._take_over(feed)
                 if feed.resource_version != self.applied or not in_sync:
                     await self.apply(feed)
-                    await self._record_applied(deployment_id, feed.resource_version)
+                    self.applied = feed.resource_version  # a job here waiting for it goes on now
                     FEED_APPLIED.ring()
+                    await self._record_applied(deployment_id, feed.resource_version)
                 in_sync, failures = True, 0
             except (HaproxyError, OSError) as exc:
                 in_sync, failures = False, failures + 1
@@ -91,7 +92,6 @@ class HaproxyKeeper:
         await self.database.run(
             lambda session: service.record_applied(session, deployment_id, version, counters)
         )
-        self.applied = version
 
     async def _register(self) -> str:
         """The deployment's record names its front door (waits for the deployment to exist)."""

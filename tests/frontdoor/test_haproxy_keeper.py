@@ -114,7 +114,10 @@ def test_a_restarted_keeper_takes_over_the_slots_haproxy_serves(
     assert set(_answers(haproxy, 8)) == {"s0", "s1"}
     app = _app(settings, haproxy, monkeypatch)
     with TestClient(app, headers=ADMIN_HEADERS) as client:
-        _applied(client)
+        feed = _applied(client)
         (keeper,) = app.state.front_door_keepers
+        wait_until(
+            lambda: keeper.applied == feed["resourceVersion"], timeout_s=30, what="the new keeper applies"
+        )
         assert sorted(keeper.slots.items()) == [("fd-engine-0", "e1"), ("fd-engine-1", "e2")]
         assert set(_answers(haproxy, 8)) == {"s0", "s1"}

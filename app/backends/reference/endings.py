@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from sqlmodel import Session
@@ -115,8 +115,9 @@ class Endings:
             also=lambda session: degrade(session, run.deployment_id, generations, run.job_id),
         )
 
-    async def finish(self, run: JobRun) -> None:
-        """Every participant switched: record the new generation, release leavers, succeed."""
+    async def finish(self, run: JobRun, recorded: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Every participant switched: record the new generation, give the front door the new rank
+        set, then `recorded` (the flow's probe figures), release leavers, succeed."""
         plan = run.plan
         assert plan is not None
         if run.state == S.committing:
@@ -140,6 +141,8 @@ class Endings:
                 also=commit,
             )
         await new_rank_set(self.record, run)  # joiners in, leavers out, before the leavers stop
+        if recorded is not None:
+            await recorded()
         await self.record.progress(run, "cleaning_up")
         await hang_for_test(self.settings, "cleaning_up")
         await self._release(run, run.leaver_handles(), "leavers")

@@ -193,8 +193,8 @@ class Flow:
             await self._record_probe(run, probe)
             await self.end(OnFailure.fail_and_degrade, run, fanout, failure)
             return
-        await self._record_probe(run, probe)
-        await self.endings.finish(run)
+        # The probe's figures once the front door serves the new rank set: its canaries cover it too.
+        await self.endings.finish(run, recorded=lambda: self._record_probe(run, probe))
 
     async def _open_probe(self, run: JobRun) -> JobProbes | None:
         """Canaries to the engines serving now, and through the front door if any, while the job runs."""

@@ -30,10 +30,10 @@ from typing import Any
 
 import httpx
 import torch
+from common import Report, percentile, scratch_dir  # puts the checkout on the path
 
 from app.frontdoor.haproxy import DoorConfig
 from app.frontdoor.launch import haproxy_binary, start_front_door
-from benchmarks.common import Report, percentile, scratch_dir
 from engine_agent import moe
 from engine_agent.protocol import EngineConfig
 from tests.support.processes import clean_environment, epctl_command, free_port, spawn

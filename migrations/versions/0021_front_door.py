@@ -43,7 +43,6 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("deployment_id"),
     )
 
-
     with op.batch_alter_table("reconfigurations", schema=None) as batch_op:
         batch_op.add_column(sa.Column("front_door_requests", sa.JSON(), nullable=True))
 

@@ -4,8 +4,10 @@ feed says, at each step, who is ready, draining and out (issue 35)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -216,3 +218,86 @@ def _haproxy_pid(data: Path) -> int:
             if config.encode() in cmdline:
                 return int(proc.name)
     raise AssertionError(f"no haproxy with {config}")
+
+
+def test_an_engine_killed_is_taken_out_of_the_front_door_and_clients_are_served_on_the_survivors(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL of one of three engines: requests only ever go to the front door. The EP group breaks
+    with it (every member's collective fails), so requests fail until the survivors form a generation
+    of their own: every failure was in flight at the kill or sent after it, and none once the
+    survivors served again;
+    the feed takes the dead engine out, and the deployment serves without it."""
+    require_haproxy()
+    port, door_port = free_port(), free_port()
+    env = clean_environment({"EPCTL_RUNNER_LOCAL_AGENT_ARGS": "--heartbeat-s 1"})
+    argv = [
+        *epctl_command(),
+        "up",
+        "--port",
+        str(port),
+        "--front-door-port",
+        str(door_port),
+        "--engines",
+        "3",
+    ]
+    up = spawn(
+        "epctl up", [*argv, "--data-dir", str(tmp_path / "data")], tmp_path / "up.log", env=env, cwd=tmp_path
+    )
+    door = f"http://127.0.0.1:{door_port}"
+    streams = 2
+    try:
+
+        def welcome() -> str | None:
+            text = up.log_path.read_text()
+            return text if "export EPCTL_TOKEN=" in text else None
+
+        output = up.wait_for(welcome, timeout_s=120, what="epctl up to print the token")
+        headers = {"Authorization": f"Bearer {output.split('export EPCTL_TOKEN=')[1].split()[0]}"}
+        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30)
+        engine = EngineConfig.model_validate(api.get("/v1/deployments/demo").json()["engine"])
+        tokens = torch.randn(2, engine.hidden_size, generator=torch.Generator().manual_seed(4))
+        expected = moe.reference_forward(engine, tokens).tolist()
+        client = SteadyClient([door], tokens.tolist(), expected, streams=streams, period_s=0.01).start()
+        client.wait_serving(count=20, timeout_s=60)
+
+        victim = next(e for e in api.get("/v1/engines").json()["data"] if e["dp_rank"] == 2)
+        killed_at = time.time()
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+
+        def taken_out() -> dict[str, Any] | None:
+            feed: dict[str, Any] = api.get("/v1/deployments/demo/endpoints").json()
+            return feed if _states(feed).get(victim["id"], "gone") != "ready" else None
+
+        out = wait_until(taken_out, timeout_s=60, what="the killed engine out of the front door")
+        client.wait_serving(count=50, timeout_s=60)  # served on the survivors
+        served_again_at = time.time()
+        wait_until(
+            lambda: (
+                (d := api.get("/v1/deployments/demo").json())["status"] == "ready" and not d["active_job_id"]
+            ),
+            timeout_s=240,
+            what="the deployment healed",
+        )
+        client.wait_serving(count=20, timeout_s=60)
+        samples = client.stop()
+        healed = api.get("/v1/deployments/demo/endpoints").json()
+    finally:
+        up.popen.send_signal(signal.SIGINT)
+        try:
+            up.popen.wait(timeout=60)
+        finally:
+            up.kill()
+
+    failures = [s for s in samples if not s.ok]
+    print(
+        f"front door through a SIGKILL: {len(samples)} requests, {len(failures)} failed "
+        f"({[s.error for s in failures][:3]}); the victim {_states(out).get(victim['id'], 'not listed')}"
+    )
+    if failures:
+        first, last = min(f.sent_at for f in failures), max(f.done_at for f in failures)
+        print(f"  failures from {first - killed_at:+.3f} s to {last - killed_at:+.3f} s after the kill")
+    # In flight at the kill or sent after it, and none once the survivors served again.
+    assert all(killed_at <= f.done_at and f.sent_at <= served_again_at for f in failures), failures
+    assert not [s for s in samples if not s.ok and s.sent_at > served_again_at]
+    assert victim["id"] not in _ready(healed) and len(_ready(healed)) >= 2, healed

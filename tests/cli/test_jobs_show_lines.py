@@ -82,3 +82,17 @@ def test_each_engine_shows_its_own_generation_before_and_after() -> None:
     assert running["e1"] == "1 -> ?"  # not known until the job ends
     old_record = engine_rows({"terminal": True, "engine_results": [{"engine_id": "e0", "generation": 2}]})
     assert old_record[0][3] == "2"
+
+
+def test_the_front_doors_accounting_shows_under_the_downtime(capsys: pytest.CaptureFixture[str]) -> None:
+    counted = {
+        "requests": 71,
+        "failed": {"5xx": 2, "connection": 0, "response": 1},
+        "retried": 3,
+        "redispatched": 1,
+        "drained": {"e3": {"in_flight_at_drain": 1, "drained_ms": 18.0}},
+    }
+    out = summary(capsys, client_outage_ms=0.0, probe=PROBE, front_door_requests=counted)
+    assert "front door: 71 requests, failed: 5xx 2, response 1, 3 retried, 1 redispatched" in out, out
+    assert "leavers drained: 1 in flight, done in 18.0 ms" in out, out
+    assert "front door" not in summary(capsys, client_outage_ms=0.0, probe=PROBE)

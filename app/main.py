@@ -32,6 +32,7 @@ from app.core.db import alembic_config, make_engine, start_lock
 from app.core.limits import Limits, RequestLimits
 from app.core.private_files import keep_new_files_private
 from app.core.problems import install_problem_handlers, problem_responses
+from app.core.runner_settings import load_runner_settings
 from app.dashboard.router import router as dashboard_router
 from app.deployments.companions import DeploymentCompanions
 from app.deployments.engines.router import router as engines_router
@@ -186,7 +187,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 cluster_launchers(engine) as extra_launchers,
                 run_jobs(app, extra_launchers, partial(builtin_backends, vllm_launcher=vllm_launcher)),
                 delivery_worker(engine, resolved),
-                front_door_keepers(database, front_doors) as keepers,
+                # The feeds' publisher runs with the job runner (API-only coordinators derive on read).
+                front_door_keepers(database, front_doors, publish=load_runner_settings().enabled) as keepers,
             ):
                 app.state.front_door_keepers = keepers
                 yield

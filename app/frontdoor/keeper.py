@@ -23,7 +23,7 @@ from app.frontdoor.haproxy import HaproxyError, RuntimeApi, host_port
 from app.frontdoor.models import EndpointSetPublic
 from app.frontdoor.rules import EndpointState
 from app.frontdoor.settings import FrontDoorSpec
-from app.frontdoor.wakeup import FEED_APPLIED, FEED_CHANGED
+from app.frontdoor.wakeup import FEED_APPLIED, FEED_CHANGED, PUBLISHING
 
 log = logging.getLogger(__name__)
 
@@ -157,13 +157,33 @@ class HaproxyKeeper:
         await self.api.run(away + towards)
 
 
+PUBLISH_EVERY_S = 0.25
+
+
+async def publish_feeds(database: Database, interval_s: float = PUBLISH_EVERY_S) -> None:
+    """Every deployment's feed brought up to date every `interval_s` (heartbeats, fencing, jobs move the
+    record without telling the feed): watchers only read versions, so their number costs no derivation."""
+    PUBLISHING.running = True
+    try:
+        while True:
+            try:
+                await database.run(service.refresh_all)
+            except Exception:  # a busy database: the next pass catches up
+                log.warning("front door feed: a publishing pass failed", exc_info=True)
+            await asyncio.sleep(interval_s)
+    finally:
+        PUBLISHING.running = False
+
+
 @contextlib.asynccontextmanager
 async def front_door_keepers(
-    database: Database, specs: list[FrontDoorSpec]
+    database: Database, specs: list[FrontDoorSpec], *, publish: bool = True
 ) -> AsyncIterator[list[HaproxyKeeper]]:
-    """One keeper task per front door while the coordinator runs."""
+    """One keeper task per front door, and the feeds' publisher, while the coordinator runs."""
     keepers = [HaproxyKeeper(database, spec) for spec in specs]
     tasks = [asyncio.create_task(k.run(), name=f"front-door-{k.spec.deployment}") for k in keepers]
+    if publish:
+        tasks.append(asyncio.create_task(publish_feeds(database), name="front-door-feeds"))
     try:
         yield keepers
     finally:

@@ -15,6 +15,7 @@ unchanged (same `resourceVersion`: ask again). A router follows it with a loop:
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -24,7 +25,7 @@ from app.api.params import INT64_MAX, DeploymentRefPath
 from app.core.problems import problem_responses
 from app.frontdoor import service
 from app.frontdoor.models import EndpointSetPublic
-from app.frontdoor.wakeup import FEED_CHANGED
+from app.frontdoor.wakeup import FEED_CHANGED, PUBLISHING
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"], responses=problem_responses(401, 403, 422))
 
@@ -54,8 +55,14 @@ async def get_endpoints(
         return await db.run(lambda session: service.current_public(session, ref=name))
     give_up = time.monotonic() + timeout_seconds
     while True:
+        # Where the publisher runs here, it derives the versions and a watch only reads them.
         found = await db.run(
-            lambda session: service.next_public(session, ref=name, resource_version=resource_version)
+            partial(
+                service.next_public,
+                ref=name,
+                resource_version=resource_version,
+                derive_first=not PUBLISHING.running,
+            )
         )
         if found is not None:
             return found

@@ -161,10 +161,14 @@ def current_public(session: Session, *, ref: str) -> EndpointSetPublic:
     return public(session, deployment, version)
 
 
-def next_public(session: Session, *, ref: str, resource_version: int) -> EndpointSetPublic | None:
-    """The first version after `resource_version`, or None while there is none."""
+def next_public(
+    session: Session, *, ref: str, resource_version: int, derive_first: bool = True
+) -> EndpointSetPublic | None:
+    """The first version after `resource_version`, or None while there is none. `derive_first` off:
+    reads only, where the coordinator's publisher writes the versions (however many watch)."""
     deployment = get_deployment(session, ref=ref)
-    refresh(session, deployment)
+    if derive_first:
+        refresh(session, deployment)
     version = after(session, deployment.id, resource_version)
     return public(session, deployment, version) if version is not None else None
 

@@ -43,3 +43,12 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 FEED_CHANGED = FeedSignal()
 FEED_APPLIED = FeedSignal()  # a keeper applied a version (a job waiting for its front door wakes)
+
+
+class Publishing:
+    """Whether this process runs the feeds' publisher (`app.frontdoor.keeper.publish_feeds`)."""
+
+    running = False
+
+
+PUBLISHING = Publishing()

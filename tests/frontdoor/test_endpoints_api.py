@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
+from app.api.database import Database
+from app.core.config import Settings
 from app.deployments.engines.models import Engine
 from app.deployments.models import Deployment
+from app.frontdoor.keeper import publish_feeds
+from app.frontdoor.models import EndpointSetVersion
+from app.frontdoor.service import latest
 from app.jobs.models import ReconfigurationJob
+from app.main import create_app
 from tests.support.factories import static_deployment
-from tests.support.fixtures import token_headers
+from tests.support.fixtures import ADMIN_HEADERS, token_headers
 
 
 def _serving(db_engine: DbEngine, name: str = "fd", size: int = 2) -> Deployment:
@@ -175,3 +183,57 @@ def test_an_unknown_deployment_is_a_404_problem(client: TestClient) -> None:
     assert response.status_code == 404
     assert response.headers["content-type"].startswith("application/problem+json")
     assert response.json()["code"] == "deployment-not-found"
+
+
+def test_a_watch_resumes_from_its_resource_version_on_a_restarted_coordinator(
+    client: TestClient, db_engine: DbEngine, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _serving(db_engine)
+    held = client.get("/v1/deployments/fd/endpoints").json()["resourceVersion"]
+    _set_engine(db_engine, "fd-engine-1", state="fenced")
+    client.get("/v1/deployments/fd/endpoints")
+    _set_engine(db_engine, "fd-engine-1", state="serving")
+    client.get("/v1/deployments/fd/endpoints")
+    # Another coordinator process on the same database (the first one is gone): the versions are rows.
+    monkeypatch.setenv("EPCTL_RUNNER_ENABLED", "false")
+    restarted = create_app(settings.model_copy(update={"webhook_worker_enabled": False}))
+    with TestClient(restarted, headers=ADMIN_HEADERS) as again:
+        seen = []
+        for _ in range(2):
+            body = again.get(
+                "/v1/deployments/fd/endpoints", params={"watch": "true", "resourceVersion": held}
+            ).json()
+            held = body["resourceVersion"]
+            seen.append(_states(body)["fd-engine-1"][0])
+    assert seen == ["out", "ready"]
+
+
+def test_the_publisher_writes_each_change_of_the_record_without_any_reader(db_engine: DbEngine) -> None:
+    deployment = _serving(db_engine)
+
+    def latest_version() -> EndpointSetVersion | None:
+        with Session(db_engine) as session:
+            return latest(session, deployment.id)
+
+    async def run() -> list[str]:
+        publisher = asyncio.create_task(publish_feeds(Database(db_engine, concurrency=2), interval_s=0.02))
+        try:
+            first = await _until(latest_version)
+            _set_engine(db_engine, "fd-engine-0", state="unreachable")
+            second = await _until(
+                lambda: (
+                    (v := latest_version()) is not None and v.resource_version > first.resource_version and v
+                )
+            )
+            return [e["state"] for e in second.endpoints if e["engine_id"] == "fd-engine-0"]
+        finally:
+            publisher.cancel()
+
+    assert asyncio.run(run()) == ["out"]
+
+
+async def _until(check: Any) -> Any:
+    async with asyncio.timeout(30):
+        while not (found := check()):
+            await asyncio.sleep(0.01)
+        return found

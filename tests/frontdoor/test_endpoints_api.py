@@ -14,10 +14,11 @@ from sqlmodel import Session, select
 from app.api.database import Database
 from app.core.config import Settings
 from app.deployments.engines.models import Engine
+from app.deployments.front_door import FrontDoor
 from app.deployments.models import Deployment
 from app.frontdoor.keeper import publish_feeds
 from app.frontdoor.models import EndpointSetVersion
-from app.frontdoor.service import latest
+from app.frontdoor.service import latest, set_front_door
 from app.jobs.models import ReconfigurationJob
 from app.main import create_app
 from tests.support.factories import static_deployment
@@ -237,3 +238,16 @@ async def _until(check: Any) -> Any:
         while not (found := check()):
             await asyncio.sleep(0.01)
         return found
+
+
+def test_deleting_a_deployment_deletes_its_feed_and_front_door(
+    client: TestClient, db_engine: DbEngine
+) -> None:
+    deployment = _serving(db_engine)
+    client.get("/v1/deployments/fd/endpoints")
+    with Session(db_engine) as session:
+        set_front_door(session, ref="fd", url="http://127.0.0.1:1", keeper="test")
+    assert client.delete("/v1/deployments/fd").status_code == 204
+    with Session(db_engine) as session:
+        assert latest(session, deployment.id) is None
+        assert session.get(FrontDoor, deployment.id) is None

@@ -32,11 +32,15 @@ from app.core.db import alembic_config, make_engine, start_lock
 from app.core.limits import Limits, RequestLimits
 from app.core.private_files import keep_new_files_private
 from app.core.problems import install_problem_handlers, problem_responses
+from app.core.runner_settings import load_runner_settings
 from app.dashboard.router import router as dashboard_router
 from app.deployments.companions import DeploymentCompanions
 from app.deployments.engines.router import router as engines_router
 from app.deployments.incidents.router import router as incidents_router
 from app.deployments.router import router as deployments_router
+from app.frontdoor.keeper import front_door_keepers
+from app.frontdoor.router import router as endpoints_router
+from app.frontdoor.settings import load_front_doors
 from app.jobs.active import active_job_ids
 from app.jobs.event_hub import JobLogHub
 from app.jobs.events_router import router as events_router
@@ -174,6 +178,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             max_active_requests=resolved.max_active_requests,
             max_waiting_requests=resolved.max_waiting_requests,
         )
+        # The front doors this coordinator keeps (`epctl up` passes its own HAProxy's).
+        doors = getattr(app.state, "front_doors", None)
+        front_doors = load_front_doors() if doors is None else doors
         try:
             # Stopped in reverse order. Cluster launchers (Ray) and the local vLLM launcher outlive the
             # runner, which may still release engines as it stops.
@@ -182,7 +189,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 cluster_launchers(engine) as extra_launchers,
                 run_jobs(app, extra_launchers, partial(builtin_backends, vllm_launcher=vllm_launcher)),
                 delivery_worker(engine, resolved),
+                # The feeds' publisher runs with the job runner (API-only coordinators derive on read).
+                front_door_keepers(database, front_doors, publish=load_runner_settings().enabled) as keepers,
             ):
+                app.state.front_door_keepers = keepers
                 yield
         finally:
             summaries.cancel()
@@ -208,6 +218,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _document_request_limits(app)
     app.include_router(health.router)
     app.include_router(deployments_router)
+    app.include_router(endpoints_router)
     app.include_router(vllm_engine_router)
     app.include_router(scale_router)
     app.include_router(kube_router)  # kubectl and client-go: discovery, epctl.io/v1 (not in OpenAPI)

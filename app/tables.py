@@ -7,8 +7,10 @@ from sqlmodel import SQLModel
 
 import app.coordinators.models
 import app.deployments.engines.models
+import app.deployments.front_door
 import app.deployments.incidents.models
 import app.deployments.models
+import app.frontdoor.models
 import app.jobs.models
 import app.scale.hooks.models
 import app.scale.intents

@@ -97,10 +97,15 @@ def down(
             err=True,
         )
         raise typer.Exit(1) from None
+    from app.frontdoor.launch import stop_recorded_front_door
+
     stopped = stop_recorded(settings)
     for line in stopped.agents:
         typer.echo(f"stopped agent {line}")
     for name in stopped.vllm_servers:
         typer.echo(f"stopped the vLLM server of deployment {name}")
-    if not (stopped.agents or stopped.vllm_servers):
+    door = stop_recorded_front_door(state_dir(settings) / "front-door")
+    if door is not None:
+        typer.echo(f"stopped the front door (HAProxy, pid {door})")
+    if not (stopped.agents or stopped.vllm_servers or door):
         typer.echo(f"nothing recorded in {state_dir(settings)} was running")

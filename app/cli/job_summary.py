@@ -120,6 +120,9 @@ def print_summary(job: dict[str, Any]) -> None:
     stdout.print("  ".join(f"[dim]{k}:[/] {v}" for k, v in details if v not in (None, "")))
     downtime = job.get("downtime_ms")
     stdout.print(f"[bold]downtime:[/] {fmt_ms(downtime) if downtime is not None else '-'}{client_line(job)}")
+    door = front_door_line(job)
+    if door:
+        stdout.print(door)
     parts = ((job.get("downtime") or {}).get("window_parts_ms")) or {}
     if parts:
         stdout.print("[dim]inside the window:[/] " + ", ".join(f"{k} {fmt_ms(v)}" for k, v in parts.items()))
@@ -199,6 +202,25 @@ def self_heal_lines(job: dict[str, Any], incident: dict[str, Any] | None) -> lis
     elif job.get("incident_id"):
         lines.append(f"[bold]incident:[/] {job['incident_id']}; `epctl incidents show {job['incident_id']}`")
     return lines
+
+
+def front_door_line(job: dict[str, Any]) -> str | None:
+    """The job's requests at the front door (issue 35): passed, failed by cause, retried, drained."""
+    counted = job.get("front_door_requests")
+    if not counted:
+        return None
+    failed = counted.get("failed") or {}
+    causes = ", ".join(f"{cause} {n}" for cause, n in failed.items() if n) or "none"
+    drained = counted.get("drained") or {}
+    held = sum(d.get("in_flight_at_drain") or 0 for d in drained.values())
+    longest = max((d.get("drained_ms") or 0.0 for d in drained.values()), default=0.0)
+    line = (
+        f"[bold]front door:[/] {counted.get('requests', 0)} requests, failed: {causes}, "
+        f"{counted.get('retried', 0)} retried, {counted.get('redispatched', 0)} redispatched"
+    )
+    if drained:
+        line += f"; leavers drained: {held} in flight, done in {fmt_ms(longest)}"
+    return line
 
 
 def describe_placement(job: dict[str, Any]) -> str | None:

@@ -29,7 +29,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,13 +37,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from app.cli.down import state_dir, stop_recorded
+from app.cli.front_door import open_front_door
 from app.cli.heartbeat import Heartbeat
 from app.cli.serve import PortUnavailableError, claim_or_close, listening_socket, server_config
+from app.cli.welcome import print_welcome
 
 if TYPE_CHECKING:
     import httpx
 
     from app.core.config import Settings
+    from app.frontdoor.launch import RunningDoor
+    from app.frontdoor.settings import FrontDoorSpec
 
 DEMO = "demo"
 DEMO_ENGINES = 2
@@ -73,8 +76,18 @@ def up(
             max=8,
         ),
     ] = None,
+    front_door_port: Annotated[
+        int | None,
+        typer.Option(
+            help="port of the demo deployment's front door (HAProxy) on 127.0.0.1; default port + 1"
+        ),
+    ] = None,
+    front_door: Annotated[
+        bool, typer.Option(help="start a front door (HAProxy) for the demo deployment, when installed")
+    ] = True,
 ) -> None:
-    """Run the coordinator (SQLite) and a local deployment `demo` of reference engines."""
+    """Run the coordinator (SQLite), a local deployment `demo` of reference engines, and its front
+    door (HAProxy) when installed."""
     from app.core.config import ConfigError, load_settings
     from app.core.private_files import keep_new_files_private
     from app.launchers.state_lock import DataDirInUseError
@@ -100,8 +113,12 @@ def up(
     _beat = Heartbeat("epctl up", lambda line: typer.echo(line, err=True))
     _beat.start("checking the previous run's engines")
     _forget_a_dead_run(settings)
+    door: RunningDoor | None = None
+    specs: list[FrontDoorSpec] = []
+    if front_door:
+        door, specs = open_front_door(state_dir(settings), DEMO, front_door_port or settings.port + 1)
     try:
-        asyncio.run(_run(settings, engines, sock))
+        asyncio.run(_run(settings, engines, sock, specs))
     except KeyboardInterrupt:
         pass
     finally:
@@ -110,6 +127,8 @@ def up(
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
         _stop_engines(settings)
+        if door is not None:
+            door.stop()
     typer.echo("epctl up: stopped the coordinator and its engines.", err=True)
 
 
@@ -139,13 +158,16 @@ def _server_class() -> type[Any]:
 ADMIN_TOKEN_FILE = "admin-token"
 
 
-async def _run(settings: Settings, engines: int | None, sock: socket.socket) -> None:
+async def _run(
+    settings: Settings, engines: int | None, sock: socket.socket, doors: list[FrontDoorSpec]
+) -> None:
     from app.main import create_app
 
     _doing("migrating the database")
     token, first = await asyncio.to_thread(_session_admin_token, settings)
     _doing("starting the coordinator (its runner adopts the engines it finds)")
     app = create_app(settings)
+    app.state.front_doors = doors
     app.state.end_jobs_on_stop = True  # its engines stop with it: the runner ends its jobs first
     server = _server_class()(server_config(app, settings, log_level="warning"))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -199,7 +221,15 @@ async def _set_up(
                 typer.echo(f"epctl up: {why}", err=True)
             await _start_engines(api, size)
     _doing(None)
-    _print_welcome(url, token if first else None, settings, size)
+    print_welcome(
+        url,
+        token if first else None,
+        settings,
+        size,
+        app.state.front_doors,
+        deployment=DEMO,
+        token_file=admin_token_file(settings),
+    )
 
 
 def start_size(requested: int | None, had: int | None) -> tuple[int, str | None]:
@@ -346,65 +376,6 @@ def _write_secret(path: Path, secret: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")
-
-
-def runnable_epctl(argv0: str | None = None, cwd: Path | None = None) -> str:
-    """`epctl` as this shell can run it, for commands that must paste: `epctl` when that name on PATH is
-    this program, else the path it was started by (`.venv/bin/epctl` from a checkout's `scripts/run`),
-    else `python -m app.cli.main`."""
-    import shutil
-
-    started = Path(argv0 if argv0 is not None else sys.argv[0])
-    on_path = shutil.which("epctl")
-    if on_path and started.name == "epctl" and Path(on_path).resolve() == started.resolve():
-        return "epctl"
-    if started.name == "epctl" and started.is_file():
-        absolute = Path(os.path.abspath(started))
-        try:
-            relative = str(absolute.relative_to(cwd or Path.cwd()))
-        except ValueError:
-            return str(absolute)
-        return relative if "/" in relative else f"./{relative}"
-    return "epctl" if on_path else f"{sys.executable} -m app.cli.main"
-
-
-def _print_welcome(url: str, new_token: str | None, settings: Settings, engines: int) -> None:
-    """`new_token` is printed (once: it was just made); otherwise the welcome says where the token is.
-    Every command in it pastes as it is (`epctl` named as this shell can run it)."""
-    bigger = min(engines * 2, 8)
-    epctl = runnable_epctl()
-    curl = 'curl -s -H "Authorization: Bearer $EPCTL_TOKEN"'
-    if settings.admin_token is not None:
-        token_lines = ["  export EPCTL_TOKEN=$EPCTL_ADMIN_TOKEN"]
-    elif new_token is not None:
-        token_lines = [
-            f"  export EPCTL_TOKEN={new_token}",
-            f"  # admin token, shown once; kept for later `epctl up` runs in {admin_token_file(settings)}",
-        ]
-    else:
-        token_lines = [f"  export EPCTL_TOKEN=$(cat {admin_token_file(settings)})"]
-    lines = [
-        "",
-        f"  epctl up: coordinator at {url} (database {settings.database_url})",
-        f"  deployment {DEMO}: {engines} reference engines serving; dashboard {url}/ui/",
-        "",
-        f"  export EPCTL_URL={url}",
-        *token_lines,
-        "",
-        f"  # scale {DEMO} to {bigger} engines (202 + Location of the job):",
-        f"  {curl} -X POST $EPCTL_URL/v1/reconfigurations -H 'Content-Type: application/json' \\",
-        f'       -d \'{{"deployment": "{DEMO}", "target_dp_size": {bigger}}}\'',
-        "  # the job: state, progress, phases with start/end, per-engine results, downtime_ms:",
-        f"  {curl} $EPCTL_URL/v1/reconfigurations/<job id>",
-        f"  # back to {engines}:",
-        f"  {curl} -X POST $EPCTL_URL/v1/reconfigurations -H 'Content-Type: application/json' \\",
-        f'       -d \'{{"deployment": "{DEMO}", "target_dp_size": {engines}}}\'',
-        f"  # or, with the CLI:  {epctl} scale {DEMO} {bigger} --wait",
-        "",
-        "  Ctrl-C stops the coordinator and its engines.",
-        "",
-    ]
-    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def _forget_a_dead_run(settings: Settings) -> None:

@@ -15,6 +15,7 @@ from app.core.clock import utc_now
 from app.core.db import NullableJSON, UTCDateTime
 from app.core.shapes import RowShape
 from app.deployments.autoscaling import IntentSummary, ScalingBehavior, ScalingBehaviorUpdate
+from app.deployments.front_door import FrontDoorPublic
 from app.deployments.vllm_settings import VllmConfig, VllmPublic, VllmUpdate
 from app.launchers.ray_settings import RaySettings
 from engine_agent.protocol import EngineConfig, Strategy
@@ -351,6 +352,11 @@ class DeploymentPublic(RowShape):
         "its group steps (no self-heal; jobs refused until it is heard again, unless forced); "
         "`coverage-at-risk`: the next single loss of an engine (or of a failure domain) would leave an "
         "expert with no replica",
+    )
+    front_door: FrontDoorPublic | None = ApiField(
+        None,
+        description="where clients send requests (`url`) and what keeps it in step with the rank set "
+        "(`keeper`; `GET .../endpoints` is the feed it follows); null: no front door",
     )
     created_at: datetime
     updated_at: datetime

@@ -14,6 +14,7 @@ from app.deployments.agent_key_push import push_rotation
 from app.deployments.agent_keys import AgentKeyPublic, AgentKeyRotate
 from app.deployments.companions import Companions, DeploymentCompanions
 from app.deployments.engines import service as engine_service
+from app.deployments.front_door import front_doors_of
 from app.deployments.models import (
     Deployment,
     DeploymentCreate,
@@ -41,9 +42,14 @@ def _publics(
     active = around.active_job_ids(session, ids)
     desired = around.desired(session, deployments)
     conditions = engine_service.conditions_of(session, ids)
+    doors = front_doors_of(session, ids)
     return [
         DeploymentPublic.of(
-            d, active_job_id=active.get(d.id), desired=desired[d.id], conditions=conditions.get(d.id, [])
+            d,
+            active_job_id=active.get(d.id),
+            desired=desired[d.id],
+            conditions=conditions.get(d.id, []),
+            front_door=doors.get(d.id),
         )
         for d in deployments
     ]

@@ -16,6 +16,7 @@ from app.core.sealing import seal
 from app.deployments.agent_keys import give_new_key
 from app.deployments.autoscaling import ScalingBehavior
 from app.deployments.engines.models import Engine, EngineState
+from app.deployments.front_door import FrontDoor
 from app.deployments.models import (
     Deployment,
     DeploymentCreate,
@@ -163,6 +164,11 @@ def delete_deployment_rows(session: Session, deployment: Deployment) -> None:
     (its job history: `app.jobs.service.delete_deployment`, which also refuses while a job is active).
     Raises `IntegrityError` if something still refers to it."""
     session.execute(sa.delete(Engine).where(col(Engine.deployment_id) == deployment.id))
+    # Its front door and its rank-set feed's versions (`app.frontdoor`, above this floor: by table name).
+    session.execute(sa.delete(FrontDoor).where(col(FrontDoor.deployment_id) == deployment.id))
+    session.execute(
+        sa.text("DELETE FROM endpoint_set_versions WHERE deployment_id = :id"), {"id": deployment.id}
+    )
     session.delete(deployment)
     session.commit()
 

@@ -106,6 +106,8 @@ class ReconfigurationJob(SQLModel, table=True):
         "(slow answers counted as an outage); newer jobs fill client_outage_ms instead",
     )
     probe: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
+    # What the deployment's front door counted while the job ran (issue 35); NULL: no front door.
+    front_door_requests: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     error: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
     cleanup_state: str = Field(default=CleanupState.none.value, sa_type=sa.String(16))
     cleanup: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
@@ -315,6 +317,13 @@ class JobPublic(RowShape):
         None,
         description="the canary probe's figures: outage and slowest answer with their phases, canaries "
         "sent/failed/late, the deadline, latencies, and per phase p50/p99, slowest answer, longest gap",
+    )
+    front_door_requests: dict[str, Any] | None = ApiField(
+        None,
+        description="request accounting at the deployment's front door while the job ran: `requests`, "
+        "`failed` by cause (`5xx`, `connection`, `response`), `retried`, `redispatched`, per engine, and "
+        "`drained` (per leaver: requests in flight when it was drained, and how long they took to finish); "
+        "null: no front door (or not measured)",
     )
     error: JobError | None
     cleanup_state: CleanupState

@@ -68,6 +68,7 @@ MUTABLE_FIELDS: frozenset[str] = frozenset(
         "client_outage_ms",
         "client_slowest_answer_ms",
         "probe",
+        "front_door_requests",
         "error",
         "cleanup_state",
         "cleanup",

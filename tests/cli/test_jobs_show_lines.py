@@ -214,3 +214,17 @@ def test_a_cancelled_job_shows_no_new_generation_and_no_error(capsys: pytest.Cap
     assert "generation 3 (unchanged)" in out and "3 -> 4" not in out, out
     assert "cancelled during preparing: cancelled by admin" in out and "error" not in out, out
     assert describe_failure(job) == "job rcfg_9 was cancelled during preparing: cancelled by admin"
+
+
+def test_the_front_doors_accounting_shows_under_the_downtime(capsys: pytest.CaptureFixture[str]) -> None:
+    counted = {
+        "requests": 71,
+        "failed": {"5xx": 2, "connection": 0, "response": 1},
+        "retried": 3,
+        "redispatched": 1,
+        "drained": {"e3": {"in_flight_at_drain": 1, "drained_ms": 18.0}},
+    }
+    out = summary(capsys, client_outage_ms=0.0, probe=PROBE, front_door_requests=counted)
+    assert "front door: 71 requests, failed: 5xx 2, response 1, 3 retried, 1 redispatched" in out, out
+    assert "leavers drained: 1 in flight, done in 18.0 ms" in out, out
+    assert "front door" not in summary(capsys, client_outage_ms=0.0, probe=PROBE)

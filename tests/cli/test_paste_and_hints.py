@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.cli.client import CoordinatorError, missing_token_hint, print_problem
-from app.cli.up import runnable_epctl
+from app.cli.welcome import runnable_epctl
 
 
 def test_epctl_not_on_path_is_named_by_the_path_it_was_started_by(

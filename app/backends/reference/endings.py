@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from sqlmodel import Session
 
 from app.backends.base import JobCancelled, JobFailure
 from app.backends.reference.fanout import Fanout
+from app.backends.reference.front_door import new_rank_set, rank_set_restored
 from app.backends.reference.job import JobRun
 from app.backends.reference.launching import launch_spec
 from app.backends.reference.record import JobRecord, apply_generation, degrade
@@ -53,6 +54,7 @@ class Endings:
         if run.plan is not None:
             await fanout.abort_all(run, run.participant_clients(), {MOVES[Operation.abort].done})
         await self.release_joiners(run)
+        await rank_set_restored(self.record, run)
         await self.record.move(
             run,
             S.cancelled if isinstance(failure, JobCancelled) else S.rolled_back,
@@ -70,6 +72,7 @@ class Endings:
         on the old generation."""
         await fanout.abort_all(run, run.participant_clients(), ROLLED_BACK)
         await self.release_joiners(run)
+        await rank_set_restored(self.record, run)
         await self.record.move(
             run,
             S.cancelled if isinstance(failure, JobCancelled) else S.rolled_back,
@@ -112,8 +115,9 @@ class Endings:
             also=lambda session: degrade(session, run.deployment_id, generations, run.job_id),
         )
 
-    async def finish(self, run: JobRun) -> None:
-        """Every participant switched: record the new generation, release leavers, succeed."""
+    async def finish(self, run: JobRun, recorded: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Every participant switched: record the new generation, give the front door the new rank
+        set, then `recorded` (the flow's probe figures), release leavers, succeed."""
         plan = run.plan
         assert plan is not None
         if run.state == S.committing:
@@ -136,6 +140,9 @@ class Endings:
                 },
                 also=commit,
             )
+        await new_rank_set(self.record, run)  # joiners in, leavers out, before the leavers stop
+        if recorded is not None:
+            await recorded()
         await self.record.progress(run, "cleaning_up")
         await hang_for_test(self.settings, "cleaning_up")
         await self._release(run, run.leaver_handles(), "leavers")

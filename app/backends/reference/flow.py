@@ -42,13 +42,14 @@ from app.backends.base import EXPECTED_FAILURES, JobCancelled, JobFailure, JobMo
 from app.backends.reference.confirm import confirm_serving
 from app.backends.reference.endings import Endings
 from app.backends.reference.fanout import Fanout, ShouldCancel
+from app.backends.reference.front_door import drain_leavers
 from app.backends.reference.job import JobRun
 from app.backends.reference.launching import Participants
+from app.backends.reference.probes import JobProbes, open_job_probes
 from app.backends.reference.record import JobRecord, is_member_row
 from app.core.runner_settings import RunnerSettings, hang_for_test
 from app.jobs.states import JobState
 from app.launchers.base import Launcher
-from app.probe.job import JobProbe
 from app.probe.settings import ProbeSettings, load_probe_settings
 from engine_agent.protocol import (
     COMMITTING,
@@ -166,7 +167,7 @@ class Flow:
             if probe is not None:
                 await probe.close()
 
-    async def _steps(self, run: JobRun, fanout: Fanout, probe: JobProbe | None) -> None:
+    async def _steps(self, run: JobRun, fanout: Fanout, probe: JobProbes | None) -> None:
         rule = OnFailure.roll_back
         for step in steps_of(run):
             try:
@@ -192,19 +193,18 @@ class Flow:
             await self._record_probe(run, probe)
             await self.end(OnFailure.fail_and_degrade, run, fanout, failure)
             return
-        await self._record_probe(run, probe)
-        await self.endings.finish(run)
+        # The probe's figures once the front door serves the new rank set: its canaries cover it too.
+        await self.endings.finish(run, recorded=lambda: self._record_probe(run, probe))
 
-    async def _open_probe(self, run: JobRun) -> JobProbe | None:
-        """Canaries to the engines serving now, while the job runs (the reference engine's probe)."""
+    async def _open_probe(self, run: JobRun) -> JobProbes | None:
+        """Canaries to the engines serving now, and through the front door if any, while the job runs."""
         if not self.probe_settings.enabled:
             return None
         deployment, rows, _ = await self.record.deployment_and_engines(run)
         targets = {row.id: row.url for row in rows if is_member_row(row, deployment)}
-        key = run.agent_keys[0] if run.agent_keys else None
-        return await JobProbe.open(self.probe_settings, run.engine_config.hidden_size, targets, key)
+        return await open_job_probes(self.record, self.probe_settings, run, targets)
 
-    async def _record_probe(self, run: JobRun, probe: JobProbe | None) -> None:
+    async def _record_probe(self, run: JobRun, probe: JobProbes | None) -> None:
         """The probe's figures onto the job, before its last transition (never fails the job)."""
         if probe is None:
             return
@@ -275,6 +275,7 @@ class Flow:
         )
         if await self.record.cancel_requested(run):
             raise JobCancelled(run.state.value)
+        await drain_leavers(self.record, run)  # before they stop admitting (at prepare)
         settings = self.settings
         timeouts = Timeouts.model_validate(settings.model_dump(include=set(Timeouts.model_fields)))
         request = plan.prepare_request(run.job_id, timeouts)

@@ -1,0 +1,191 @@
+"""HAProxy as a front door: its configuration (one frontend and one backend of server-template slots per
+deployment, so the rank set changes through the Runtime API without a reload) and a small client of its
+Runtime API (the admin stats socket: one command line per connection).
+
+Why the configuration looks as it does:
+- `server-template e 1-N 127.0.0.1:1 disabled`: N empty slots; the keeper points one at an engine
+  (`set server B/eK addr IP port P`) and sets its state (`ready`, `drain`, `maint`).
+- `retry-on conn-failure empty-response 503` with `retries` and `option redispatch 1`: a request that
+  meets an engine that just died, or one that stopped admitting (503), is sent again to another
+  ready engine, so a short gap between the record and the front door is not a client error.
+- `timeout server` above the longest commit window: requests that arrive inside the window are held by
+  the engines (they wait for the resume) and answered after it; `timeout queue` and each slot's `maxconn`
+  make a burst wait at the front door rather than fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+SLOTS = 32
+
+
+@dataclass(frozen=True)
+class DoorConfig:
+    deployment: str
+    bind_host: str
+    bind_port: int
+    slots: int = SLOTS
+
+    @property
+    def backend(self) -> str:
+        return backend_name(self.deployment)
+
+
+def backend_name(deployment: str) -> str:
+    return f"ep_{deployment}"
+
+
+def render_config(
+    socket_path: str, doors: list[DoorConfig], *, server_timeout_s: float = 120.0, socket_mode: str = "600"
+) -> str:
+    """`socket_mode` 660 where the coordinator reaches the socket as another user (docker-compose)."""
+    lines = [
+        "global",
+        f"    stats socket {socket_path} mode {socket_mode} level admin",
+        "    maxconn 4096",
+        "",
+        "defaults",
+        "    mode http",
+        "    option http-keep-alive",
+        "    timeout connect 1s",
+        "    timeout client 120s",
+        f"    timeout server {int(server_timeout_s)}s",
+        "    timeout queue 30s",
+        "    retries 3",
+        "    retry-on conn-failure empty-response 503",
+        "    option redispatch 1",
+        "",
+    ]
+    for door in doors:
+        lines += [
+            f"frontend fd_{door.deployment}",
+            f"    bind {door.bind_host}:{door.bind_port}",
+            f"    default_backend {door.backend}",
+            "",
+            f"backend {door.backend}",
+            "    balance leastconn",
+            f"    server-template e 1-{door.slots} 127.0.0.1:1 disabled maxconn 64",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+class HaproxyError(Exception):
+    """HAProxy refused a command, or its socket did not answer."""
+
+
+class RuntimeApi:
+    """HAProxy's Runtime API over its stats socket."""
+
+    def __init__(self, socket_path: str, timeout_s: float = 2.0) -> None:
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+
+    async def command(self, line: str) -> str:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                reader, writer = await asyncio.open_unix_connection(self.socket_path)
+                try:
+                    writer.write(line.encode() + b"\n")
+                    await writer.drain()
+                    return (await reader.read()).decode()
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError) as exc:
+            raise HaproxyError(f"HAProxy's runtime API at {self.socket_path}: {exc}") from exc
+
+    async def run(self, commands: list[str]) -> None:
+        """Several commands in one exchange (`;`-separated); any answer but an empty one or a known
+        harmless notice is an error."""
+        if not commands:
+            return
+        answer = await self.command("; ".join(commands))
+        bad = [part for part in answer.split("\n") if part.strip() and not _harmless(part)]
+        if bad:
+            raise HaproxyError(f"HAProxy refused {commands}: {' | '.join(bad)}")
+
+    async def servers(self, backend: str) -> dict[str, ServerState]:
+        """`show servers state BACKEND`, by server name."""
+        answer = await self.command(f"show servers state {backend}")
+        lines = [line for line in answer.splitlines() if line.strip()]
+        header = next((line[2:].split() for line in lines if line.startswith("# ")), None)
+        if header is None:
+            raise HaproxyError(f"unexpected answer to show servers state: {answer[:200]!r}")
+        states = {}
+        for line in lines:
+            if line.startswith("#") or len(line.split()) != len(header):
+                continue
+            row = dict(zip(header, line.split(), strict=True))
+            states[row["srv_name"]] = ServerState(
+                name=row["srv_name"],
+                host=row["srv_addr"],
+                port=int(row["srv_port"]),
+                admin=int(row["srv_admin_state"]),
+            )
+        return states
+
+    async def counters(self, backend: str) -> dict[str, dict[str, int]]:
+        """Per server and for the backend (`BACKEND`): HAProxy's request counters (`show stat`)."""
+        answer = await self.command("show stat")
+        lines = answer.splitlines()
+        if not lines or not lines[0].startswith("# "):
+            return {}
+        header = lines[0][2:].split(",")
+        wanted = (
+            "stot",
+            "qcur",
+            "qmax",
+            "scur",
+            "econ",
+            "eresp",
+            "wretr",
+            "wredis",
+            "hrsp_2xx",
+            "hrsp_5xx",
+            "qtime",
+        )
+        found: dict[str, dict[str, int]] = {}
+        for line in lines[1:]:
+            row = dict(zip(header, line.split(","), strict=False))
+            if row.get("pxname") != backend:
+                continue
+            found[row["svname"]] = {k: int(row[k]) for k in wanted if row.get(k, "").isdigit()}
+        return found
+
+
+def _harmless(part: str) -> bool:
+    return "no need to change" in part or part.startswith("IP changed from") or "port changed from" in part
+
+
+MAINT = 0x01
+DRAIN = 0x08
+
+
+@dataclass(frozen=True)
+class ServerState:
+    name: str
+    host: str
+    port: int
+    admin: int  # HAProxy's admin state bits (0x01 forced maintenance, 0x08 forced drain, ...)
+
+    @property
+    def state(self) -> str:
+        if self.admin & MAINT:
+            return "maint"
+        return "drain" if self.admin & DRAIN else "ready"
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """An engine's serving address as the IP and port HAProxy needs (`set server ... addr` takes an IP)."""
+    parts = urlsplit(address)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+    except OSError:
+        host = str(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0])
+    return host, port

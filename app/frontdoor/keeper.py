@@ -1,0 +1,242 @@
+"""The HAProxy keeper: follows a deployment's rank-set feed (the same reads `GET .../endpoints` serves)
+and makes HAProxy's backend say the same through its Runtime API, applying each version once; then
+records which version it applied, so a job can wait for the front door before its next step.
+
+A slot (`e1`..`eN`) is an engine's while the feed lists it; `ready` and `draining` engines get their
+address and `ready`/`drain`, `out` ones `maint`. Taking traffic away goes first in each exchange,
+giving it last. A keeper that starts (a coordinator restart) takes over the slots already pointing at
+listed engines, so HAProxy keeps serving through the restart: it never needs the coordinator to serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from app.api.database import Database
+from app.core.errors import NotFoundError
+from app.frontdoor import service
+from app.frontdoor.haproxy import HaproxyError, RuntimeApi, host_port
+from app.frontdoor.models import EndpointSetPublic
+from app.frontdoor.rules import EndpointState
+from app.frontdoor.settings import FrontDoorSpec
+from app.frontdoor.wakeup import FEED_APPLIED, FEED_CHANGED, PUBLISHING
+
+log = logging.getLogger(__name__)
+
+
+class HaproxyKeeper:
+    def __init__(self, database: Database, spec: FrontDoorSpec, api: RuntimeApi | None = None) -> None:
+        self.database = database
+        self.spec = spec
+        self.api = api or RuntimeApi(spec.socket)
+        self.backend = spec.backend_name
+        self.slots: dict[str, str] = {}  # engine id -> slot name
+        self.addresses: dict[str, tuple[str, int]] = {}  # slot -> where it points
+        self.slot_names: list[str] = []
+        self.applied: int | None = None
+        self.stale: set[str] = set()  # slots found serving no listed engine: put in maint
+
+    @property
+    def description(self) -> str:
+        return f"haproxy runtime API {self.spec.socket} backend {self.backend} (coordinator keeper)"
+
+    async def run(self) -> None:
+        deployment_id = await self._register()
+        KEEPERS[deployment_id] = self
+        try:
+            await self._keep(deployment_id)
+        finally:
+            if KEEPERS.get(deployment_id) is self:
+                del KEEPERS[deployment_id]
+
+    async def _keep(self, deployment_id: str) -> None:
+        in_sync = False
+        failures = 0
+        while True:
+            try:
+                feed = await self.database.run(
+                    lambda session: service.current_public(session, ref=self.spec.deployment)
+                )
+                if not in_sync:
+                    await self._take_over(feed)
+                if feed.resource_version != self.applied or not in_sync:
+                    await self.apply(feed)
+                    self.applied = feed.resource_version  # a job here waiting for it goes on now
+                    FEED_APPLIED.ring()
+                    await self._record_applied(deployment_id, feed.resource_version)
+                in_sync, failures = True, 0
+            except (HaproxyError, OSError) as exc:
+                in_sync, failures = False, failures + 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.warning(
+                        "front door %s: %s (%d failures in a row)", self.spec.deployment, exc, failures
+                    )
+                await asyncio.sleep(min(0.05 * failures, 1.0))
+                continue
+            except NotFoundError:
+                await asyncio.sleep(1.0)
+                continue
+            except Exception:  # a busy database, a bug: keep keeping (HAProxy serves meanwhile)
+                in_sync = False
+                log.exception("front door %s: keeper pass failed", self.spec.deployment)
+                await asyncio.sleep(1.0)
+                continue
+            await FEED_CHANGED.wait(self.spec.poll_s)
+
+    async def _record_applied(self, deployment_id: str, version: int) -> None:
+        counters = await self.api.counters(self.backend)
+        await self.database.run(
+            lambda session: service.record_applied(session, deployment_id, version, counters)
+        )
+
+    async def _register(self) -> str:
+        """The deployment's record names its front door (waits for the deployment to exist)."""
+        while True:
+            try:
+                return await self.database.run(
+                    lambda session: service.set_front_door(
+                        session, ref=self.spec.deployment, url=self.spec.url, keeper=self.description
+                    )
+                )
+            except NotFoundError:
+                await asyncio.sleep(0.2)
+
+    async def _take_over(self, feed: EndpointSetPublic) -> None:
+        """The slots as HAProxy has them: a slot serving a listed engine's address stays that engine's."""
+        servers = await self.api.servers(self.backend)
+        self.slot_names = sorted(servers, key=lambda name: (len(name), name))
+        by_address = {host_port(e.address): e.engine_id for e in feed.endpoints}
+        self.slots.clear()
+        self.addresses = {name: (s.host, s.port) for name, s in servers.items()}
+        for name, server in servers.items():
+            engine_id = by_address.get((server.host, server.port))
+            if engine_id is not None and server.state != "maint" and engine_id not in self.slots:
+                self.slots[engine_id] = name
+            elif server.state != "maint":
+                self.stale.add(name)
+
+    def _slot_for(self, engine_id: str) -> str:
+        slot = self.slots.get(engine_id)
+        if slot is not None:
+            return slot
+        taken = set(self.slots.values())
+        free = next((name for name in self.slot_names if name not in taken), None)
+        if free is None:
+            raise HaproxyError(f"backend {self.backend} has no free server slot for {engine_id}")
+        self.slots[engine_id] = free
+        return free
+
+    async def apply(self, feed: EndpointSetPublic) -> None:
+        """One exchange: drains and removals first, then new addresses and readies."""
+        listed = {e.engine_id for e in feed.endpoints}
+        away: list[str] = []
+        towards: list[str] = []
+        away += [f"set server {self.backend}/{slot} state maint" for slot in sorted(self.stale)]
+        self.stale.clear()
+        for engine_id in [e for e in self.slots if e not in listed]:
+            away.append(f"set server {self.backend}/{self.slots.pop(engine_id)} state maint")
+        for endpoint in feed.endpoints:
+            if endpoint.state == EndpointState.out:
+                slot = self.slots.get(endpoint.engine_id)
+                if slot is not None:
+                    away.append(f"set server {self.backend}/{slot} state maint")
+                continue
+            slot = self._slot_for(endpoint.engine_id)
+            if endpoint.state == EndpointState.draining:
+                away.append(f"set server {self.backend}/{slot} state drain")
+                continue
+            host, port = host_port(endpoint.address)
+            if self.addresses.get(slot) != (host, port):
+                towards.append(f"set server {self.backend}/{slot} addr {host} port {port}")
+                self.addresses[slot] = (host, port)
+            towards.append(f"set server {self.backend}/{slot} state ready")
+        await self.api.run(away + towards)
+
+
+PUBLISH_EVERY_S = 0.25
+
+
+async def publish_feeds(database: Database, interval_s: float = PUBLISH_EVERY_S) -> None:
+    """Every deployment's feed brought up to date every `interval_s` (heartbeats, fencing, jobs move the
+    record without telling the feed): watchers only read versions, so their number costs no derivation."""
+    PUBLISHING.running = True
+    try:
+        while True:
+            try:
+                await database.run(service.refresh_all)
+            except Exception:  # a busy database: the next pass catches up
+                log.warning("front door feed: a publishing pass failed", exc_info=True)
+            await asyncio.sleep(interval_s)
+    finally:
+        PUBLISHING.running = False
+
+
+@contextlib.asynccontextmanager
+async def front_door_keepers(
+    database: Database, specs: list[FrontDoorSpec], *, publish: bool = True
+) -> AsyncIterator[list[HaproxyKeeper]]:
+    """One keeper task per front door, and the feeds' publisher, while the coordinator runs."""
+    keepers = [HaproxyKeeper(database, spec) for spec in specs]
+    tasks = [asyncio.create_task(k.run(), name=f"front-door-{k.spec.deployment}") for k in keepers]
+    if publish:
+        tasks.append(asyncio.create_task(publish_feeds(database), name="front-door-feeds"))
+    try:
+        yield keepers
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+# The keepers running in this process, by deployment id: a job run here reads its front door's counters
+# through them (`counters_of`); a job run by another coordinator has none (its accounting is null).
+KEEPERS: dict[str, HaproxyKeeper] = {}
+
+
+async def counters_of(deployment_id: str) -> dict[str, Any] | None:
+    """HAProxy's counters for the deployment's backend (`backend`) and per listed engine (`engines`),
+    or None where no keeper of it runs here or HAProxy does not answer."""
+    keeper = KEEPERS.get(deployment_id)
+    if keeper is None:
+        return None
+    try:
+        raw = await keeper.api.counters(keeper.backend)
+    except (HaproxyError, OSError):
+        return None
+    by_slot = {slot: engine_id for engine_id, slot in keeper.slots.items()}
+    return {
+        "backend": raw.get("BACKEND", {}),
+        "engines": {by_slot[name]: values for name, values in raw.items() if name in by_slot},
+    }
+
+
+def accounting(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
+    """A job's requests at the front door: the counters' growth from its start to its end."""
+
+    def grew(before: dict[str, int], after: dict[str, int], key: str) -> int:
+        return max(0, after.get(key, 0) - before.get(key, 0))
+
+    b0, b1 = start.get("backend", {}), end.get("backend", {})
+    engines = {}
+    for engine_id, after in end.get("engines", {}).items():
+        before = start.get("engines", {}).get(engine_id, {})
+        engines[engine_id] = {"requests": grew(before, after, "stot"), "5xx": grew(before, after, "hrsp_5xx")}
+    return {
+        "requests": grew(b0, b1, "stot"),
+        "answered_2xx": grew(b0, b1, "hrsp_2xx"),
+        "failed": {
+            "5xx": grew(b0, b1, "hrsp_5xx"),
+            "connection": grew(b0, b1, "econ"),
+            "response": grew(b0, b1, "eresp"),
+        },
+        "retried": grew(b0, b1, "wretr"),
+        "redispatched": grew(b0, b1, "wredis"),
+        "queued_max": b1.get("qmax"),
+        "per_engine": engines,
+    }

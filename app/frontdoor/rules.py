@@ -1,0 +1,128 @@
+"""Each engine's state at the front door, as pure rules over the record (no database, no clock).
+
+    left                                   -> not listed
+    fenced | unreachable                   -> out (reason: the engine's state)
+    not a member of the serving generation -> out (joining: a joiner before the switch that makes it a
+                                              member; not-a-member: any other idle engine)
+    member, leaver of the active job       -> draining (from the moment the job's plan names it, so it
+                                              is drained before it stops admitting at prepare)
+    member, paused, no job inside its work -> out (paused: a pause lease outliving its job)
+    member                                 -> ready (a member paused inside a job's commit holds the
+                                              requests it receives, so it stays in)
+
+A job that ends without a switch (rolled back, cancelled) gives its leavers back: once its engines
+resumed, its results say they ended on the old generation, and they are `ready` again before the job
+ends, as the front door was before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class EndpointState(StrEnum):
+    ready = "ready"  # receives new requests
+    draining = "draining"  # finishes what it holds, receives no new request
+    out = "out"  # receives nothing
+
+
+class OutReason(StrEnum):
+    fenced = "fenced"
+    unreachable = "unreachable"
+    joining = "joining"
+    not_a_member = "not-a-member"
+    paused = "paused"
+
+
+# Job states in which the engines may be paused by the job itself (blocking prepare, the commit).
+WORKING_JOB_STATES = frozenset({"preparing", "syncing", "committing", "cleaning_up"})
+TERMINAL_JOB_STATES = frozenset({"succeeded", "rolled_back", "failed", "cancelled"})
+MEMBER_ENGINE_STATES = frozenset({"serving", "paused"})
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    id: str
+    url: str
+    state: str
+    dp_rank: int | None
+    generation: int
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    id: str
+    state: str
+    roles: Mapping[str, str] = field(default_factory=dict)  # engine id -> joining | staying | leaving
+
+    @property
+    def active(self) -> bool:
+        return self.state not in TERMINAL_JOB_STATES
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    engine_id: str
+    address: str  # where the front door sends its requests (the agent's `/v1/infer` is under it)
+    dp_rank: int | None
+    generation: int
+    state: EndpointState
+    reason: str | None = None  # why it is not `ready`
+
+    def key(self) -> tuple[object, ...]:
+        return (self.engine_id, self.address, self.dp_rank, self.generation, self.state.value, self.reason)
+
+
+def endpoint_of(engine: EngineFacts, generation: int, job: JobFacts | None) -> Endpoint | None:
+    """One engine's endpoint (None: not listed)."""
+
+    def made(state: EndpointState, reason: str | None = None) -> Endpoint:
+        return Endpoint(engine.id, engine.url, engine.dp_rank, engine.generation, state, reason)
+
+    if engine.state == "left":
+        return None
+    if engine.state in (OutReason.fenced.value, OutReason.unreachable.value):
+        return made(EndpointState.out, engine.state)
+    active = job if job is not None and job.active else None
+    member = (
+        engine.dp_rank is not None
+        and engine.generation == generation
+        and engine.state in MEMBER_ENGINE_STATES
+    )
+    if not member:
+        joining = active is not None and active.roles.get(engine.id) == "joining"
+        return made(EndpointState.out, OutReason.joining.value if joining else OutReason.not_a_member.value)
+    if active is not None and active.roles.get(engine.id) == "leaving":
+        return made(EndpointState.draining, f"leaving in job {active.id}")
+    if engine.state == "paused" and (active is None or active.state not in WORKING_JOB_STATES):
+        return made(EndpointState.out, OutReason.paused.value)
+    return made(EndpointState.ready)
+
+
+def rank_set(generation: int, engines: Iterable[EngineFacts], job: JobFacts | None) -> list[Endpoint]:
+    """The deployment's endpoints, ready ones first by rank, then the others by engine id."""
+    listed = [e for e in (endpoint_of(engine, generation, job) for engine in engines) if e is not None]
+    return sorted(
+        listed,
+        key=lambda e: (
+            e.state != EndpointState.ready,
+            e.dp_rank if e.dp_rank is not None else 1 << 30,
+            e.engine_id,
+        ),
+    )
+
+
+def roles_of(engine_results: Sequence[Mapping[str, object]] | None) -> dict[str, str]:
+    """A job's roles by engine, from its per-engine results (written with its plan, before prepare). A
+    leaver whose result says it ended on the generation it had (the job is ending on the old one: its
+    engines resumed) stays: the front door is given back as it was before the job ends."""
+    roles: dict[str, str] = {}
+    for result in engine_results or ():
+        engine_id, role = result.get("engine_id"), result.get("role")
+        if isinstance(engine_id, str) and isinstance(role, str):
+            after = result.get("generation_after")
+            stays = role == "leaving" and after is not None and after == result.get("generation_before")
+            roles[engine_id] = "staying" if stays else role
+    return roles

@@ -1,0 +1,202 @@
+"""The feed's writer and readers (no HTTP). `refresh` derives a deployment's rank set from the record
+(`rules`) and, when it differs from the last version, writes the next `resourceVersion`; every
+coordinator may call it (the version is a primary key: of two racing writers one wins, the other reads
+its row). The front door's record says where it is and which version its keeper applied."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from app.core.clock import utc_now
+from app.deployments.engines.models import Engine
+from app.deployments.front_door import FrontDoor, FrontDoorPublic
+from app.deployments.models import Deployment
+from app.deployments.service import get_deployment
+from app.frontdoor.models import EndpointPublic, EndpointSetPublic, EndpointSetVersion
+from app.frontdoor.rules import Endpoint, EngineFacts, JobFacts, rank_set, roles_of
+from app.frontdoor.wakeup import FEED_CHANGED
+from app.jobs.models import ReconfigurationJob
+from app.jobs.states import ACTIVE_STATES
+
+KEEP_VERSIONS = 500  # per deployment: a watcher further behind than this gets the oldest kept version
+
+
+def _active_job(session: Session, deployment_id: str) -> JobFacts | None:
+    job = session.exec(
+        select(ReconfigurationJob).where(
+            ReconfigurationJob.deployment_id == deployment_id,
+            col(ReconfigurationJob.state).in_([s.value for s in ACTIVE_STATES]),
+        )
+    ).first()
+    if job is None:
+        return None
+    return JobFacts(job.id, job.state, roles_of(job.engine_results))
+
+
+def derive(session: Session, deployment: Deployment) -> tuple[list[Endpoint], str | None]:
+    """The rank set the record implies now, and the active job's id."""
+    rows = session.exec(select(Engine).where(Engine.deployment_id == deployment.id)).all()
+    engines = [EngineFacts(r.id, r.url, r.state, r.dp_rank, r.generation) for r in rows]
+    job = _active_job(session, deployment.id)
+    return rank_set(deployment.generation, engines, job), job.id if job else None
+
+
+def _stored(endpoints: list[Endpoint]) -> list[dict[str, Any]]:
+    return [
+        {
+            "engine_id": e.engine_id,
+            "address": e.address,
+            "dp_rank": e.dp_rank,
+            "generation": e.generation,
+            "state": e.state.value,
+            "reason": e.reason,
+        }
+        for e in endpoints
+    ]
+
+
+def latest(session: Session, deployment_id: str) -> EndpointSetVersion | None:
+    return session.exec(
+        select(EndpointSetVersion)
+        .where(EndpointSetVersion.deployment_id == deployment_id)
+        .order_by(col(EndpointSetVersion.resource_version).desc())
+        .limit(1)
+    ).first()
+
+
+def refresh(session: Session, deployment: Deployment) -> tuple[EndpointSetVersion, bool]:
+    """The deployment's current version, written first when the record implies another rank set
+    (second: whether this call wrote it)."""
+    endpoints, job_id = derive(session, deployment)
+    stored = _stored(endpoints)
+    last = latest(session, deployment.id)
+    if last is not None and last.endpoints == stored and last.generation == deployment.generation:
+        return last, False
+    version = EndpointSetVersion(
+        deployment_id=deployment.id,
+        resource_version=(last.resource_version if last else 0) + 1,
+        generation=deployment.generation,
+        job_id=job_id,
+        endpoints=stored,
+        changed_at=utc_now(),
+    )
+    session.add(version)
+    try:
+        session.commit()
+    except IntegrityError:  # another coordinator wrote this version first: read what it wrote
+        session.rollback()
+        again = latest(session, deployment.id)
+        assert again is not None
+        return again, False
+    session.refresh(version)
+    FEED_CHANGED.ring()
+    if version.resource_version % 50 == 0:
+        _prune(session, deployment.id, version.resource_version)
+    return version, True
+
+
+def _prune(session: Session, deployment_id: str, newest: int) -> None:
+    old = session.exec(
+        select(EndpointSetVersion).where(
+            EndpointSetVersion.deployment_id == deployment_id,
+            col(EndpointSetVersion.resource_version) <= newest - KEEP_VERSIONS,
+        )
+    ).all()
+    for row in old:
+        session.delete(row)
+    session.commit()
+
+
+def refresh_all(session: Session) -> list[tuple[str, EndpointSetVersion]]:
+    """Every deployment's feed brought up to date; the versions written by this call."""
+    written = []
+    for deployment in session.exec(select(Deployment)).all():
+        version, changed = refresh(session, deployment)
+        if changed:
+            written.append((deployment.id, version))
+    return written
+
+
+def after(session: Session, deployment_id: str, resource_version: int) -> EndpointSetVersion | None:
+    """The first version after `resource_version` (the oldest kept, for a watcher left far behind)."""
+    return session.exec(
+        select(EndpointSetVersion)
+        .where(
+            EndpointSetVersion.deployment_id == deployment_id,
+            col(EndpointSetVersion.resource_version) > resource_version,
+        )
+        .order_by(col(EndpointSetVersion.resource_version))
+        .limit(1)
+    ).first()
+
+
+def front_door_of(session: Session, deployment_id: str) -> FrontDoor | None:
+    return session.get(FrontDoor, deployment_id)
+
+
+def front_door_public(row: FrontDoor | None) -> FrontDoorPublic | None:
+    return FrontDoorPublic.of(row) if row is not None else None
+
+
+def public(session: Session, deployment: Deployment, version: EndpointSetVersion) -> EndpointSetPublic:
+    return EndpointSetPublic(
+        deployment=deployment.name,
+        generation=version.generation,
+        resource_version=version.resource_version,
+        job_id=version.job_id,
+        changed_at=version.changed_at,
+        endpoints=[EndpointPublic.model_validate(e) for e in version.endpoints],
+        front_door=front_door_public(front_door_of(session, deployment.id)),
+    )
+
+
+def current_public(session: Session, *, ref: str) -> EndpointSetPublic:
+    """`GET .../endpoints`: the deployment's rank set as of now (written first if it changed)."""
+    deployment = get_deployment(session, ref=ref)
+    version, _ = refresh(session, deployment)
+    return public(session, deployment, version)
+
+
+def next_public(
+    session: Session, *, ref: str, resource_version: int, derive_first: bool = True
+) -> EndpointSetPublic | None:
+    """The first version after `resource_version`, or None while there is none. `derive_first` off:
+    reads only, where the coordinator's publisher writes the versions (however many watch)."""
+    deployment = get_deployment(session, ref=ref)
+    if derive_first:
+        refresh(session, deployment)
+    version = after(session, deployment.id, resource_version)
+    return public(session, deployment, version) if version is not None else None
+
+
+def set_front_door(session: Session, *, ref: str, url: str, keeper: str) -> str:
+    """Record (or update) the deployment's front door; its id."""
+    deployment = get_deployment(session, ref=ref)
+    row = session.get(FrontDoor, deployment.id) or FrontDoor(
+        deployment_id=deployment.id, url=url, keeper=keeper
+    )
+    row.url, row.keeper, row.updated_at = url, keeper, utc_now()
+    session.add(row)
+    session.commit()
+    return deployment.id
+
+
+def record_applied(
+    session: Session, deployment_id: str, resource_version: int, counters: dict[str, Any] | None = None
+) -> datetime | None:
+    """The keeper applied this version (never moves backwards)."""
+    row = session.get(FrontDoor, deployment_id)
+    if row is None:
+        return None
+    if row.applied_version is None or resource_version > row.applied_version:
+        row.applied_version = resource_version
+        row.applied_at = utc_now()
+        if counters is not None:
+            row.counters = counters
+        session.add(row)
+        session.commit()
+    return row.applied_at

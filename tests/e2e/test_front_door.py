@@ -1,0 +1,303 @@
+"""The front door on a live `epctl up`: a steady client that only ever calls the front door (HAProxy)
+sees no failed request through 2 -> 4 -> 3 -> 2, a rolled-back and a cancelled job, and the rank-set
+feed says, at each step, who is ready, draining and out (issue 35)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from engine_agent import moe
+from engine_agent.protocol import EngineConfig
+from tests.frontdoor.conftest import require_haproxy
+from tests.support.processes import clean_environment, epctl_command, free_port, spawn
+from tests.support.stack import SteadyClient
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.processes
+
+
+class FeedWatcher:
+    """Follows `GET .../endpoints?watch=true` from version 0: every version it is answered, in order."""
+
+    def __init__(self, base: str, headers: dict[str, str]) -> None:
+        self.base, self.headers = base, headers
+        self.versions: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> FeedWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        return self.versions
+
+    def _run(self) -> None:
+        version = 0
+        with httpx.Client(base_url=self.base, headers=self.headers, timeout=30) as http:
+            while not self._stop.is_set():
+                try:
+                    response = http.get(
+                        "/v1/deployments/demo/endpoints",
+                        params={"watch": "true", "resourceVersion": version, "timeoutSeconds": 2},
+                    )
+                except httpx.TransportError:
+                    return  # the coordinator stopped
+                body = response.json()
+                if body["resourceVersion"] != version:
+                    self.versions.append(body)
+                    version = body["resourceVersion"]
+
+
+def _ended(api: httpx.Client, job_id: str) -> dict[str, Any] | None:
+    body: dict[str, Any] = api.get(f"/v1/reconfigurations/{job_id}").json()
+    return body if body["terminal"] else None
+
+
+def _states(feed: dict[str, Any]) -> dict[str, str]:
+    return {e["engine_id"]: e["state"] for e in feed["endpoints"]}
+
+
+def _ready(feed: dict[str, Any]) -> list[str]:
+    return sorted(e["engine_id"] for e in feed["endpoints"] if e["state"] == "ready")
+
+
+def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2_a_rollback_and_a_cancel(
+    tmp_path: Path,
+) -> None:
+    require_haproxy()
+    port, door_port = free_port(), free_port()
+    env = clean_environment({"EPCTL_RUNNER_LOCAL_AGENT_ARGS": "--enable-fault-injection --heartbeat-s 1"})
+    argv = [*epctl_command(), "up", "--port", str(port), "--front-door-port", str(door_port)]
+    up = spawn(
+        "epctl up", [*argv, "--data-dir", str(tmp_path / "data")], tmp_path / "up.log", env=env, cwd=tmp_path
+    )
+    door = f"http://127.0.0.1:{door_port}"
+    haproxy_pid: int | None = None
+    try:
+
+        def welcome() -> str | None:
+            text = up.log_path.read_text()
+            return text if "export EPCTL_TOKEN=" in text else None
+
+        output = up.wait_for(welcome, timeout_s=120, what="epctl up to print the token")
+        assert f"front door (HAProxy): {door}/v1/infer" in output, output
+        headers = {"Authorization": f"Bearer {output.split('export EPCTL_TOKEN=')[1].split()[0]}"}
+        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30)
+        deployment = api.get("/v1/deployments/demo").json()
+        assert deployment["front_door"]["url"] == door and "haproxy" in deployment["front_door"]["keeper"]
+        haproxy_pid = _haproxy_pid(tmp_path / "data")
+
+        engine = EngineConfig.model_validate(deployment["engine"])
+        tokens = torch.randn(2, engine.hidden_size, generator=torch.Generator().manual_seed(3))
+        expected = moe.reference_forward(engine, tokens).tolist()
+        client = SteadyClient([door], tokens.tolist(), expected, streams=2, period_s=0.01).start()
+        watcher = FeedWatcher(f"http://127.0.0.1:{port}", headers).start()
+        client.wait_serving(count=20, timeout_s=60)
+
+        jobs: dict[int, dict[str, Any]] = {}
+        after: dict[int, dict[str, Any]] = {}
+        for target in (4, 3, 2):
+            job_id = api.post(
+                "/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": target}
+            ).json()["id"]
+            job = wait_until(
+                partial(_ended, api, job_id), timeout_s=240, what=f"the job to {target} engines to end"
+            )
+            assert job["state"] == "succeeded", job
+            jobs[target] = job
+            after[target] = api.get("/v1/deployments/demo/endpoints").json()
+            client.wait_serving(count=20, timeout_s=60)
+        # A job that ends on the old generation gives the front door back as it was: rolled back (a
+        # prepare that fails) and cancelled (a prepare held, then cancelled).
+        key = api.post("/v1/deployments/demo/agent-key").json()["key"]
+        agents = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        before = api.get("/v1/deployments/demo/endpoints").json()
+        rank0 = next(e["address"] for e in before["endpoints"] if e["dp_rank"] == 0)
+        ended: dict[str, dict[str, Any]] = {}
+        for outcome, fault in (
+            ("rolled_back", {"fail_prepare_at_step": "create_groups"}),
+            ("cancelled", {"hang_prepare_at_step": "create_groups"}),
+        ):
+            agents.post(f"{rank0}/v1/faults", json=fault).raise_for_status()
+            job_id = api.post(
+                "/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 1}
+            ).json()["id"]
+            if outcome == "cancelled":
+                wait_until(
+                    lambda: "draining" in _states(api.get("/v1/deployments/demo/endpoints").json()).values(),
+                    timeout_s=60,
+                    what="the leaver draining at the front door",
+                )
+                api.post(f"/v1/reconfigurations/{job_id}/cancel").raise_for_status()
+            ended[outcome] = wait_until(
+                partial(_ended, api, job_id), timeout_s=120, what=f"the job that should end {outcome}"
+            )
+            agents.post(f"{rank0}/v1/faults", json={}).raise_for_status()
+            restored = api.get("/v1/deployments/demo/endpoints").json()
+            assert ended[outcome]["state"] == outcome, ended[outcome]
+            assert (restored["generation"], _states(restored)) == (before["generation"], _states(before)), (
+                restored
+            )
+            client.wait_serving(count=20, timeout_s=60)
+        samples = client.stop()
+        versions = watcher.stop()
+        logs = {t: api.get(f"/v1/reconfigurations/{jobs[t]['id']}").json()["events"] for t in (3, 2)}
+    finally:
+        up.popen.send_signal(signal.SIGINT)
+        try:
+            up.popen.wait(timeout=60)
+        finally:
+            up.kill()
+
+    failures = [s for s in samples if not s.ok]
+    print(f"front door: {len(samples)} requests, {len(failures)} failed; feed versions {len(versions)}")
+    for target, job in jobs.items():
+        print(
+            f"job to {target}: downtime_ms {job['downtime_ms']}, client_outage_ms {job['client_outage_ms']}, "
+            f"client_slowest_answer_ms {job['client_slowest_answer_ms']}, front door {job.get('front_door')}"
+        )
+        # The canary probe went through the front door: its figures are what a client saw.
+        assert job["probe"]["through"] == "front-door" and job["probe"]["front_door"] == door, job["probe"]
+        assert job["client_outage_ms"] is not None and job["probe"]["per_engine"] is not None
+        # The front door's own accounting: requests it passed, none failed.
+        counted = job["front_door_requests"]
+        print(f"job to {target}: front door requests {counted}")
+        assert counted["requests"] > 0 and counted["failed"] == {"5xx": 0, "connection": 0, "response": 0}
+        leavers = [r["engine_id"] for r in job["engine_results"] if r["role"] == "leaving"]
+        assert sorted(counted["drained"]) == sorted(leavers), counted
+    assert len(samples) > 100 and failures == [], failures[:5]
+    assert all(s.max_abs_error is not None and s.max_abs_error < 1e-4 for s in samples)
+
+    for target, feed in after.items():  # at each step: exactly the new generation's members are ready
+        job = jobs[target]
+        members = sorted(r["engine_id"] for r in job["engine_results"] if r["new_rank"] is not None)
+        assert feed["generation"] == job["to_generation"]
+        assert _ready(feed) == members, (target, feed)
+        leavers = [r["engine_id"] for r in job["engine_results"] if r["role"] == "leaving"]
+        assert all(_states(feed).get(e, "out") == "out" for e in leavers), (target, feed)
+
+    # The watch saw every version once, in order, and the leavers draining before they left.
+    numbers = [v["resourceVersion"] for v in versions]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), numbers
+    for target in (3, 2):
+        leaver = next(r["engine_id"] for r in jobs[target]["engine_results"] if r["role"] == "leaving")
+        assert any(_states(v).get(leaver) == "draining" for v in versions), (target, leaver)
+    # The front door's steps are on the jobs' logs, drained before prepare.
+    for target in (3, 2):
+        kinds = [(e["kind"], e.get("message") or "") for e in logs[target]]
+        drain = next(
+            i for i, (k, m) in enumerate(kinds) if k == "front-door" and m.startswith("drain leavers")
+        )
+        prepared = next(i for i, (k, m) in enumerate(kinds) if k == "engines" and m == "prepared")
+        assert drain < prepared and "front door applied version" in kinds[drain][1], kinds
+    # Stopping `epctl up` stopped the HAProxy it started.
+    assert haproxy_pid is not None and not Path(f"/proc/{haproxy_pid}").exists()
+
+
+def _haproxy_pid(data: Path) -> int:
+    config = str(data / "front-door" / "haproxy.cfg")
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if config.encode() in cmdline:
+                return int(proc.name)
+    raise AssertionError(f"no haproxy with {config}")
+
+
+def test_an_engine_killed_is_taken_out_of_the_front_door_and_clients_are_served_on_the_survivors(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL of one of three engines: requests only ever go to the front door. The EP group breaks
+    with it (every member's collective fails), so requests fail until the survivors form a generation
+    of their own: every failure was in flight at the kill or sent after it, and none once the
+    survivors served again;
+    the feed takes the dead engine out, and the deployment serves without it."""
+    require_haproxy()
+    port, door_port = free_port(), free_port()
+    env = clean_environment({"EPCTL_RUNNER_LOCAL_AGENT_ARGS": "--heartbeat-s 1"})
+    argv = [
+        *epctl_command(),
+        "up",
+        "--port",
+        str(port),
+        "--front-door-port",
+        str(door_port),
+        "--engines",
+        "3",
+    ]
+    up = spawn(
+        "epctl up", [*argv, "--data-dir", str(tmp_path / "data")], tmp_path / "up.log", env=env, cwd=tmp_path
+    )
+    door = f"http://127.0.0.1:{door_port}"
+    streams = 2
+    try:
+
+        def welcome() -> str | None:
+            text = up.log_path.read_text()
+            return text if "export EPCTL_TOKEN=" in text else None
+
+        output = up.wait_for(welcome, timeout_s=120, what="epctl up to print the token")
+        headers = {"Authorization": f"Bearer {output.split('export EPCTL_TOKEN=')[1].split()[0]}"}
+        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30)
+        engine = EngineConfig.model_validate(api.get("/v1/deployments/demo").json()["engine"])
+        tokens = torch.randn(2, engine.hidden_size, generator=torch.Generator().manual_seed(4))
+        expected = moe.reference_forward(engine, tokens).tolist()
+        client = SteadyClient([door], tokens.tolist(), expected, streams=streams, period_s=0.01).start()
+        client.wait_serving(count=20, timeout_s=60)
+
+        victim = next(e for e in api.get("/v1/engines").json()["data"] if e["dp_rank"] == 2)
+        killed_at = time.time()
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+
+        def taken_out() -> dict[str, Any] | None:
+            feed: dict[str, Any] = api.get("/v1/deployments/demo/endpoints").json()
+            return feed if _states(feed).get(victim["id"], "gone") != "ready" else None
+
+        out = wait_until(taken_out, timeout_s=60, what="the killed engine out of the front door")
+        client.wait_serving(count=50, timeout_s=60)  # served on the survivors
+        served_again_at = time.time()
+        wait_until(
+            lambda: (
+                (d := api.get("/v1/deployments/demo").json())["status"] == "ready" and not d["active_job_id"]
+            ),
+            timeout_s=240,
+            what="the deployment healed",
+        )
+        client.wait_serving(count=20, timeout_s=60)
+        samples = client.stop()
+        healed = api.get("/v1/deployments/demo/endpoints").json()
+    finally:
+        up.popen.send_signal(signal.SIGINT)
+        try:
+            up.popen.wait(timeout=60)
+        finally:
+            up.kill()
+
+    failures = [s for s in samples if not s.ok]
+    print(
+        f"front door through a SIGKILL: {len(samples)} requests, {len(failures)} failed "
+        f"({[s.error for s in failures][:3]}); the victim {_states(out).get(victim['id'], 'not listed')}"
+    )
+    if failures:
+        first, last = min(f.sent_at for f in failures), max(f.done_at for f in failures)
+        print(f"  failures from {first - killed_at:+.3f} s to {last - killed_at:+.3f} s after the kill")
+    # In flight at the kill or sent after it, and none once the survivors served again.
+    assert all(killed_at <= f.done_at and f.sent_at <= served_again_at for f in failures), failures
+    assert not [s for s in samples if not s.ok and s.sent_at > served_again_at]
+    assert victim["id"] not in _ready(healed) and len(_ready(healed)) >= 2, healed

@@ -1,0 +1,253 @@
+"""`GET /v1/deployments/{name}/endpoints` and its long-poll watch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine as DbEngine
+from sqlmodel import Session, select
+
+from app.api.database import Database
+from app.core.config import Settings
+from app.deployments.engines.models import Engine
+from app.deployments.front_door import FrontDoor
+from app.deployments.models import Deployment
+from app.frontdoor.keeper import publish_feeds
+from app.frontdoor.models import EndpointSetVersion
+from app.frontdoor.service import latest, set_front_door
+from app.jobs.models import ReconfigurationJob
+from app.main import create_app
+from tests.support.factories import static_deployment
+from tests.support.fixtures import ADMIN_HEADERS, token_headers
+
+
+def _serving(db_engine: DbEngine, name: str = "fd", size: int = 2) -> Deployment:
+    """A static deployment whose engines serve generation 1, ranks 0..size-1."""
+    with Session(db_engine, expire_on_commit=False) as session:
+        deployment = static_deployment(session, name, engines=size)
+        deployment.generation, deployment.current_dp_size = 1, size
+        session.add(deployment)
+        for rank, row in enumerate(
+            session.exec(select(Engine).where(Engine.deployment_id == deployment.id)).all()
+        ):
+            row.state, row.dp_rank, row.generation = "serving", rank, 1
+            session.add(row)
+        session.commit()
+        return deployment
+
+
+def _set_engine(db_engine: DbEngine, engine_id: str, **fields: Any) -> None:
+    with Session(db_engine) as session:
+        row = session.get(Engine, engine_id)
+        assert row is not None
+        for key, value in fields.items():
+            setattr(row, key, value)
+        session.add(row)
+        session.commit()
+
+
+def _states(body: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
+    return {e["engine_id"]: (e["state"], e["reason"]) for e in body["endpoints"]}
+
+
+def test_the_feed_lists_each_engine_with_address_rank_and_state(
+    client: TestClient, db_engine: DbEngine
+) -> None:
+    _serving(db_engine)
+    response = client.get("/v1/deployments/fd/endpoints")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["deployment"], body["generation"], body["resourceVersion"]) == ("fd", 1, 1)
+    assert [(e["engine_id"], e["address"], e["dp_rank"], e["state"]) for e in body["endpoints"]] == [
+        ("fd-engine-0", "http://127.0.0.1:9000", 0, "ready"),
+        ("fd-engine-1", "http://127.0.0.1:9001", 1, "ready"),
+    ]
+    assert body["front_door"] is None
+
+
+def test_reading_again_without_a_change_keeps_the_version(client: TestClient, db_engine: DbEngine) -> None:
+    _serving(db_engine)
+    first = client.get("/v1/deployments/fd/endpoints").json()["resourceVersion"]
+    assert client.get("/v1/deployments/fd/endpoints").json()["resourceVersion"] == first
+
+
+def test_a_fenced_engine_is_out_in_the_next_version(client: TestClient, db_engine: DbEngine) -> None:
+    _serving(db_engine)
+    client.get("/v1/deployments/fd/endpoints")
+    _set_engine(db_engine, "fd-engine-1", state="fenced")
+    body = client.get("/v1/deployments/fd/endpoints").json()
+    assert body["resourceVersion"] == 2
+    assert _states(body)["fd-engine-1"] == ("out", "fenced")
+
+
+def test_a_leaver_of_the_active_job_is_draining_and_back_when_the_job_rolls_back(
+    client: TestClient, db_engine: DbEngine
+) -> None:
+    deployment = _serving(db_engine)
+    response = client.post("/v1/reconfigurations", json={"deployment": "fd", "target_dp_size": 1})
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    with Session(db_engine) as session:  # the plan, as the runner writes it before prepare
+        job = session.get(ReconfigurationJob, job_id)
+        assert job is not None and job.deployment_id == deployment.id
+        job.state = "preparing"
+        job.engine_results = [
+            {"engine_id": "fd-engine-0", "role": "staying"},
+            {"engine_id": "fd-engine-1", "role": "leaving"},
+        ]
+        session.add(job)
+        session.commit()
+    body = client.get("/v1/deployments/fd/endpoints").json()
+    assert _states(body)["fd-engine-1"] == ("draining", f"leaving in job {job_id}")
+    assert body["job_id"] == job_id
+    with Session(db_engine) as session:
+        job = session.get(ReconfigurationJob, job_id)
+        assert job is not None
+        job.state = "rolled_back"
+        session.add(job)
+        session.commit()
+    assert _states(client.get("/v1/deployments/fd/endpoints").json())["fd-engine-1"] == ("ready", None)
+
+
+def test_a_watch_answers_with_the_next_version_once_there_is_one(
+    client: TestClient, db_engine: DbEngine
+) -> None:
+    _serving(db_engine)
+    version = client.get("/v1/deployments/fd/endpoints").json()["resourceVersion"]
+    answers: list[dict[str, Any]] = []
+
+    def watch() -> None:
+        answers.append(
+            client.get(
+                "/v1/deployments/fd/endpoints",
+                params={"watch": "true", "resourceVersion": version, "timeoutSeconds": 60},
+            ).json()
+        )
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    _set_engine(db_engine, "fd-engine-0", state="unreachable")
+    watcher.join(timeout=60)
+    assert answers and answers[0]["resourceVersion"] == version + 1
+    assert _states(answers[0])["fd-engine-0"] == ("out", "unreachable")
+
+
+def test_a_watch_from_an_old_version_sees_every_change_once_in_order(
+    client: TestClient, db_engine: DbEngine
+) -> None:
+    _serving(db_engine)
+    client.get("/v1/deployments/fd/endpoints")
+    _set_engine(db_engine, "fd-engine-0", state="fenced")
+    client.get("/v1/deployments/fd/endpoints")
+    _set_engine(db_engine, "fd-engine-0", state="serving")
+    client.get("/v1/deployments/fd/endpoints")
+    seen, version = [], 0
+    for _ in range(3):
+        body = client.get(
+            "/v1/deployments/fd/endpoints", params={"watch": "true", "resourceVersion": version}
+        ).json()
+        version = body["resourceVersion"]
+        seen.append((version, _states(body)["fd-engine-0"][0]))
+    assert seen == [(1, "ready"), (2, "out"), (3, "ready")]
+
+
+def test_a_watch_with_nothing_new_answers_the_same_version_at_its_timeout(
+    client: TestClient, db_engine: DbEngine
+) -> None:
+    _serving(db_engine)
+    version = client.get("/v1/deployments/fd/endpoints").json()["resourceVersion"]
+    body = client.get(
+        "/v1/deployments/fd/endpoints",
+        params={"watch": "true", "resourceVersion": version, "timeoutSeconds": 0.3},
+    ).json()
+    assert body["resourceVersion"] == version
+
+
+def test_a_viewer_may_read_the_feed(client: TestClient, db_engine: DbEngine) -> None:
+    _serving(db_engine)
+    viewer = token_headers(client, "viewer")
+    assert client.get("/v1/deployments/fd/endpoints", headers=viewer).status_code == 200
+
+
+def test_the_feed_needs_a_token(client: TestClient, db_engine: DbEngine) -> None:
+    _serving(db_engine)
+    response = client.get("/v1/deployments/fd/endpoints", headers={"Authorization": ""})
+    assert response.status_code == 401
+
+
+def test_an_unknown_deployment_is_a_404_problem(client: TestClient) -> None:
+    response = client.get("/v1/deployments/nope/endpoints")
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.json()["code"] == "deployment-not-found"
+
+
+def test_a_watch_resumes_from_its_resource_version_on_a_restarted_coordinator(
+    client: TestClient, db_engine: DbEngine, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _serving(db_engine)
+    held = client.get("/v1/deployments/fd/endpoints").json()["resourceVersion"]
+    _set_engine(db_engine, "fd-engine-1", state="fenced")
+    client.get("/v1/deployments/fd/endpoints")
+    _set_engine(db_engine, "fd-engine-1", state="serving")
+    client.get("/v1/deployments/fd/endpoints")
+    # Another coordinator process on the same database (the first one is gone): the versions are rows.
+    monkeypatch.setenv("EPCTL_RUNNER_ENABLED", "false")
+    restarted = create_app(settings.model_copy(update={"webhook_worker_enabled": False}))
+    with TestClient(restarted, headers=ADMIN_HEADERS) as again:
+        seen = []
+        for _ in range(2):
+            body = again.get(
+                "/v1/deployments/fd/endpoints", params={"watch": "true", "resourceVersion": held}
+            ).json()
+            held = body["resourceVersion"]
+            seen.append(_states(body)["fd-engine-1"][0])
+    assert seen == ["out", "ready"]
+
+
+def test_the_publisher_writes_each_change_of_the_record_without_any_reader(db_engine: DbEngine) -> None:
+    deployment = _serving(db_engine)
+
+    def latest_version() -> EndpointSetVersion | None:
+        with Session(db_engine) as session:
+            return latest(session, deployment.id)
+
+    async def run() -> list[str]:
+        publisher = asyncio.create_task(publish_feeds(Database(db_engine, concurrency=2), interval_s=0.02))
+        try:
+            first = await _until(latest_version)
+            _set_engine(db_engine, "fd-engine-0", state="unreachable")
+            second = await _until(
+                lambda: (
+                    (v := latest_version()) is not None and v.resource_version > first.resource_version and v
+                )
+            )
+            return [e["state"] for e in second.endpoints if e["engine_id"] == "fd-engine-0"]
+        finally:
+            publisher.cancel()
+
+    assert asyncio.run(run()) == ["out"]
+
+
+async def _until(check: Any) -> Any:
+    async with asyncio.timeout(30):
+        while not (found := check()):
+            await asyncio.sleep(0.01)
+        return found
+
+
+def test_deleting_a_deployment_deletes_its_feed_and_front_door(
+    client: TestClient, db_engine: DbEngine
+) -> None:
+    deployment = _serving(db_engine)
+    client.get("/v1/deployments/fd/endpoints")
+    with Session(db_engine) as session:
+        set_front_door(session, ref="fd", url="http://127.0.0.1:1", keeper="test")
+    assert client.delete("/v1/deployments/fd").status_code == 204
+    with Session(db_engine) as session:
+        assert latest(session, deployment.id) is None
+        assert session.get(FrontDoor, deployment.id) is None

@@ -1,0 +1,123 @@
+"""The HAProxy keeper on a real HAProxy: the front door says what the feed says."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine as DbEngine
+from sqlmodel import Session
+
+from app.core.config import Settings
+from app.deployments.engines.models import Engine
+from app.frontdoor.launch import RunningDoor
+from app.frontdoor.settings import FrontDoorSpec
+from app.main import create_app
+from tests.frontdoor.conftest import NamedServer
+from tests.support.factories import static_deployment
+from tests.support.fixtures import ADMIN_HEADERS
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.processes  # a real HAProxy
+
+
+def _app(settings: Settings, door: RunningDoor, monkeypatch: pytest.MonkeyPatch) -> FastAPI:
+    monkeypatch.setenv("EPCTL_RUNNER_ENABLED", "false")
+    app = create_app(settings.model_copy(update={"webhook_worker_enabled": False}))
+    app.state.front_doors = [
+        FrontDoorSpec(deployment="fd", url=door.url, socket=door.socket_path, poll_s=0.05)
+    ]
+    return app
+
+
+def _deployment(db_engine: DbEngine, servers: list[NamedServer], size: int) -> None:
+    with Session(db_engine) as session:
+        deployment = static_deployment(session, "fd", engines=len(servers))
+        deployment.generation, deployment.current_dp_size = 1, size
+        session.add(deployment)
+        for index, server in enumerate(servers):
+            row = session.get(Engine, f"fd-engine-{index}")
+            assert row is not None
+            row.url = server.url
+            row.state, row.dp_rank, row.generation = (
+                ("serving", index, 1) if index < size else ("idle", None, 0)
+            )
+            session.add(row)
+        session.commit()
+
+
+def _set_engine(db_engine: DbEngine, engine_id: str, **fields: Any) -> None:
+    with Session(db_engine) as session:
+        row = session.get(Engine, engine_id)
+        assert row is not None
+        for key, value in fields.items():
+            setattr(row, key, value)
+        session.add(row)
+        session.commit()
+
+
+def _applied(client: TestClient) -> dict[str, Any]:
+    """The feed once the front door applied its current version."""
+
+    def check() -> dict[str, Any] | None:
+        body = client.get("/v1/deployments/fd/endpoints").json()
+        door = body["front_door"]
+        return body if door and door["applied_version"] == body["resourceVersion"] else None
+
+    return wait_until(check, timeout_s=30, what="the front door applies the feed's version")
+
+
+def _answers(door: RunningDoor, count: int) -> Counter[str]:
+    with httpx.Client(base_url=door.url, timeout=10) as http:
+        return Counter(http.post("/v1/infer", content=b"x").text for _ in range(count))
+
+
+def test_the_front_door_sends_only_to_ready_engines_and_follows_each_change(
+    settings: Settings,
+    db_engine: DbEngine,
+    haproxy: RunningDoor,
+    named_servers: list[NamedServer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _deployment(db_engine, named_servers, size=2)
+    with TestClient(_app(settings, haproxy, monkeypatch), headers=ADMIN_HEADERS) as client:
+        feed = _applied(client)
+        assert feed["front_door"]["url"] == haproxy.url
+        assert "haproxy" in feed["front_door"]["keeper"]
+        assert set(_answers(haproxy, 12)) == {"s0", "s1"}  # s2 is idle: out
+
+        _set_engine(db_engine, "fd-engine-1", state="fenced")
+        _applied(client)
+        assert set(_answers(haproxy, 8)) == {"s0"}
+
+        _set_engine(db_engine, "fd-engine-2", state="serving", dp_rank=1, generation=1)
+        _set_engine(db_engine, "fd-engine-1", state="left", dp_rank=None)
+        _applied(client)
+        assert set(_answers(haproxy, 12)) == {"s0", "s2"}
+
+
+def test_a_restarted_keeper_takes_over_the_slots_haproxy_serves(
+    settings: Settings,
+    db_engine: DbEngine,
+    haproxy: RunningDoor,
+    named_servers: list[NamedServer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _deployment(db_engine, named_servers, size=2)
+    with TestClient(_app(settings, haproxy, monkeypatch), headers=ADMIN_HEADERS) as client:
+        _applied(client)
+    # The coordinator is gone: HAProxy serves on the last rank set it was given.
+    assert set(_answers(haproxy, 8)) == {"s0", "s1"}
+    app = _app(settings, haproxy, monkeypatch)
+    with TestClient(app, headers=ADMIN_HEADERS) as client:
+        feed = _applied(client)
+        (keeper,) = app.state.front_door_keepers
+        wait_until(
+            lambda: keeper.applied == feed["resourceVersion"], timeout_s=30, what="the new keeper applies"
+        )
+        assert sorted(keeper.slots.items()) == [("fd-engine-0", "e1"), ("fd-engine-1", "e2")]
+        assert set(_answers(haproxy, 8)) == {"s0", "s1"}

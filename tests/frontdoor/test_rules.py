@@ -1,0 +1,122 @@
+"""The front door's rules, as a table: each engine's state from the record alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.frontdoor.rules import EndpointState, EngineFacts, JobFacts, endpoint_of, rank_set, roles_of
+
+GEN = 3
+R, D, OUT = EndpointState.ready, EndpointState.draining, EndpointState.out
+
+
+def engine(
+    state: str = "serving", rank: int | None = 0, generation: int = GEN, engine_id: str = "e0"
+) -> EngineFacts:
+    return EngineFacts(engine_id, "http://127.0.0.1:9000", state, rank, generation)
+
+
+def job(state: str, role: str | None = None, engine_id: str = "e0") -> JobFacts:
+    return JobFacts("rcfg_1", state, {engine_id: role} if role else {})
+
+
+CASES = [
+    # (what, engine, job, expected state, expected reason)
+    ("a member serving, no job", engine(), None, R, None),
+    (
+        "a member paused by a job's commit holds its requests",
+        engine("paused"),
+        job("committing", "staying"),
+        R,
+        None,
+    ),
+    ("a member paused in a blocking prepare", engine("paused"), job("preparing", "staying"), R, None),
+    ("a member paused with no job (a lease outliving it)", engine("paused"), None, OUT, "paused"),
+    ("a member paused after its job ended", engine("paused"), job("rolled_back", "staying"), OUT, "paused"),
+    ("a leaver once the plan names it", engine(), job("preparing", "leaving"), D, "leaving in job rcfg_1"),
+    (
+        "a leaver while the job is pending with its plan",
+        engine(),
+        job("pending", "leaving"),
+        D,
+        "leaving in job rcfg_1",
+    ),
+    (
+        "a leaver paused inside the commit",
+        engine("paused"),
+        job("committing", "leaving"),
+        D,
+        "leaving in job rcfg_1",
+    ),
+    ("a leaver of a rolled-back job is back", engine(), job("rolled_back", "leaving"), R, None),
+    ("a leaver of a cancelled job is back", engine(), job("cancelled", "leaving"), R, None),
+    ("a joiner before its switch", engine("idle", None, 0), job("syncing", "joining"), OUT, "joining"),
+    (
+        "a joiner inside the commit, not yet recorded",
+        engine("serving", 2, GEN),
+        job("committing", "joining"),
+        R,
+        None,
+    ),
+    (
+        "a joiner switched on the next generation, not yet recorded",
+        engine("serving", 2, GEN + 1),
+        job("committing", "joining"),
+        OUT,
+        "joining",
+    ),
+    (
+        "a joiner of a rolled-back job",
+        engine("idle", None, 0),
+        job("rolled_back", "joining"),
+        OUT,
+        "not-a-member",
+    ),
+    ("an idle engine in no job", engine("idle", None, 0), None, OUT, "not-a-member"),
+    ("an engine just registered", engine("registered", None, 0), None, OUT, "not-a-member"),
+    ("a fenced member", engine("fenced"), None, OUT, "fenced"),
+    ("an unreachable member", engine("unreachable"), job("committing", "staying"), OUT, "unreachable"),
+    ("a member on an older generation", engine("serving", 0, GEN - 1), None, OUT, "not-a-member"),
+]
+
+
+@pytest.mark.parametrize(("what", "facts", "job_facts", "state", "reason"), CASES, ids=[c[0] for c in CASES])
+def test_front_door_state(
+    what: str, facts: EngineFacts, job_facts: JobFacts | None, state: EndpointState, reason: str | None
+) -> None:
+    endpoint = endpoint_of(facts, GEN, job_facts)
+    assert endpoint is not None
+    assert (endpoint.state, endpoint.reason) == (state, reason), what
+
+
+def test_an_engine_that_left_is_not_listed() -> None:
+    assert endpoint_of(engine("left", None, 0), GEN, None) is None
+
+
+def test_the_rank_set_lists_ready_engines_by_rank_first() -> None:
+    engines = [
+        engine("idle", None, 0, "z-joiner"),
+        engine("serving", 1, GEN, "b"),
+        engine("serving", 0, GEN, "c"),
+        engine("fenced", 2, GEN, "a"),
+    ]
+    listed = rank_set(GEN, engines, None)
+    assert [(e.engine_id, e.state) for e in listed] == [("c", R), ("b", R), ("a", OUT), ("z-joiner", OUT)]
+
+
+def test_roles_come_from_the_jobs_engine_results_and_skip_malformed_rows() -> None:
+    results = [{"engine_id": "a", "role": "leaving"}, {"engine_id": "b"}, {"role": "joining"}]
+    assert roles_of(results) == {"a": "leaving"}
+    assert roles_of(None) == {}
+
+
+def test_a_leaver_of_a_job_ending_on_the_old_generation_stays_before_the_job_ends() -> None:
+    results = [
+        {"engine_id": "a", "role": "leaving", "generation_before": 3, "generation_after": 3},
+        {"engine_id": "b", "role": "leaving", "generation_before": 3, "generation_after": None},
+    ]
+    roles = roles_of(results)
+    assert roles == {"a": "staying", "b": "leaving"}
+    still_running = JobFacts("rcfg_1", "syncing", roles)
+    assert endpoint_of(engine(engine_id="a"), GEN, still_running).state == R  # type: ignore[union-attr]
+    assert endpoint_of(engine(engine_id="b"), GEN, still_running).state == D  # type: ignore[union-attr]

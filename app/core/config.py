@@ -135,6 +135,13 @@ class Settings(BaseSettings):
         "0: no limit",
     )
     auth_failure_refill_s: float = Field(1.0, gt=0, le=3600, description="see auth_failure_burst")
+    endpoints_watch_max_s: float = Field(
+        300.0,
+        gt=0,
+        le=3600,
+        description="the longest an endpoints watch waits, whatever its timeoutSeconds asks (below a proxy's "
+        "idle timeout in front of the coordinator, if there is one)",
+    )
     events_token_recheck_s: float = Field(
         5.0,
         gt=0,

@@ -20,7 +20,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from app.api.deps import DatabaseDep, Reader
+from app.api.deps import DatabaseDep, Reader, SettingsDep
 from app.api.params import INT64_MAX, DeploymentRefPath
 from app.core.problems import problem_responses
 from app.frontdoor import service
@@ -38,6 +38,7 @@ WATCH_POLL_S = 0.25  # how often a watch re-reads the record (changes of another
 async def get_endpoints(
     name: DeploymentRefPath,
     db: DatabaseDep,
+    settings: SettingsDep,
     _: Reader,
     watch: Annotated[
         bool, Query(description="long-poll for the first version after `resourceVersion`")
@@ -46,14 +47,21 @@ async def get_endpoints(
         int, Query(alias="resourceVersion", ge=0, le=INT64_MAX, description="the version the caller holds")
     ] = 0,
     timeout_seconds: Annotated[
-        float, Query(alias="timeoutSeconds", gt=0, le=300, description="a watch's longest wait")
+        float,
+        Query(
+            alias="timeoutSeconds",
+            gt=0,
+            le=300,
+            description="a watch's longest wait (the coordinator's `endpoints_watch_max_s` caps it); a "
+            "`resourceVersion` ahead of the newest is a 422 `resource-version-ahead` at once",
+        ),
     ] = 30.0,
 ) -> EndpointSetPublic:
     """Per engine: id, serving address, `dp_rank`, generation and state (`ready`, `draining`, `out` with
     a reason), with the deployment's generation, the `resourceVersion` and the front door (if any)."""
     if not watch:
         return await db.run(lambda session: service.current_public(session, ref=name))
-    give_up = time.monotonic() + timeout_seconds
+    give_up = time.monotonic() + min(timeout_seconds, settings.endpoints_watch_max_s)
     while True:
         # Where the publisher runs here, it derives the versions and a watch only reads them.
         found = await db.run(

@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.core.clock import utc_now
+from app.core.errors import InvalidRequestError
 from app.deployments.engines.models import Engine
 from app.deployments.front_door import FrontDoor, FrontDoorPublic
 from app.deployments.models import Deployment
@@ -169,6 +170,15 @@ def next_public(
     deployment = get_deployment(session, ref=ref)
     if derive_first:
         refresh(session, deployment)
+    newest = latest(session, deployment.id)
+    if resource_version > (newest.resource_version if newest is not None else 0):
+        # Versions only grow and are rows (a restart keeps them): one ahead of the newest was never ours,
+        # and waiting for it would hold the caller for nothing (Kubernetes: "too large resource version").
+        raise InvalidRequestError(
+            f"resourceVersion {resource_version} is ahead of the newest one of {deployment.name} "
+            f"({newest.resource_version if newest is not None else 0}): watch from the version you last read",
+            code="resource-version-ahead",
+        )
     version = after(session, deployment.id, resource_version)
     return public(session, deployment, version) if version is not None else None
 

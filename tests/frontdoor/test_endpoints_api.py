@@ -167,6 +167,48 @@ def test_a_watch_with_nothing_new_answers_the_same_version_at_its_timeout(
     assert body["resourceVersion"] == version
 
 
+def test_a_watch_from_a_version_ahead_of_the_newest_is_a_422_at_once(
+    client: TestClient, db_engine: DbEngine
+) -> None:
+    _serving(db_engine)
+    version = client.get("/v1/deployments/fd/endpoints").json()["resourceVersion"]
+    for ahead in (version + 1, 2**63 - 1):  # the largest one is past Postgres' integer column, too
+        response = client.get(
+            "/v1/deployments/fd/endpoints",
+            params={"watch": "true", "resourceVersion": ahead, "timeoutSeconds": 300},
+        )
+        assert response.status_code == 422, response.text
+        assert response.json()["code"] == "resource-version-ahead"
+
+
+def test_the_coordinator_caps_how_long_a_watch_waits(
+    client: TestClient, db_engine: DbEngine, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _serving(db_engine)
+    version = client.get("/v1/deployments/fd/endpoints").json()["resourceVersion"]
+    monkeypatch.setenv("EPCTL_RUNNER_ENABLED", "false")
+    capped = create_app(
+        settings.model_copy(update={"webhook_worker_enabled": False, "endpoints_watch_max_s": 0.2})
+    )
+    answers: list[dict[str, Any]] = []
+    with TestClient(capped, headers=ADMIN_HEADERS) as again:
+        # Asked for 300 s with nothing new: the cap ends it with the same version. Were it the ask that
+        # ended it, the call would still be waiting when the minute given here is over.
+        asking = threading.Thread(
+            target=lambda: answers.append(
+                again.get(
+                    "/v1/deployments/fd/endpoints",
+                    params={"watch": "true", "resourceVersion": version, "timeoutSeconds": 300},
+                ).json()
+            ),
+            daemon=True,
+        )
+        asking.start()
+        asking.join(timeout=60)
+        assert not asking.is_alive(), "the watch waited past the coordinator's cap"
+    assert [body["resourceVersion"] for body in answers] == [version]
+
+
 def test_a_viewer_may_read_the_feed(client: TestClient, db_engine: DbEngine) -> None:
     _serving(db_engine)
     viewer = token_headers(client, "viewer")

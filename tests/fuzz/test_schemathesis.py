@@ -84,7 +84,9 @@ def test_every_operation_under_every_check(database_url: str, tmp_path: Path) ->
     # Schemathesis sends thousands of calls without (or with wrong) credentials from one address and
     # expects 401/403 to each: the failure throttle would answer 429 after ten (as documented; its own
     # tests are tests/coordinator/test_auth.py and tests/e2e/test_agent_keys_live.py), so it is off here.
-    unlimited = {"EPCTL_AUTH_FAILURE_BURST": "0"}
+    # A watch of the endpoints may wait its whole timeoutSeconds (up to 300 s) by design; schemathesis
+    # gives up on an answer after 10 s, so the coordinator caps a watch at 2 s here.
+    unlimited = {"EPCTL_AUTH_FAILURE_BURST": "0", "EPCTL_ENDPOINTS_WATCH_MAX_S": "2"}
     with Coordinator(database_url, tmp_path / "data", env=unlimited) as running:
         with running.client() as api:
             seed(api)

@@ -16,9 +16,10 @@ from fastapi import APIRouter, Request, Response
 from app.api.deps import DatabaseDep, Reader, Scaler, SettingsDep
 from app.api.params import DeploymentRefPath
 from app.core.problems import problem_responses
-from app.jobs.requests import IdempotencyKeyHeader, idempotency_of, point_at_job
+from app.jobs.requests import IdempotencyKeyHeader
 from app.scale import patches, service
 from app.scale.models import Scale
+from app.scale.writes import write_scale
 
 # A body without Content-Type is read as JSON, as the Kubernetes API server reads it (client-go's scale
 # client and the `kubernetes` client's `replace_namespaced_deployment_scale` send none); another type
@@ -75,17 +76,15 @@ async def put_scale(
     """Set the target DP size (`spec.replicas`): creates a reconfiguration job (source `scale-subresource`)
     under the rules of `POST /v1/reconfigurations`, or records it while a job is active or the cooldown
     runs. The size already asked for changes nothing. A stale `metadata.resourceVersion` is a 409."""
-    outcome = await db.run(
-        lambda session: service.put_scale(
-            session,
-            ref=name,
-            scale=body,
-            requester=principal.name,
-            idempotency=idempotency_of(idempotency_key, principal, settings),
-        )
+    return await write_scale(
+        db,
+        ref=name,
+        new_scale=lambda _session: body,
+        principal=principal,
+        settings=settings,
+        idempotency_key=idempotency_key,
+        response=response,
     )
-    point_at_job(response, outcome.job.id if outcome.job else None, replayed=outcome.replayed)
-    return outcome.scale
 
 
 @router.patch(
@@ -111,16 +110,14 @@ async def patch_scale(
     body = await request.body()
     content_type = request.headers.get("content-type", "")
 
-    def work(session: Any) -> service.ScaleOutcome:
-        scale = patches.patched_scale(service.get_scale(session, ref=name), content_type, body)
-        return service.put_scale(
-            session,
-            ref=name,
-            scale=scale,
-            requester=principal.name,
-            idempotency=idempotency_of(idempotency_key, principal, settings),
-        )
-
-    outcome = await db.run(work)
-    point_at_job(response, outcome.job.id if outcome.job else None, replayed=outcome.replayed)
-    return outcome.scale
+    return await write_scale(
+        db,
+        ref=name,
+        new_scale=lambda session: patches.patched_scale(
+            service.get_scale(session, ref=name), content_type, body
+        ),
+        principal=principal,
+        settings=settings,
+        idempotency_key=idempotency_key,
+        response=response,
+    )

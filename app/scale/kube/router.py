@@ -24,10 +24,11 @@ from app.api.params import DeploymentRefPath
 from app.core.clock import utc_now
 from app.core.errors import InvalidRequestError, NotFoundError
 from app.deployments.service import get_deployment, list_deployments
-from app.jobs.requests import IdempotencyKeyHeader, idempotency_of, point_at_job
+from app.jobs.requests import IdempotencyKeyHeader
 from app.scale import patches, service
 from app.scale.kube import objects
 from app.scale.models import Scale
+from app.scale.writes import write_scale
 
 # Kubernetes reads a PUT body without Content-Type as JSON: so does every route here.
 router = APIRouter(tags=["kubernetes"], strict_content_type=False)
@@ -174,17 +175,16 @@ async def replace_scale(
             f"namespace sent on the request ({namespace})"
         )
     body.metadata.namespace = None
-    outcome = await db.run(
-        lambda session: service.put_scale(
-            session,
-            ref=name,
-            scale=body,
-            requester=principal.name,
-            idempotency=idempotency_of(idempotency_key, principal, settings),
-        )
+    scale = await write_scale(
+        db,
+        ref=name,
+        new_scale=lambda _session: body,
+        principal=principal,
+        settings=settings,
+        idempotency_key=idempotency_key,
+        response=response,
     )
-    point_at_job(response, outcome.job.id if outcome.job else None, replayed=outcome.replayed)
-    return _in_namespace(outcome.scale, namespace)
+    return _in_namespace(scale, namespace)
 
 
 async def patch_scale(
@@ -201,22 +201,23 @@ async def patch_scale(
     body = await request.body()
     content_type = request.headers.get("content-type", "")
 
-    def work(session: Session) -> service.ScaleOutcome:
+    def patched(session: Session) -> Scale:
         scale = patches.patched_scale(service.get_scale(session, ref=name), content_type, body)
         if scale.metadata.namespace not in (None, namespace):
             raise NamespaceMismatch(f"the patch moves the Scale to namespace {scale.metadata.namespace}")
         scale.metadata.namespace = None
-        return service.put_scale(
-            session,
-            ref=name,
-            scale=scale,
-            requester=principal.name,
-            idempotency=idempotency_of(idempotency_key, principal, settings),
-        )
+        return scale
 
-    outcome = await db.run(work)
-    point_at_job(response, outcome.job.id if outcome.job else None, replayed=outcome.replayed)
-    return _in_namespace(outcome.scale, namespace)
+    scale = await write_scale(
+        db,
+        ref=name,
+        new_scale=patched,
+        principal=principal,
+        settings=settings,
+        idempotency_key=idempotency_key,
+        response=response,
+    )
+    return _in_namespace(scale, namespace)
 
 
 for _index, _path in enumerate(SCALE_PATHS):

@@ -351,7 +351,7 @@ class DeploymentPublic(RowShape):
         description="e.g. `engine-unreachable-from-coordinator`: a member the coordinator cannot hear while "
         "its group steps (no self-heal; jobs refused until it is heard again, unless forced); "
         "`coverage-at-risk`: the next single loss of an engine (or of a failure domain) would leave an "
-        "expert with no replica",
+        "expert with no replica (only where redundant experts are configured)",
     )
     front_door: FrontDoorPublic | None = ApiField(
         None,

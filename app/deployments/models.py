@@ -310,6 +310,12 @@ class DesiredSize(BaseModel):
     standing: list[IntentSummary] = ApiField(
         default_factory=list, description="the intents that stand now (pending or acted on), newest first"
     )
+    standing_target: int | None = ApiField(
+        None,
+        description="a partial grow's target (issue 38): a job reached only part of it; a later job "
+        "(`requested_by: standing-target`) completes it when capacity appears. Null: none stands",
+    )
+    standing_target_job_id: str | None = ApiField(None, description="the partial job that set it")
 
 
 class DeploymentPublic(RowShape):

@@ -95,6 +95,17 @@ class Launcher(ABC):
         stopping anything it started for this call.
         """
 
+    async def ensure_some(
+        self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
+    ) -> list[EngineHandle]:
+        """Up to `count` engines: as many as it can make available (a partial grow, issue 38), the
+        `idle` ones first; never raises for a shortfall. Default: all of them, else the idle ones alone
+        (a launcher that can start some of what it lacks overrides this)."""
+        try:
+            return await self.ensure_engines(spec, count, idle, deadline_s=deadline_s)
+        except LaunchError:
+            return list(idle[:count])
+
     @abstractmethod
     async def release(self, spec: LaunchSpec, engines: Sequence[EngineHandle]) -> list[str]:
         """Give back engines the deployment no longer uses (leavers after a scale-down, joiners of a

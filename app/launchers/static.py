@@ -20,5 +20,10 @@ class StaticLauncher(Launcher):
             )
         return list(idle[:count])
 
+    async def ensure_some(
+        self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
+    ) -> list[EngineHandle]:
+        return list(idle[:count])  # the pool as it is: nothing to start
+
     async def release(self, spec: LaunchSpec, engines: Sequence[EngineHandle]) -> list[str]:
         return []  # registered agents stay in the pool, idle

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from app.agents.client import AgentClient
 from app.agents.errors import AgentProblem, AgentSilent, AgentUnreachable
 from app.agents.fleet import Fleet
-from app.launchers.base import EngineHandle, Launcher, LaunchSpec
+from app.launchers.base import EngineHandle, Launcher, LaunchError, LaunchSpec
 from engine_agent.protocol import (
     ARMED_ONWARD,
     COMMITTING,
@@ -352,12 +352,24 @@ class FakeLauncher(Launcher):
         self.launch_cancelled = False
         self.started: list[str] = []
         self.released: list[str] = []
+        self.capacity: int | None = None  # how many more engines it can start (None: any number)
 
     async def ensure_engines(
         self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
     ) -> list[EngineHandle]:
+        if self.capacity is not None and count - len(idle) > self.capacity:
+            raise LaunchError(f"only {self.capacity} more engines fit", type_="not-enough-engines")
+        return await self.ensure_some(spec, count, idle, deadline_s=deadline_s)
+
+    async def ensure_some(
+        self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
+    ) -> list[EngineHandle]:
         chosen = list(idle[:count])
-        new_ids = [f"{spec.deployment}-launched-{len(self.started) + i}" for i in range(count - len(chosen))]
+        missing = count - len(chosen)
+        if self.capacity is not None:
+            missing = min(missing, self.capacity)
+            self.capacity -= missing
+        new_ids = [f"{spec.deployment}-launched-{len(self.started) + i}" for i in range(missing)]
         self.launching.set()
         try:
             await asyncio.sleep(self.launch_delay_s)

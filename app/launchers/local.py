@@ -218,12 +218,13 @@ class LocalLauncher(Launcher):
 
     async def ensure_some(
         self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
-    ) -> list[EngineHandle]:
-        """Start what is missing; those that do not come up are stopped and left out."""
+    ) -> tuple[list[EngineHandle], LaunchError | None]:
+        """Start what is missing; those that do not come up are stopped and left out (the first one's
+        error says why)."""
         chosen = list(idle[:count])
         missing = count - len(chosen)
         if missing <= 0:
-            return chosen
+            return chosen, None
         async with self._lock:
             started = [self._start(spec) for _ in range(missing)]
         try:
@@ -240,7 +241,11 @@ class LocalLauncher(Launcher):
         failed = [engine_id for (engine_id, _), r in zip(started, results, strict=True) if not is_handle(r)]
         if failed:
             await asyncio.to_thread(self._stop_ids, failed)
-        return chosen + [r for r in results if isinstance(r, EngineHandle)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        error = next((e for e in errors if isinstance(e, LaunchError)), None)
+        if errors and error is None:
+            error = LaunchError(f"{len(errors)} of {missing} engines did not start: {errors[0]!r}")
+        return chosen + [r for r in results if isinstance(r, EngineHandle)], error
 
     async def release(self, spec: LaunchSpec, engines: Sequence[EngineHandle]) -> list[str]:
         return await asyncio.to_thread(self._stop_handles, engines)

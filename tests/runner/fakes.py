@@ -357,15 +357,26 @@ class FakeLauncher(Launcher):
     async def ensure_engines(
         self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
     ) -> list[EngineHandle]:
-        if self.capacity is not None and count - len(idle) > self.capacity:
-            raise LaunchError(f"only {self.capacity} more engines fit", type_="not-enough-engines")
-        return await self.ensure_some(spec, count, idle, deadline_s=deadline_s)
+        handles, error = await self.ensure_some(spec, count, idle, deadline_s=deadline_s, strict=True)
+        if error is not None:
+            raise error
+        return handles
 
     async def ensure_some(
-        self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
-    ) -> list[EngineHandle]:
+        self,
+        spec: LaunchSpec,
+        count: int,
+        idle: Sequence[EngineHandle],
+        *,
+        deadline_s: float,
+        strict: bool = False,
+    ) -> tuple[list[EngineHandle], LaunchError | None]:
         chosen = list(idle[:count])
         missing = count - len(chosen)
+        short = self.capacity is not None and missing > self.capacity
+        error = LaunchError(f"only {self.capacity} more engines fit") if short else None
+        if strict and error is not None:
+            return chosen, error
         if self.capacity is not None:
             missing = min(missing, self.capacity)
             self.capacity -= missing
@@ -382,7 +393,7 @@ class FakeLauncher(Launcher):
             )
             self.started.append(engine_id)
             chosen.append(EngineHandle(engine_id=engine_id, url=self.agents[engine_id].base_url))
-        return chosen
+        return chosen, error
 
     async def release(self, spec: LaunchSpec, engines: Sequence[EngineHandle]) -> list[str]:
         ids = [e.engine_id for e in engines]

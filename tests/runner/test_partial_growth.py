@@ -96,7 +96,7 @@ def test_a_grow_short_of_engines_commits_what_it_reached_and_a_later_job_complet
     stage.launcher.capacity = 1
     strict = stage.run_job(4, all_or_nothing=True)
     assert strict.state == JobState.rolled_back.value and strict.error is not None, strict
-    assert strict.error["type"] == "not-enough-engines" and stage.deployment().current_dp_size == 2
+    assert strict.error["type"] == "launch-failed" and stage.deployment().current_dp_size == 2
 
     job = stage.run_job(4)
     assert job.state == JobState.succeeded.value, job.error

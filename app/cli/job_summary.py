@@ -97,6 +97,14 @@ def generation_text(job: dict[str, Any]) -> str:
     return f"generation {job.get('from_generation')} -> {job.get('to_generation')}"
 
 
+def partial_text(job: dict[str, Any]) -> str | None:
+    """A partial grow's reach (issue 38); None where the job reached its target (or is not planned)."""
+    reached, target = job.get("reached_dp_size"), job.get("to_dp_size")
+    if reached is None or target is None or reached >= target:
+        return None
+    return f"DP {reached} of {target} (the rest stands as the deployment's target)"
+
+
 def print_summary(job: dict[str, Any]) -> None:
     state = job.get("state")
     stdout.print(
@@ -106,6 +114,7 @@ def print_summary(job: dict[str, Any]) -> None:
     )
     details = [
         ("requested by", job.get("requested_by")),
+        ("reached", partial_text(job)),
         ("reason", job.get("reason")),
         ("warm-up", job.get("warmup_policy") or job.get("warmup_policy_requested")),
         ("strategy", job.get("strategy")),

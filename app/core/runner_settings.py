@@ -89,6 +89,12 @@ class RunnerSettings(BaseSettings):
     desired_size_interval_s: float = Field(
         1.0, gt=0, description="how often to act on deployments' standing autoscaler intents"
     )
+    standing_target_retry_s: float = Field(
+        30.0,
+        gt=0,
+        description="a partial grow's standing target: how long after the last attempt ended the next "
+        "one starts (a static pool's idle engine starts it at once)",
+    )
     intent_ttl_s: float = Field(
         86400.0,
         gt=0,

@@ -25,10 +25,12 @@ def domain_of(data_host: str | None, url: str) -> str:
     return data_host or urlsplit(url).hostname or url
 
 
-def coverage_condition(coverage: Mapping[str, Any] | None) -> Condition | None:
+def coverage_condition(coverage: Mapping[str, Any] | None, *, num_redundant: int = 1) -> Condition | None:
     """`coverage-at-risk` when one engine's (or one domain's) loss would leave an expert with no replica:
-    how many, the engine that holds most of them alone, an example, and the domains at risk."""
-    if not coverage or coverage.get("covered", True):
+    how many, the engine that holds most of them alone, an example, and the domains at risk. Only where
+    redundant experts were configured (`num_redundant` > 0): an operator who chose none chose single
+    replicas, and a condition there would read as a fault (the coverage figures stay on the record)."""
+    if num_redundant <= 0 or not coverage or coverage.get("covered", True):
         return None
     at_risk = int(coverage.get("at_risk") or 0)
     at_risk_domain = coverage.get("at_risk_domain")

@@ -310,6 +310,12 @@ class DesiredSize(BaseModel):
     standing: list[IntentSummary] = ApiField(
         default_factory=list, description="the intents that stand now (pending or acted on), newest first"
     )
+    standing_target: int | None = ApiField(
+        None,
+        description="a partial grow's target (issue 38): a job reached only part of it; a later job "
+        "(`requested_by: standing-target`) completes it when capacity appears. Null: none stands",
+    )
+    standing_target_job_id: str | None = ApiField(None, description="the partial job that set it")
 
 
 class DeploymentPublic(RowShape):
@@ -351,7 +357,7 @@ class DeploymentPublic(RowShape):
         description="e.g. `engine-unreachable-from-coordinator`: a member the coordinator cannot hear while "
         "its group steps (no self-heal; jobs refused until it is heard again, unless forced); "
         "`coverage-at-risk`: the next single loss of an engine (or of a failure domain) would leave an "
-        "expert with no replica",
+        "expert with no replica (only where redundant experts are configured)",
     )
     front_door: FrontDoorPublic | None = ApiField(
         None,

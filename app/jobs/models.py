@@ -35,6 +35,7 @@ class RequestSource(StrEnum):
     system = "system"  # the coordinator itself (reconciliation)
     scale_subresource = "scale-subresource"  # PUT /v1/deployments/{name}/scale (Kubernetes convention)
     self_heal = "self-heal"  # the coordinator, after losing an engine (app.backends.reference.liveness.heal)
+    standing_target = "standing-target"  # the coordinator, completing a partial grow (app.scale.standing)
 
 
 class CleanupState(StrEnum):
@@ -120,6 +121,10 @@ class ReconfigurationJob(SQLModel, table=True):
     retire: list[str] | None = Field(
         default=None, sa_type=NullableJSON, description="engines the operator chose to leave"
     )
+    # Partial growth (issue 38): a grow that gets only some of its engines commits what it reached
+    # (never below the current size) unless `all_or_nothing`; the rest stands as the deployment's target.
+    all_or_nothing: bool = False
+    reached_dp_size: int | None = Field(default=None, description="the size the plan committed to")
     placement: dict[str, Any] | None = Field(
         default=None,
         sa_type=NullableJSON,
@@ -225,6 +230,14 @@ class ReconfigurationCreate(BaseModel):
         "control link is lost while its group steps: refused without it, `membership-unknown`), or "
         "shrink although the deployment would lose its coverage (`coverage-would-break`); recorded on "
         "the job",
+    )
+    all_or_nothing: bool = ApiField(
+        False,
+        strict=True,
+        description="a grow that cannot get every engine it asks for fails with nothing committed. "
+        "Default (false): it commits the largest size it reaches (never below the current one; reached "
+        "none: it fails) and the rest stands as the deployment's target, completed by a later job when "
+        "capacity appears (`reached_dp_size` on the job, `desired.standing_target` on the deployment)",
     )
 
 
@@ -335,6 +348,14 @@ class JobPublic(RowShape):
         "shrink that would break the deployment's coverage",
     )
     retire: list[str] | None = ApiField(None, description="engines the operator chose to leave")
+    all_or_nothing: bool = ApiField(
+        False, description="a grow that cannot get every engine fails (false: it commits what it reaches)"
+    )
+    reached_dp_size: int | None = ApiField(
+        None,
+        description="the size the job's plan went to: `to_dp_size` (its target), or less where a grow got "
+        "only some of its engines (the rest stands as the deployment's target); null: not planned yet",
+    )
     placement: dict[str, Any] | None = ApiField(
         None,
         description="rank_map (engine id -> {old, new} rank; new is null for a leaver), copies_moved, "

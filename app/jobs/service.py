@@ -182,7 +182,7 @@ def _create(
     deployment = get_deployment(session, ref=request.deployment)
     if request.retire is not None:  # bad input first (422), before conflicts with the state (409)
         validate_retire(session, deployment, request.target_dp_size, request.retire)
-    _validate_target(session, deployment, request.target_dp_size)
+    _validate_target(session, deployment, request.target_dp_size, partial=not request.all_or_nothing)
     if not request.force:
         check_membership_known(session, deployment)
         if requested_by != RequestSource.self_heal:  # a loss already broke it; healing re-covers
@@ -213,6 +213,7 @@ def _create(
         idempotency_key=idempotency_key,
         retire=list(request.retire) if request.retire is not None else None,
         force=request.force,
+        all_or_nothing=request.all_or_nothing,
         last_event_seq=1,
         created_at=now,
         updated_at=now,
@@ -285,7 +286,7 @@ def out_of_range(deployment: Deployment, field: str, size: int) -> InvalidReques
     )
 
 
-def _validate_target(session: Session, deployment: Deployment, target: int) -> None:
+def _validate_target(session: Session, deployment: Deployment, target: int, *, partial: bool = False) -> None:
     if not deployment.min_dp_size <= target <= deployment.max_dp_size:
         raise out_of_range(deployment, "target_dp_size", target)
     if deployment.backend == EngineBackend.vllm and deployment.current_dp_size == 0:
@@ -308,7 +309,8 @@ def _validate_target(session: Session, deployment: Deployment, target: int) -> N
         )
     if deployment.launcher == LauncherKind.static and deployment.backend == EngineBackend.reference:
         known = len(available_engines(session, deployment_id=deployment.id))
-        if target > known:
+        # A partial grow goes ahead where it reaches more than the current size (the rest stands).
+        if target > known and not (partial and known > deployment.current_dp_size):
             raise ConflictError(
                 f"deployment {deployment.name!r} uses static launch and knows {known} engine(s); "
                 f"target_dp_size {target} needs {target}: register more engines first",

@@ -79,6 +79,7 @@ MUTABLE_FIELDS: frozenset[str] = frozenset(
         "placement",
         "coverage",
         "time_to_serving_ms",
+        "reached_dp_size",
     }
 )
 

@@ -95,6 +95,18 @@ class Launcher(ABC):
         stopping anything it started for this call.
         """
 
+    async def ensure_some(
+        self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
+    ) -> tuple[list[EngineHandle], LaunchError | None]:
+        """Up to `count` engines: as many as it can make available (a partial grow, issue 38), the
+        `idle` ones first, with what kept it from the rest (None: nothing); never raises for a
+        shortfall. Default: all of them, else the idle ones alone (a launcher that can start some of
+        what it lacks overrides this)."""
+        try:
+            return await self.ensure_engines(spec, count, idle, deadline_s=deadline_s), None
+        except LaunchError as exc:
+            return list(idle[:count]), exc
+
     @abstractmethod
     async def release(self, spec: LaunchSpec, engines: Sequence[EngineHandle]) -> list[str]:
         """Give back engines the deployment no longer uses (leavers after a scale-down, joiners of a

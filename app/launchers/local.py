@@ -162,6 +162,10 @@ def stop_pid(pid: int, grace_s: float = STOP_GRACE_S) -> bool:
     return True
 
 
+def is_handle(result: object) -> bool:
+    return isinstance(result, EngineHandle)
+
+
 class LocalLauncher(Launcher):
     name = "local"
 
@@ -211,6 +215,37 @@ class LocalLauncher(Launcher):
             await asyncio.to_thread(self._stop_ids, [engine_id for engine_id, _ in started])
             raise
         return chosen + list(ready)
+
+    async def ensure_some(
+        self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
+    ) -> tuple[list[EngineHandle], LaunchError | None]:
+        """Start what is missing; those that do not come up are stopped and left out (the first one's
+        error says why)."""
+        chosen = list(idle[:count])
+        missing = count - len(chosen)
+        if missing <= 0:
+            return chosen, None
+        async with self._lock:
+            started = [self._start(spec) for _ in range(missing)]
+        try:
+            results = await asyncio.gather(
+                *(
+                    self._wait_ready(engine_id, ready_file, min(deadline_s, self.ready_timeout_s))
+                    for engine_id, ready_file in started
+                ),
+                return_exceptions=True,
+            )
+        except BaseException:  # cancelled: stop everything this call started
+            await asyncio.to_thread(self._stop_ids, [engine_id for engine_id, _ in started])
+            raise
+        failed = [engine_id for (engine_id, _), r in zip(started, results, strict=True) if not is_handle(r)]
+        if failed:
+            await asyncio.to_thread(self._stop_ids, failed)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        error = next((e for e in errors if isinstance(e, LaunchError)), None)
+        if errors and error is None:
+            error = LaunchError(f"{len(errors)} of {missing} engines did not start: {errors[0]!r}")
+        return chosen + [r for r in results if isinstance(r, EngineHandle)], error
 
     async def release(self, spec: LaunchSpec, engines: Sequence[EngineHandle]) -> list[str]:
         return await asyncio.to_thread(self._stop_handles, engines)

@@ -20,5 +20,16 @@ class StaticLauncher(Launcher):
             )
         return list(idle[:count])
 
+    async def ensure_some(
+        self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
+    ) -> tuple[list[EngineHandle], LaunchError | None]:
+        if len(idle) >= count:
+            return list(idle[:count]), None
+        try:  # the pool as it is: nothing to start
+            await self.ensure_engines(spec, count, idle, deadline_s=deadline_s)
+        except LaunchError as exc:
+            return list(idle), exc
+        return list(idle[:count]), None
+
     async def release(self, spec: LaunchSpec, engines: Sequence[EngineHandle]) -> list[str]:
         return []  # registered agents stay in the pool, idle

@@ -3,7 +3,8 @@
 
 - `desired-size`: a deployment's standing autoscaler intents (deferred for an active job or the
   cooldown, held by the stabilization rule, paused) become a job once nothing holds them back, each at
-  most once; intents nobody repeated for `intent_ttl_s` expire (`app.scale.desired`).
+  most once; intents nobody repeated for `intent_ttl_s` expire (`app.scale.desired`); a partial grow's
+  standing target gets its completion job when due (`app.scale.standing`).
 - `retention`: records that only grow (inbound hook records, finished webhook deliveries and the
   outbox events no delivery needs, Idempotency-Key records) pruned by age (`app.retention.prune_all`,
   settings `EPCTL_RETENTION_*`).
@@ -23,7 +24,7 @@ from app.core.config import Settings
 from app.core.runner_settings import RunnerSettings
 from app.jobs.async_record import WorkerSessions
 from app.retention import prune_all
-from app.scale import desired
+from app.scale import desired, standing
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +54,26 @@ def scheduled_tasks(
         Periodic(
             "desired-size",
             settings.desired_size_interval_s,
-            lambda: reconcile_desired_sizes(record, ttl_s=settings.intent_ttl_s),
+            lambda: reconcile_desired_sizes(
+                record, ttl_s=settings.intent_ttl_s, standing_retry_s=settings.standing_target_retry_s
+            ),
         ),
         *([retention.task(record)] if retention is not None else []),
     ]
 
 
-async def reconcile_desired_sizes(record: WorkerSessions, *, ttl_s: float = 86400.0) -> list[str]:
-    """Start the jobs standing intents ask for; the ids of those started."""
+async def reconcile_desired_sizes(
+    record: WorkerSessions, *, ttl_s: float = 86400.0, standing_retry_s: float = 30.0
+) -> list[str]:
+    """Start the jobs standing intents and standing targets ask for; the ids of those started."""
     return await record.run_in_session(
-        lambda session: [job.id for job in desired.reconcile(session, ttl_s=ttl_s)]
+        lambda session: [
+            job.id
+            for job in [
+                *desired.reconcile(session, ttl_s=ttl_s),
+                *standing.complete(session, retry_s=standing_retry_s),
+            ]
+        ]
     )
 
 

@@ -28,7 +28,7 @@ from app.deployments.models import Deployment, DesiredSize
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import create_reconfiguration
 from app.jobs.states import JobState
-from app.scale import intents, notes, retries
+from app.scale import intents, notes, retries, standing
 from app.scale.blockers import Blocker, blocker
 from app.scale.hooks.models import HookDecision
 from app.scale.intents import SPEC_SOURCE, EndCode, IntentState, ScaleIntentRow
@@ -350,15 +350,26 @@ def desired_publics(session: Session, deployments: Sequence[Deployment]) -> dict
     """`desired_public` of many deployments, by id: one query finds those where something stands (most
     have nothing), and only those are assessed."""
     now = utc_now()
-    standing = intents.with_recent(session, [d.id for d in deployments], now)
+    ids = [d.id for d in deployments]
+    recent = intents.with_recent(session, ids, now)
+    short = set(standing.candidates(session, ids))  # a partial grow's target stands (rare)
     return {
-        d.id: desired_public(session, d, now, known_standing=True) if d.id in standing else DesiredSize()
+        d.id: desired_public(session, d, now, known_standing=True)
+        if d.id in recent or d.id in short
+        else DesiredSize()
         for d in deployments
     }
 
 
 def desired_public(
     session: Session, deployment: Deployment, now: datetime | None = None, *, known_standing: bool = False
+) -> DesiredSize:
+    """What the intents ask for next, with a partial grow's standing target."""
+    return standing.shown(session, deployment, _of_intents(session, deployment, now, known_standing))
+
+
+def _of_intents(
+    session: Session, deployment: Deployment, now: datetime | None, known_standing: bool
 ) -> DesiredSize:
     if not known_standing and not intents.recent(session, deployment.id, now or utc_now()):
         return DesiredSize()  # nothing stands (one query: most deployments, most of the time)

@@ -190,4 +190,5 @@ def test_a_page_is_read_in_the_same_number_of_queries_however_many_deployments(c
         client.post("/v1/deployments", json={"name": f"many-{i}"})
     assert client.get("/v1/deployments").json()["count"] == 33
     many = queries_for_one_page()
-    assert many == few <= 7, statements  # 7: the front doors (issue 35) are one more query
+    # 8: the front doors (issue 35) are one more query, partial grows' standing targets (issue 38) one more
+    assert many == few <= 8, statements

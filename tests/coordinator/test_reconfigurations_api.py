@@ -128,19 +128,22 @@ def test_a_degraded_deployment_may_be_re_formed_at_its_size(client: TestClient, 
 
 
 def test_static_launch_needs_enough_known_engines(client: TestClient) -> None:
+    """All or nothing: every engine known; a partial grow (the default): one more than the current."""
     _deployment(client, launcher="static")
     _register(client, 2)
-    response = _scale(client, 3)
+    response = _scale(client, 3, all_or_nothing=True)
     assert response.status_code == 409 and response.json()["code"] == "not-enough-engines"
     assert response.json()["known_engines"] == 2
-    assert _scale(client, 2).status_code == 202
+    partial = _scale(client, 3)
+    assert partial.status_code == 202, partial.text
+    assert (partial.json()["to_dp_size"], partial.json()["all_or_nothing"]) == (3, False)
 
 
 def test_engines_that_left_do_not_count(client: TestClient) -> None:
     _deployment(client, launcher="static")
     _register(client, 2)
     client.delete("/v1/engines/demo-1")
-    assert _scale(client, 2).json()["code"] == "not-enough-engines"
+    assert _scale(client, 2, all_or_nothing=True).json()["code"] == "not-enough-engines"
 
 
 def test_an_unknown_deployment_is_404(client: TestClient) -> None:

@@ -170,7 +170,7 @@ def test_the_gloo_weight_channel_moves_experts_host_to_host(cluster: Cluster) ->
 
 
 def conditions(cluster: Cluster) -> list[dict[str, Any]]:
-    """The lost-link conditions (a deployment without redundant experts also carries coverage-at-risk)."""
+    """The lost-link conditions."""
     return [
         c
         for c in cluster.coordinator.deployment()["conditions"]

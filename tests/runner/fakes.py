@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from app.agents.client import AgentClient
 from app.agents.errors import AgentProblem, AgentSilent, AgentUnreachable
 from app.agents.fleet import Fleet
-from app.launchers.base import EngineHandle, Launcher, LaunchSpec
+from app.launchers.base import EngineHandle, Launcher, LaunchError, LaunchSpec
 from engine_agent.protocol import (
     ARMED_ONWARD,
     COMMITTING,
@@ -352,12 +352,35 @@ class FakeLauncher(Launcher):
         self.launch_cancelled = False
         self.started: list[str] = []
         self.released: list[str] = []
+        self.capacity: int | None = None  # how many more engines it can start (None: any number)
 
     async def ensure_engines(
         self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
     ) -> list[EngineHandle]:
+        handles, error = await self.ensure_some(spec, count, idle, deadline_s=deadline_s, strict=True)
+        if error is not None:
+            raise error
+        return handles
+
+    async def ensure_some(
+        self,
+        spec: LaunchSpec,
+        count: int,
+        idle: Sequence[EngineHandle],
+        *,
+        deadline_s: float,
+        strict: bool = False,
+    ) -> tuple[list[EngineHandle], LaunchError | None]:
         chosen = list(idle[:count])
-        new_ids = [f"{spec.deployment}-launched-{len(self.started) + i}" for i in range(count - len(chosen))]
+        missing = count - len(chosen)
+        short = self.capacity is not None and missing > self.capacity
+        error = LaunchError(f"only {self.capacity} more engines fit") if short else None
+        if strict and error is not None:
+            return chosen, error
+        if self.capacity is not None:
+            missing = min(missing, self.capacity)
+            self.capacity -= missing
+        new_ids = [f"{spec.deployment}-launched-{len(self.started) + i}" for i in range(missing)]
         self.launching.set()
         try:
             await asyncio.sleep(self.launch_delay_s)
@@ -370,7 +393,7 @@ class FakeLauncher(Launcher):
             )
             self.started.append(engine_id)
             chosen.append(EngineHandle(engine_id=engine_id, url=self.agents[engine_id].base_url))
-        return chosen
+        return chosen, error
 
     async def release(self, spec: LaunchSpec, engines: Sequence[EngineHandle]) -> list[str]:
         ids = [e.engine_id for e in engines]

@@ -126,7 +126,10 @@ class Scenario:
             await self.recovery.reconcile(job_id, fleet)
 
     def run_job(self, target: int, **fields: Any) -> ReconfigurationJob:
-        job_id = self.new_job(target, **fields)
+        return self.run_job_id(self.new_job(target, **fields))
+
+    def run_job_id(self, job_id: str) -> ReconfigurationJob:
+        """Run a job created elsewhere (by the runner's scheduled tasks) to its end."""
         asyncio.run(self.run(job_id))
         return self.job(job_id)
 

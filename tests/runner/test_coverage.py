@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session
 
+from app.deployments.coverage import coverage_condition
 from app.deployments.engines.models import Engine
 from app.jobs.states import JobState
 from engine_agent.placement import slots_per_rank
@@ -85,15 +87,20 @@ def test_a_shrink_onto_one_host_is_refused_where_the_replicas_span_two(
     assert client.post("/v1/reconfigurations", json=mixed).status_code == 202
 
 
+# One redundant slot in all: 3 engines x 3 slots hold 8 experts and one second replica.
+ONE_SPARE_SLOT = EngineConfig(
+    num_logical_experts=8, num_redundant_experts=1, hidden_size=16, intermediate_size=32
+)
+
+
 def test_a_deployment_one_loss_away_from_losing_an_expert_carries_coverage_at_risk(
     db_engine: DbEngine, client: TestClient
 ) -> None:
-    stage = make_scenario(db_engine, serving=2, idle=1)
+    stage = make_scenario(db_engine, serving=2, idle=1, engine=ONE_SPARE_SLOT)
     job = stage.run_job(3)
     assert job.coverage is not None
     experts = ENGINE.num_logical_experts
-    # No redundant expert: 3 engines x 3 slots hold 8 experts and one second replica.
-    at_risk = experts - (3 * slots_per_rank(experts, 0, 3) - experts)
+    at_risk = experts - (3 * slots_per_rank(experts, 1, 3) - experts)
     assert job.coverage["at_risk"] == at_risk == 7 and not job.coverage["covered"]
     assert sum(job.coverage["by_engine"].values()) == at_risk
     [condition] = [c for c in shown(client)["conditions"] if c["type"] == "coverage-at-risk"]
@@ -103,3 +110,36 @@ def test_a_deployment_one_loss_away_from_losing_an_expert_carries_coverage_at_ri
     # Nothing to break: a shrink goes ahead.
     shrink = client.post("/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": 2})
     assert shrink.status_code == 202, shrink.text
+
+
+def test_no_redundant_experts_keeps_the_figures_but_no_condition(
+    db_engine: DbEngine, client: TestClient
+) -> None:
+    """An operator who configured no redundant expert chose single replicas: not a fault to flag."""
+    stage = make_scenario(db_engine, serving=2, idle=1)
+    assert ENGINE.num_redundant_experts == 0
+    stage.run_job(3)
+    deployment = shown(client)
+    assert deployment["coverage"]["at_risk"] == 7 and not deployment["coverage"]["covered"]
+    assert [c for c in deployment["conditions"] if c["type"] == "coverage-at-risk"] == []
+
+
+AT_RISK = {"covered": False, "at_risk": 3, "layers": 1, "experts": 8, "by_engine": {"e1": 3}, "generation": 2}
+
+
+@pytest.mark.parametrize(
+    ("coverage", "num_redundant", "flagged"),
+    [
+        (AT_RISK, 1, True),
+        (AT_RISK, 0, False),  # no redundancy configured: single replicas are the operator's choice
+        ({**AT_RISK, "covered": True, "at_risk": 0}, 4, False),
+        (None, 4, False),
+    ],
+)
+def test_coverage_at_risk_only_where_redundancy_was_configured(
+    coverage: dict[str, Any] | None, num_redundant: int, flagged: bool
+) -> None:
+    condition = coverage_condition(coverage, num_redundant=num_redundant)
+    assert (condition is not None) is flagged
+    if condition is not None:
+        assert condition.type == "coverage-at-risk" and condition.engine_id == "e1"

@@ -271,6 +271,7 @@ class Flow:
                 "engine_results": run.engine_results(),
                 "placement": plan.placement_record(),
                 "coverage": plan.coverage or None,
+                "reached_dp_size": plan.to_size,
             },
         )
         if await self.record.cancel_requested(run):

@@ -52,6 +52,7 @@ class JobRun:
     commit_mode: CommitMode = CommitMode.coordinator
     max_downtime_ms: int | None = None  # the downtime budget in force
     retire: tuple[str, ...] = ()  # the engines the request names to leave
+    all_or_nothing: bool = False  # a grow short of engines fails (else: commits what it reached)
     # The deployment's agent keys (current first), sent on every agent call; not in a repr (logs).
     agent_keys: tuple[str, ...] = field(default=(), repr=False)
     # When the previous key's overlap ends (epoch seconds; None: no previous key): engines launched

@@ -22,7 +22,7 @@ from app.coordinators import service as coordinators
 from app.core.runner_settings import RunnerSettings
 from app.deployments.engines.models import Engine
 from app.deployments.models import Deployment
-from app.launchers.base import EngineHandle, Launcher, LaunchSpec
+from app.launchers.base import EngineHandle, Launcher, LaunchError, LaunchSpec
 from engine_agent.protocol import AgentInfo, AgentState, EngineConfig
 
 T = TypeVar("T")
@@ -79,12 +79,14 @@ class Participants:
         ]
         idle = [i for i in infos if i.state == AgentState.idle]
         need = target - len(members_now)
+        partial = need > 0 and not run.all_or_nothing
+        shortfall: LaunchError | None = None
         if need > 0 and len(idle) < need:
             # Starting engines takes seconds to tens of seconds: the step names what it waits for.
             starting = need - len(idle)
             await self.record.progress(run, f"launching: {starting} new engine{'s' if starting != 1 else ''}")
             handles = [EngineHandle(engine_id=i.engine_id, url=i.url) for i in idle]
-            ready = await self._launch(run, need, handles)
+            ready, shortfall = await self._launch(run, need, handles, partial=partial)
             known = {i.engine_id for i in idle}
             run.launched = [h for h in ready if h.engine_id not in known]
             new_infos = list(
@@ -98,6 +100,8 @@ class Participants:
             await self.record.add_engines(run, new_infos)
             infos += new_infos
             idle += new_infos
+        if partial:
+            target = await self._reachable(run, len(members_now), len(idle), target, shortfall)
         spec = DeploymentSpec(
             name=deployment.name,
             num_logical_experts=run.engine_config.num_logical_experts,
@@ -128,16 +132,42 @@ class Participants:
             m.engine_id: fleet.client(m.engine_id, m.url, run.agent_keys) for m in run.plan.participants
         }
 
-    async def _launch(self, run: JobRun, need: int, idle: Sequence[EngineHandle]) -> list[EngineHandle]:
-        """`need` engines from the launcher. A cancel requested meanwhile stops the launch (the
-        launcher stops what it started) and raises `JobCancelled`."""
+    async def _reachable(
+        self, run: JobRun, members: int, idle: int, target: int, shortfall: LaunchError | None
+    ) -> int:
+        """A partial grow's size: `target`, or as far as the idle engines reach (the rest stands as the
+        deployment's target, `app.scale.standing`). Reaching no further than now fails the job, with
+        the launcher's error where it gave one (as an all-or-nothing grow would)."""
+        reach = reachable_size(members, idle, target)
+        if reach is None:
+            if shortfall is not None:
+                raise shortfall
+            raise JobFailure(
+                PHASE,
+                "not-enough-engines",
+                f"growing {run.deployment_name} to {target} found no engine to add ({members} serving, none "
+                "idle, none launched)",
+            )
+        if reach < target:
+            log.info("partial growth of %s: %d of %d engines", run.deployment_name, reach, target)
+            await self.record.progress(run, f"partial growth: {reach} of {target} engines (the rest stands)")
+        return reach
+
+    async def _launch(
+        self, run: JobRun, need: int, idle: Sequence[EngineHandle], *, partial: bool = False
+    ) -> tuple[list[EngineHandle], LaunchError | None]:
+        """`need` engines from the launcher (`partial`: as many as it can make available, with what
+        kept it from the rest). A cancel requested meanwhile stops the launch (the launcher stops what
+        it started) and raises `JobCancelled`."""
         launcher = self.launchers.get(run.launcher_name)
         if launcher is None:
             raise JobFailure(PHASE, "unknown-launcher", f"no launcher {run.launcher_name!r} is configured")
         public_url = self.settings.public_url
         live = await self.record.run_in_session(lambda s: coordinators.live_urls(s, first=public_url))
         launch = asyncio.ensure_future(
-            launcher.ensure_engines(
+            self._ensure(
+                launcher,
+                partial,
                 launch_spec(
                     self.settings,
                     run.deployment_name,
@@ -152,6 +182,20 @@ class Participants:
             )
         )
         return await until_cancelled(launch, lambda: self.record.cancel_requested(run), PHASE)
+
+    @staticmethod
+    async def _ensure(
+        launcher: Launcher,
+        partial: bool,
+        spec: LaunchSpec,
+        need: int,
+        idle: Sequence[EngineHandle],
+        *,
+        deadline_s: float,
+    ) -> tuple[list[EngineHandle], LaunchError | None]:
+        if partial:
+            return await launcher.ensure_some(spec, need, idle, deadline_s=deadline_s)
+        return await launcher.ensure_engines(spec, need, idle, deadline_s=deadline_s), None
 
     async def _agent_infos(
         self, fleet: Fleet, deployment: Deployment, rows: Sequence[Engine], keys: Sequence[str]
@@ -171,6 +215,13 @@ class Participants:
                 continue
             infos.append(result)
         return infos
+
+
+def reachable_size(members: int, idle: int, target: int) -> int | None:
+    """The size a partial grow commits: `target` where enough engines are idle, else the members and
+    every idle engine; None where that adds nothing (the job fails, nothing committed)."""
+    reach = min(target, members + idle)
+    return reach if reach > members else None
 
 
 async def until_cancelled(work: asyncio.Future[T], cancelled: Callable[[], Awaitable[bool]], phase: str) -> T:

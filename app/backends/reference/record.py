@@ -60,6 +60,7 @@ class JobRecord(FlowRecord[JobRun]):
                 commit_mode=CommitMode(job.commit_mode),
                 max_downtime_ms=job.max_downtime_ms,
                 retire=tuple(job.retire or ()),
+                all_or_nothing=job.all_or_nothing,
                 agent_keys=agent_keys_of(deployment),
                 agent_key_previous_until=previous_until_epoch(deployment),
             )

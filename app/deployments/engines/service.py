@@ -256,7 +256,8 @@ def conditions_of(session: Session, deployment_ids: Collection[str]) -> dict[str
             col(Deployment.id).in_(list(deployment_ids)), col(Deployment.coverage).is_not(None)
         )
     ).all():
-        at_risk = coverage_condition(deployment.coverage)
+        redundant = int(deployment.engine_config.get("num_redundant_experts") or 0)
+        at_risk = coverage_condition(deployment.coverage, num_redundant=redundant)
         if at_risk is not None:
             found.setdefault(deployment.id, []).append(at_risk)
     for engine in flagged:

@@ -21,6 +21,7 @@ from app.core.errors import NotFoundError
 from app.frontdoor import service
 from app.frontdoor.haproxy import HaproxyError, RuntimeApi, host_port
 from app.frontdoor.models import EndpointSetPublic
+from app.frontdoor.requestlog import RequestLog, held_in_window
 from app.frontdoor.rules import EndpointState
 from app.frontdoor.settings import FrontDoorSpec
 from app.frontdoor.wakeup import FEED_APPLIED, FEED_CHANGED, PUBLISHING
@@ -39,6 +40,7 @@ class HaproxyKeeper:
         self.slot_names: list[str] = []
         self.applied: int | None = None
         self.stale: set[str] = set()  # slots found serving no listed engine: put in maint
+        self.requests = RequestLog(spec.request_log) if spec.request_log else None
 
     @property
     def description(self) -> str:
@@ -48,8 +50,16 @@ class HaproxyKeeper:
         deployment_id = await self._register()
         KEEPERS[deployment_id] = self
         try:
+            if self.requests is not None:
+                try:
+                    self.requests.open()
+                except OSError:  # held requests go unmeasured; the front door is kept all the same
+                    log.warning("front door %s: request log not opened", self.spec.deployment, exc_info=True)
+                    self.requests = None
             await self._keep(deployment_id)
         finally:
+            if self.requests is not None:
+                self.requests.close()
             if KEEPERS.get(deployment_id) is self:
                 del KEEPERS[deployment_id]
 
@@ -214,6 +224,15 @@ async def counters_of(deployment_id: str) -> dict[str, Any] | None:
         "backend": raw.get("BACKEND", {}),
         "engines": {by_slot[name]: values for name, values in raw.items() if name in by_slot},
     }
+
+
+def held_of(deployment_id: str, start: float | None, end: float | None) -> dict[str, Any] | None:
+    """Requests held by a window [start, end] at the deployment's front door (`held_in_window`), or
+    None where no keeper here reads its request log."""
+    keeper = KEEPERS.get(deployment_id)
+    if keeper is None or keeper.requests is None:
+        return None
+    return held_in_window(list(keeper.requests.recent), keeper.backend, start, end)
 
 
 def accounting(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:

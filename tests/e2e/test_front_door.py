@@ -180,6 +180,10 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2_a_rollback_a
         assert counted["requests"] > 0 and counted["failed"] == {"5xx": 0, "connection": 0, "response": 0}
         leavers = [r["engine_id"] for r in job["engine_results"] if r["role"] == "leaving"]
         assert sorted(counted["drained"]) == sorted(leavers), counted
+        # HAProxy's own per-request log: the requests in flight while the window was open, none failed.
+        assert counted["held"] is not None and counted["held"]["failed"] == 0, counted
+    # Two client streams and the canaries keep a request in flight nearly always: some were held.
+    assert sum(jobs[t]["front_door_requests"]["held"]["count"] for t in jobs) >= 1, jobs
     assert len(samples) > 100 and failures == [], failures[:5]
     assert all(s.max_abs_error is not None and s.max_abs_error < 1e-4 for s in samples)
 

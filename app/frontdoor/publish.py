@@ -14,6 +14,7 @@ from sqlmodel import Session
 from app.deployments.models import Deployment
 from app.frontdoor import service
 from app.frontdoor.keeper import KEEPERS
+from app.frontdoor.models import EndpointSetPublic
 from app.frontdoor.wakeup import FEED_APPLIED
 
 T = TypeVar("T")
@@ -69,6 +70,7 @@ class Written:
     front_door: bool
     started: float  # monotonic, when the step began
     started_at: float  # epoch seconds, the same moment
+    feed: EndpointSetPublic | None = None  # the version as the feed serves it, for a keeper here
 
 
 async def write(
@@ -87,9 +89,15 @@ async def write(
         version, _ = service.refresh(session, deployment)
         states = {str(e["engine_id"]): str(e["state"]) for e in version.endpoints}
         has_door = service.front_door_of(session, deployment_id) is not None
-        return Written(version.resource_version, states, has_door, started, started_at)
+        kept_here = has_door and deployment_id in KEEPERS
+        feed = service.public(session, deployment, version) if kept_here else None
+        return Written(version.resource_version, states, has_door, started, started_at, feed)
 
-    return await in_session(written)
+    done = await in_session(written)
+    keeper = KEEPERS.get(deployment_id)
+    if keeper is not None and done.feed is not None:
+        await keeper.offer(deployment_id, done.feed)  # applied now, not at the keeper's next read
+    return done
 
 
 async def settle(

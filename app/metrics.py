@@ -16,6 +16,8 @@ Who calls what:
 - `record_autoscaler_decision(source, decision, code)`: the hook records, once per decision about an
   intent (taken, deferred, held, paused, withdrawn, superseded), at its request or later;
 - `record_canaries(ok, late, failed)`: a job's canary probe (either backend), once when it stops;
+- `record_front_door_requests(deployment, counted)`: the outbox dispatcher, once per terminal job event
+  whose job has front-door accounting;
 - `HttpMetrics`: an ASGI middleware, once per HTTP request (route template and status).
 """
 
@@ -140,6 +142,25 @@ DOWNTIME = Histogram(
     buckets=_DOWNTIME_BUCKETS,
     registry=REGISTRY,
 )
+FRONT_DOOR_REQUESTS = Counter(
+    "epctl_front_door_requests",
+    "Requests a finished job's deployment front door passed while the job ran (HAProxy's counters).",
+    ["deployment"],
+    registry=REGISTRY,
+)
+FRONT_DOOR_FAILED = Counter(
+    "epctl_front_door_requests_failed",
+    "Requests the front door failed while a job ran, by cause: 5xx (an answer of 5xx reached the client), "
+    "connection (no engine could be reached), response (an engine broke its answer off).",
+    ["deployment", "cause"],
+    registry=REGISTRY,
+)
+FRONT_DOOR_DRAINED = Counter(
+    "epctl_front_door_requests_drained",
+    "Requests in flight on a job's leavers when the front door drained them (each finished there).",
+    ["deployment"],
+    registry=REGISTRY,
+)
 CLIENT_OUTAGE = Histogram(
     "epctl_reconfiguration_client_outage_seconds",
     "A finished job's client outage, measured from outside by the canary probe: the longest window in "
@@ -245,6 +266,24 @@ def observe_job_finished(
         CLIENT_SLOWEST_ANSWER.labels(deployment=deployment, outcome=outcome).observe(slowest_s)
     for phase, seconds in phase_durations_s.items():
         PHASE_DURATION.labels(deployment=deployment, phase=phase, outcome=outcome).observe(max(seconds, 0.0))
+
+
+def record_front_door_requests(deployment: str, counted: Mapping[str, Any]) -> None:
+    """One finished job's requests at its deployment's front door (`front_door_requests`)."""
+    FRONT_DOOR_REQUESTS.labels(deployment=deployment).inc(_count(counted.get("requests")))
+    failed = counted.get("failed")
+    for cause in ("5xx", "connection", "response"):  # a bounded set, each present (0 where none)
+        n = _count(failed.get(cause)) if isinstance(failed, Mapping) else 0
+        FRONT_DOOR_FAILED.labels(deployment=deployment, cause=cause).inc(n)
+    drained = counted.get("drained")
+    held = 0
+    if isinstance(drained, Mapping):
+        held = sum(_count(d.get("in_flight_at_drain")) for d in drained.values() if isinstance(d, Mapping))
+    FRONT_DOOR_DRAINED.labels(deployment=deployment).inc(held)
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def record_canaries(*, ok: int, late: int, failed: int) -> None:

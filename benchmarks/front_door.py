@@ -9,14 +9,17 @@ planned jobs fail any request at it, and how soon it serves a new rank set.
   2 -> 4 -> 3 -> 2 (grow, shrink, shrink). Target: 0.
 - **Commit to the new rank set in service**: from the end of the commit window (the engines' last
   resume, the job's `downtime.window_end`) to the front door having applied the new rank set (the job's
-  `front-door` "new rank set" log row, written once HAProxy applied it). Target: <= 50 ms here.
+  `front-door` "new rank set" log row: when the step began, at the observed commit, and how long the
+  feed's write and HAProxy took). Target: <= 50 ms here. Beside it, when the coordinator's move recorded
+  the new generation (the front door no longer waits for it).
 
-    .venv/bin/python benchmarks/front_door.py [--requests 400] [--rounds 4]
+    .venv/bin/python benchmarks/front_door.py [--requests 400] [--rounds 4] [--cycles 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import statistics
 import sys
@@ -105,8 +108,9 @@ def _ended(api: httpx.Client, job_id: str) -> dict[str, Any] | None:
 
 def commit_to_rank_set_ms(job: dict[str, Any]) -> dict[str, float | None]:
     """From the end of the commit window (the engines' last resume) to the front door serving the new
-    rank set, in two parts: the coordinator seeing every engine committed and recording the new
-    generation (the `cleaning_up` transition), then the front door applying it (the step's own time)."""
+    rank set, in two parts: the coordinator seeing every member committed and serving (the step's
+    start), then the feed's write and the front door applying it (the step's own time); and, beside,
+    when the move recorded the new generation (the `cleaning_up` transition)."""
     window_end = (job.get("downtime") or {}).get("window_end")
     recorded = next(
         (e for e in job["events"] if e["kind"] == "transition" and e["to_state"] == "cleaning_up"), None
@@ -119,17 +123,24 @@ def commit_to_rank_set_ms(job: dict[str, Any]) -> dict[str, float | None]:
         ),
         None,
     )
-    if window_end is None or recorded is None or step is None:
-        return {"total": None, "recorded": None, "front_door": None}
+    if window_end is None or recorded is None or step is None or not (step["data"] or {}).get("started_at"):
+        return {"total": None, "observed": None, "front_door": None, "recorded": None}
     recorded_ms = (datetime.fromisoformat(recorded["created_at"]).timestamp() - float(window_end)) * 1000.0
-    applied_ms = float((step["data"] or {}).get("took_ms") or 0.0)
-    return {"total": recorded_ms + applied_ms, "recorded": recorded_ms, "front_door": applied_ms}
+    observed_ms = (float(step["data"]["started_at"]) - float(window_end)) * 1000.0
+    applied_ms = float(step["data"].get("took_ms") or 0.0)
+    return {
+        "total": observed_ms + applied_ms,
+        "observed": observed_ms,
+        "front_door": applied_ms,
+        "recorded": recorded_ms,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=400, help="per configuration and round")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--cycles", type=int, default=2, help="2 -> 4 -> 3 -> 2 cycles")
     args = parser.parse_args()
     if haproxy_binary() is None:
         print("haproxy is not installed (apt-get install haproxy)", file=sys.stderr)
@@ -213,7 +224,7 @@ def main() -> int:
         client = SteadyClient([door], tokens.tolist(), expected, streams=2, period_s=0.01).start()
         client.wait_serving(count=20, timeout_s=60)
         rows, jobs = [], []
-        for target in (4, 3, 2):
+        for target in (4, 3, 2) * args.cycles:
             before = len(client.samples)
             job_id = api.post(
                 "/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": target}
@@ -234,8 +245,9 @@ def main() -> int:
                     "client_outage_ms": job["client_outage_ms"],
                     "client_slowest_answer_ms": job["client_slowest_answer_ms"],
                     "commit_to_new_rank_set_ms": to_rank_set["total"],
+                    "commit_to_observed_ms": to_rank_set["observed"],
+                    "observed_to_front_door_applied_ms": to_rank_set["front_door"],
                     "commit_to_recorded_ms": to_rank_set["recorded"],
-                    "recorded_to_front_door_applied_ms": to_rank_set["front_door"],
                     "front_door_requests": counted,
                 }
             )
@@ -248,8 +260,9 @@ def main() -> int:
                     job["downtime_ms"],
                     job["client_outage_ms"],
                     to_rank_set["total"],
-                    to_rank_set["recorded"],
+                    to_rank_set["observed"],
                     to_rank_set["front_door"],
+                    to_rank_set["recorded"],
                 ]
             )
         client.stop()
@@ -264,8 +277,9 @@ def main() -> int:
                 "downtime ms",
                 "client outage ms",
                 "commit -> new rank set ms",
-                "of which: recorded",
-                "of which: front door applied",
+                "of which: observed",
+                "of which: written + applied",
+                "(commit -> recorded ms)",
             ],
             rows,
         )
@@ -281,8 +295,9 @@ def main() -> int:
         )
         worst = max((j["commit_to_new_rank_set_ms"] or float("inf")) for j in jobs)
         report.target("commit -> new rank set in service (worst job)", worst, 50.0, "ms")
-        applied = max((j["recorded_to_front_door_applied_ms"] or float("inf")) for j in jobs)
-        report.target("recorded generation -> front door applied (worst job)", applied, 50.0, "ms")
+        median = statistics.median((j["commit_to_new_rank_set_ms"] or float("inf")) for j in jobs)
+        report.target("commit -> new rank set in service (median job)", median, 50.0, "ms")
+        report.results["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
         report.targets_table()
         report.write()
         return 0

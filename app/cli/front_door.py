@@ -28,4 +28,8 @@ def open_front_door(
         return None, []
     if door.adopted:
         typer.echo(f"epctl up: front door at {door.url} kept from the previous run (HAProxy)", err=True)
-    return door, [FrontDoorSpec(deployment=deployment, url=door.url, socket=door.socket_path)]
+    return door, [
+        FrontDoorSpec(
+            deployment=deployment, url=door.url, socket=door.socket_path, request_log=door.request_log
+        )
+    ]

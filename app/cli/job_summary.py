@@ -229,6 +229,12 @@ def front_door_line(job: dict[str, Any]) -> str | None:
     )
     if drained:
         line += f"; leavers drained: {held} in flight, done in {fmt_ms(longest)}"
+    window = counted.get("held")
+    if isinstance(window, dict):
+        wait = window.get("longest_wait_ms")
+        line += f"; held in the window: {window.get('count', 0)}" + (
+            f", longest wait {fmt_ms(wait)}" if isinstance(wait, int | float) else ""
+        )
     return line
 
 

@@ -20,6 +20,8 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from app.frontdoor.requestlog import LOG_FORMAT
+
 SLOTS = 32
 
 
@@ -40,16 +42,27 @@ def backend_name(deployment: str) -> str:
 
 
 def render_config(
-    socket_path: str, doors: list[DoorConfig], *, server_timeout_s: float = 120.0, socket_mode: str = "600"
+    socket_path: str,
+    doors: list[DoorConfig],
+    *,
+    server_timeout_s: float = 120.0,
+    socket_mode: str = "600",
+    request_log: str | None = None,
 ) -> str:
-    """`socket_mode` 660 where the coordinator reaches the socket as another user (docker-compose)."""
+    """`socket_mode` 660 where the coordinator reaches the socket as another user (docker-compose).
+    `request_log`: a Unix datagram socket the keeper binds, to which HAProxy logs every request
+    (`app.frontdoor.requestlog`)."""
+    logging = [f"    log {request_log} len 1024 local0 info"] if request_log else []
+    log_format = ["    log global", f'    log-format "{LOG_FORMAT}"'] if request_log else []
     lines = [
         "global",
         f"    stats socket {socket_path} mode {socket_mode} level admin",
         "    maxconn 4096",
+        *logging,
         "",
         "defaults",
         "    mode http",
+        *log_format,
         "    option http-keep-alive",
         "    timeout connect 1s",
         "    timeout client 120s",

@@ -21,6 +21,7 @@ from app.core.errors import NotFoundError
 from app.frontdoor import service
 from app.frontdoor.haproxy import HaproxyError, RuntimeApi, host_port
 from app.frontdoor.models import EndpointSetPublic
+from app.frontdoor.requestlog import RequestLog, held_in_window
 from app.frontdoor.rules import EndpointState
 from app.frontdoor.settings import FrontDoorSpec
 from app.frontdoor.wakeup import FEED_APPLIED, FEED_CHANGED, PUBLISHING
@@ -39,6 +40,10 @@ class HaproxyKeeper:
         self.slot_names: list[str] = []
         self.applied: int | None = None
         self.stale: set[str] = set()  # slots found serving no listed engine: put in maint
+        self.requests = RequestLog(spec.request_log) if spec.request_log else None
+        self.in_sync = False  # HAProxy's slots are known and say what `applied` says
+        self._applying = asyncio.Lock()  # one exchange at a time: the loop's, or a job's `offer`
+        self._recording: set[asyncio.Task[None]] = set()
 
     @property
     def description(self) -> str:
@@ -48,29 +53,41 @@ class HaproxyKeeper:
         deployment_id = await self._register()
         KEEPERS[deployment_id] = self
         try:
+            if self.requests is not None:
+                try:
+                    self.requests.open()
+                except OSError:  # held requests go unmeasured; the front door is kept all the same
+                    log.warning("front door %s: request log not opened", self.spec.deployment, exc_info=True)
+                    self.requests = None
             await self._keep(deployment_id)
         finally:
+            if self.requests is not None:
+                self.requests.close()
             if KEEPERS.get(deployment_id) is self:
                 del KEEPERS[deployment_id]
 
     async def _keep(self, deployment_id: str) -> None:
-        in_sync = False
         failures = 0
         while True:
             try:
                 feed = await self.database.run(
                     lambda session: service.current_public(session, ref=self.spec.deployment)
                 )
-                if not in_sync:
-                    await self._take_over(feed)
-                if feed.resource_version != self.applied or not in_sync:
-                    await self.apply(feed)
-                    self.applied = feed.resource_version  # a job here waiting for it goes on now
-                    FEED_APPLIED.ring()
-                    await self._record_applied(deployment_id, feed.resource_version)
-                in_sync, failures = True, 0
+                applied = None
+                async with self._applying:
+                    if not self.in_sync:
+                        await self._take_over(feed)
+                    # A newer version a job offered meanwhile stays: versions never go backwards.
+                    behind = self.applied is None or feed.resource_version > self.applied
+                    if behind or not self.in_sync:
+                        await self.apply(feed)
+                        self.applied = applied = feed.resource_version  # a job waiting here goes on
+                        FEED_APPLIED.ring()
+                    self.in_sync, failures = True, 0
+                if applied is not None:
+                    await self._record_applied(deployment_id, applied)
             except (HaproxyError, OSError) as exc:
-                in_sync, failures = False, failures + 1
+                self.in_sync, failures = False, failures + 1
                 if failures in (1, 10) or failures % 100 == 0:
                     log.warning(
                         "front door %s: %s (%d failures in a row)", self.spec.deployment, exc, failures
@@ -81,11 +98,30 @@ class HaproxyKeeper:
                 await asyncio.sleep(1.0)
                 continue
             except Exception:  # a busy database, a bug: keep keeping (HAProxy serves meanwhile)
-                in_sync = False
+                self.in_sync = False
                 log.exception("front door %s: keeper pass failed", self.spec.deployment)
                 await asyncio.sleep(1.0)
                 continue
             await FEED_CHANGED.wait(self.spec.poll_s)
+
+    async def offer(self, deployment_id: str, feed: EndpointSetPublic) -> None:
+        """A version a job in this process just wrote: applied now, without waiting for the loop to
+        wake and read it back (a job's front-door step is on its critical path). Where the keeper is not
+        in step with HAProxy, or already applied it, the loop does as it always does."""
+        async with self._applying:
+            if not self.in_sync or (self.applied is not None and self.applied >= feed.resource_version):
+                return
+            try:
+                await self.apply(feed)
+            except (HaproxyError, OSError):
+                self.in_sync = False  # the loop takes the slots over again
+                log.warning("front door %s: applying an offered version failed", self.spec.deployment)
+                return
+            self.applied = feed.resource_version
+            FEED_APPLIED.ring()
+        task = asyncio.create_task(self._record_applied(deployment_id, feed.resource_version))
+        self._recording.add(task)
+        task.add_done_callback(self._recording.discard)
 
     async def _record_applied(self, deployment_id: str, version: int) -> None:
         counters = await self.api.counters(self.backend)
@@ -214,6 +250,15 @@ async def counters_of(deployment_id: str) -> dict[str, Any] | None:
         "backend": raw.get("BACKEND", {}),
         "engines": {by_slot[name]: values for name, values in raw.items() if name in by_slot},
     }
+
+
+def held_of(deployment_id: str, start: float | None, end: float | None) -> dict[str, Any] | None:
+    """Requests held by a window [start, end] at the deployment's front door (`held_in_window`), or
+    None where no keeper here reads its request log."""
+    keeper = KEEPERS.get(deployment_id)
+    if keeper is None or keeper.requests is None:
+        return None
+    return held_in_window(list(keeper.requests.recent), keeper.backend, start, end)
 
 
 def accounting(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:

@@ -33,12 +33,12 @@ def haproxy_binary() -> str | None:
     )
 
 
-def socket_path_for(directory: Path) -> str:
-    path = str((directory / "admin.sock").resolve())
+def socket_path_for(directory: Path, name: str = "admin.sock") -> str:
+    path = str((directory / name).resolve())
     if len(path) <= SOCKET_PATH_MAX:
         return path
     digest = hashlib.sha1(path.encode()).hexdigest()[:16]
-    return str(Path(tempfile.gettempdir()) / f"epctl-haproxy-{digest}.sock")
+    return str(Path(tempfile.gettempdir()) / f"epctl-haproxy-{digest}-{name}")
 
 
 def answers(socket_path: str, timeout_s: float = 1.0) -> bool:
@@ -60,6 +60,7 @@ class RunningDoor:
     config_path: Path
     process: subprocess.Popen[bytes] | None  # None: adopted from an earlier run
     adopted_pid: int | None = None  # the adopted HAProxy's pid, when its pid file names it still
+    request_log: str | None = None  # where HAProxy logs each request (the keeper binds it)
 
     @property
     def adopted(self) -> bool:
@@ -86,16 +87,19 @@ class RunningDoor:
 def start_front_door(directory: Path, door: DoorConfig, ready_timeout_s: float = 10.0) -> RunningDoor:
     directory.mkdir(parents=True, exist_ok=True)
     socket_path = socket_path_for(directory)
+    request_log = socket_path_for(directory, "requests.sock")
     config_path = directory / "haproxy.cfg"
     url = f"http://{door.bind_host}:{door.bind_port}"
     pid_path = directory / "haproxy.pid"
     if answers(socket_path):
-        return RunningDoor(url, socket_path, config_path, None, _recorded_pid(pid_path, config_path))
+        adopted = _recorded_pid(pid_path, config_path)
+        logs = request_log if request_log in config_path.read_text(errors="replace") else None
+        return RunningDoor(url, socket_path, config_path, None, adopted, logs)
     binary = haproxy_binary()
     if binary is None:
         raise FrontDoorUnavailable("haproxy is not installed (apt-get install haproxy)")
     Path(socket_path).unlink(missing_ok=True)
-    config_path.write_text(render_config(socket_path, [door]))
+    config_path.write_text(render_config(socket_path, [door], request_log=request_log))
     log_path = directory / "haproxy.log"
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
@@ -106,7 +110,7 @@ def start_front_door(directory: Path, door: DoorConfig, ready_timeout_s: float =
             start_new_session=True,  # a Ctrl-C of the terminal reaches epctl up, which stops it in turn
         )
     pid_path.write_text(f"{process.pid}\n")
-    running = RunningDoor(url, socket_path, config_path, process)
+    running = RunningDoor(url, socket_path, config_path, process, request_log=request_log)
     give_up = time.monotonic() + ready_timeout_s
     while not answers(socket_path, timeout_s=0.2):
         if process.poll() is not None or time.monotonic() > give_up:

@@ -14,6 +14,7 @@ from sqlmodel import Session
 from app.deployments.models import Deployment
 from app.frontdoor import service
 from app.frontdoor.keeper import KEEPERS
+from app.frontdoor.models import EndpointSetPublic
 from app.frontdoor.wakeup import FEED_APPLIED
 
 T = TypeVar("T")
@@ -31,6 +32,7 @@ class DoorStep:
     applied: bool  # it applied this version (or a later one) within the deadline
     took_ms: float
     states: dict[str, str]  # engine id -> state at this version
+    started_at: float = 0.0  # epoch seconds, when the step began
 
     def message(self) -> str:
         listed = (
@@ -54,8 +56,83 @@ class DoorStep:
             "resource_version": self.resource_version,
             "applied": self.applied if self.front_door else None,
             "took_ms": round(self.took_ms, 3),
+            "started_at": round(self.started_at, 6),
             "states": self.states,
         }
+
+
+@dataclass(frozen=True)
+class Written:
+    """A version written (or found current) by a front-door step, not yet known applied."""
+
+    resource_version: int
+    states: dict[str, str]
+    front_door: bool
+    started: float  # monotonic, when the step began
+    started_at: float  # epoch seconds, the same moment
+    feed: EndpointSetPublic | None = None  # the version as the feed serves it, for a keeper here
+
+
+async def write(
+    in_session: InSession[Any], deployment_id: str, before: Callable[[Session], None] | None = None
+) -> Written:
+    """The feed's version as the record says now (written first where it changed). `before`: a change
+    of the record to make first, in the same session (e.g. the job's results saying it ends on the old
+    generation)."""
+    started, started_at = time.monotonic(), time.time()
+
+    def written(session: Session) -> Written:
+        if before is not None:
+            before(session)
+        deployment = session.get(Deployment, deployment_id)
+        assert deployment is not None
+        version, _ = service.refresh(session, deployment)
+        states = {str(e["engine_id"]): str(e["state"]) for e in version.endpoints}
+        has_door = service.front_door_of(session, deployment_id) is not None
+        kept_here = has_door and deployment_id in KEEPERS
+        feed = service.public(session, deployment, version) if kept_here else None
+        return Written(version.resource_version, states, has_door, started, started_at, feed)
+
+    done = await in_session(written)
+    keeper = KEEPERS.get(deployment_id)
+    if keeper is not None and done.feed is not None:
+        await keeper.offer(deployment_id, done.feed)  # applied now, not at the keeper's next read
+    return done
+
+
+async def settle(
+    in_session: InSession[Any],
+    deployment_id: str,
+    what: str,
+    written: Written,
+    deadline_s: float = DEADLINE_S,
+) -> DoorStep:
+    """Wait, up to `deadline_s` from the step's start, until the front door applied the version."""
+    version, started = written.resource_version, written.started
+
+    def step(applied: bool) -> DoorStep:
+        took_ms = (time.monotonic() - started) * 1000.0
+        return DoorStep(
+            what, version, written.front_door, applied, took_ms, written.states, written.started_at
+        )
+
+    if not written.front_door:
+        return step(False)
+
+    def applied(session: Session) -> bool:
+        door = service.front_door_of(session, deployment_id)
+        return door is None or (door.applied_version or 0) >= version
+
+    while True:
+        keeper = KEEPERS.get(deployment_id)  # kept by this process: its memory answers at once
+        if keeper is not None and keeper.applied is not None and keeper.applied >= version:
+            return step(True)
+        if keeper is None and await in_session(applied):
+            return step(True)
+        left = deadline_s - (time.monotonic() - started)
+        if left <= 0:
+            return step(False)
+        await FEED_APPLIED.wait(min(left, POLL_S))
 
 
 async def publish(
@@ -65,34 +142,6 @@ async def publish(
     deadline_s: float = DEADLINE_S,
     before: Callable[[Session], None] | None = None,
 ) -> DoorStep:
-    """`before`: a change of the record to make first, in the same session (e.g. the job's results
-    saying it ends on the old generation)."""
-    started = time.monotonic()
-
-    def write(session: Session) -> tuple[int, dict[str, str], bool]:
-        if before is not None:
-            before(session)
-        deployment = session.get(Deployment, deployment_id)
-        assert deployment is not None
-        version, _ = service.refresh(session, deployment)
-        states = {str(e["engine_id"]): str(e["state"]) for e in version.endpoints}
-        return version.resource_version, states, service.front_door_of(session, deployment_id) is not None
-
-    version, states, has_door = await in_session(write)
-    if not has_door:
-        return DoorStep(what, version, False, False, (time.monotonic() - started) * 1000.0, states)
-
-    def applied(session: Session) -> bool:
-        door = service.front_door_of(session, deployment_id)
-        return door is None or (door.applied_version or 0) >= version
-
-    while True:
-        keeper = KEEPERS.get(deployment_id)  # kept by this process: its memory answers at once
-        if keeper is not None and keeper.applied is not None and keeper.applied >= version:
-            return DoorStep(what, version, True, True, (time.monotonic() - started) * 1000.0, states)
-        if keeper is None and await in_session(applied):
-            return DoorStep(what, version, True, True, (time.monotonic() - started) * 1000.0, states)
-        left = deadline_s - (time.monotonic() - started)
-        if left <= 0:
-            return DoorStep(what, version, True, False, (time.monotonic() - started) * 1000.0, states)
-        await FEED_APPLIED.wait(min(left, POLL_S))
+    """Write the feed's next version and wait until the front door applied it (`write`, `settle`)."""
+    written = await write(in_session, deployment_id, before)
+    return await settle(in_session, deployment_id, what, written, deadline_s)

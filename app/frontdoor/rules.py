@@ -13,12 +13,17 @@
 A job that ends without a switch (rolled back, cancelled) gives its leavers back: once its engines
 resumed, its results say they ended on the old generation, and they are `ready` again before the job
 ends, as the front door was before it.
+
+A job whose results say every member ended on the new generation (written the moment the coordinator
+saw every participant committed and serving it, before the slower move that applies the generation)
+is read as that move will record it (`as_switched`, the same changes as `apply_generation`): the new
+rank set is published from the observed commit, and the move then derives the same set.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 
@@ -56,6 +61,8 @@ class JobFacts:
     id: str
     state: str
     roles: Mapping[str, str] = field(default_factory=dict)  # engine id -> joining | staying | leaving
+    switched_to: int | None = None  # its results say every member serves this generation
+    new_ranks: Mapping[str, int] = field(default_factory=dict)  # member -> its rank there
 
     @property
     def active(self) -> bool:
@@ -101,8 +108,29 @@ def endpoint_of(engine: EngineFacts, generation: int, job: JobFacts | None) -> E
     return made(EndpointState.ready)
 
 
+def as_switched(
+    generation: int, engines: Iterable[EngineFacts], job: JobFacts | None
+) -> tuple[int, list[EngineFacts]]:
+    """The generation and engines as the record will say once an active job whose members all switched
+    is recorded (`apply_generation`: members serving at their new rank, leavers idle without one); as
+    they are otherwise (no such job, or the move already applied it)."""
+    listed = list(engines)
+    if job is None or not job.active or job.switched_to is None or job.switched_to == generation:
+        return generation, listed
+    switched = []
+    for engine in listed:
+        rank = job.new_ranks.get(engine.id)
+        if rank is not None:
+            engine = replace(engine, state="serving", dp_rank=rank, generation=job.switched_to)
+        elif job.roles.get(engine.id) == "leaving":
+            engine = replace(engine, state="idle", dp_rank=None)
+        switched.append(engine)
+    return job.switched_to, switched
+
+
 def rank_set(generation: int, engines: Iterable[EngineFacts], job: JobFacts | None) -> list[Endpoint]:
     """The deployment's endpoints, ready ones first by rank, then the others by engine id."""
+    generation, engines = as_switched(generation, engines, job)
     listed = [e for e in (endpoint_of(engine, generation, job) for engine in engines) if e is not None]
     return sorted(
         listed,
@@ -126,3 +154,21 @@ def roles_of(engine_results: Sequence[Mapping[str, object]] | None) -> dict[str,
             stays = role == "leaving" and after is not None and after == result.get("generation_before")
             roles[engine_id] = "staying" if stays else role
     return roles
+
+
+def switch_of(engine_results: Sequence[Mapping[str, object]] | None) -> tuple[int | None, dict[str, int]]:
+    """The generation every member of a job's results ended on, with their ranks there (None: the
+    results do not say every member switched: a job still running, rolled back or split)."""
+    ranks: dict[str, int] = {}
+    generations: set[object] = set()
+    for result in engine_results or ():
+        engine_id, rank = result.get("engine_id"), result.get("new_rank")
+        if isinstance(engine_id, str) and isinstance(rank, int):
+            ranks[engine_id] = rank
+            generations.add(result.get("generation_after"))
+    if len(generations) != 1:
+        return None, {}
+    (generation,) = generations
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        return None, {}
+    return generation, ranks

@@ -18,7 +18,7 @@ from app.deployments.front_door import FrontDoor, FrontDoorPublic
 from app.deployments.models import Deployment
 from app.deployments.service import get_deployment
 from app.frontdoor.models import EndpointPublic, EndpointSetPublic, EndpointSetVersion
-from app.frontdoor.rules import Endpoint, EngineFacts, JobFacts, rank_set, roles_of
+from app.frontdoor.rules import Endpoint, EngineFacts, JobFacts, as_switched, rank_set, roles_of, switch_of
 from app.frontdoor.wakeup import FEED_CHANGED
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import ACTIVE_STATES
@@ -35,15 +35,18 @@ def _active_job(session: Session, deployment_id: str) -> JobFacts | None:
     ).first()
     if job is None:
         return None
-    return JobFacts(job.id, job.state, roles_of(job.engine_results))
+    switched_to, new_ranks = switch_of(job.engine_results)
+    return JobFacts(job.id, job.state, roles_of(job.engine_results), switched_to, new_ranks)
 
 
-def derive(session: Session, deployment: Deployment) -> tuple[list[Endpoint], str | None]:
-    """The rank set the record implies now, and the active job's id."""
+def derive(session: Session, deployment: Deployment) -> tuple[list[Endpoint], str | None, int]:
+    """The rank set the record implies now, the active job's id, and the generation it serves (the
+    new one from the moment a job's results say every member switched)."""
     rows = session.exec(select(Engine).where(Engine.deployment_id == deployment.id)).all()
     engines = [EngineFacts(r.id, r.url, r.state, r.dp_rank, r.generation) for r in rows]
     job = _active_job(session, deployment.id)
-    return rank_set(deployment.generation, engines, job), job.id if job else None
+    generation, _ = as_switched(deployment.generation, engines, job)
+    return rank_set(deployment.generation, engines, job), job.id if job else None, generation
 
 
 def _stored(endpoints: list[Endpoint]) -> list[dict[str, Any]]:
@@ -72,15 +75,15 @@ def latest(session: Session, deployment_id: str) -> EndpointSetVersion | None:
 def refresh(session: Session, deployment: Deployment) -> tuple[EndpointSetVersion, bool]:
     """The deployment's current version, written first when the record implies another rank set
     (second: whether this call wrote it)."""
-    endpoints, job_id = derive(session, deployment)
+    endpoints, job_id, generation = derive(session, deployment)
     stored = _stored(endpoints)
     last = latest(session, deployment.id)
-    if last is not None and last.endpoints == stored and last.generation == deployment.generation:
+    if last is not None and last.endpoints == stored and last.generation == generation:
         return last, False
     version = EndpointSetVersion(
         deployment_id=deployment.id,
         resource_version=(last.resource_version if last else 0) + 1,
-        generation=deployment.generation,
+        generation=generation,
         job_id=job_id,
         endpoints=stored,
         changed_at=utc_now(),

@@ -24,6 +24,12 @@ class FrontDoorSpec(BaseModel):
     url: str = Field(min_length=1, max_length=400, description="the front door's address, as clients use it")
     socket: str = Field(min_length=1, max_length=400, description="HAProxy's admin stats socket")
     backend: str | None = Field(None, description="the HAProxy backend (default ep_<deployment>)")
+    request_log: str | None = Field(
+        None,
+        max_length=400,
+        description="a Unix datagram socket the keeper binds and HAProxy logs each request to "
+        "(`log <path> local0` and `requestlog.LOG_FORMAT`): jobs count the requests held in their window",
+    )
     poll_s: float = Field(0.1, gt=0, le=10, description="how often the keeper re-reads the feed")
 
     @property

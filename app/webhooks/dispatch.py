@@ -193,3 +193,6 @@ def observe_finished_job(job: dict[str, Any]) -> None:
         client_outage_ms=float(outage) if isinstance(outage, int | float) else None,
         client_slowest_answer_ms=float(slowest) if isinstance(slowest, int | float) else None,
     )
+    counted = job.get("front_door_requests")
+    if isinstance(counted, dict):
+        metrics.record_front_door_requests(str(job.get("deployment") or ""), counted)

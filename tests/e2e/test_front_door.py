@@ -4,10 +4,14 @@ feed says, at each step, who is ready, draining and out (issue 35)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,10 +31,11 @@ pytestmark = pytest.mark.processes
 
 
 class FeedWatcher:
-    """Follows `GET .../endpoints?watch=true` from version 0: every version it is answered, in order."""
+    """Follows `GET .../endpoints?watch=true` from version `since`: every version it is answered, in
+    order, resuming from the last one it read when the coordinator was down."""
 
-    def __init__(self, base: str, headers: dict[str, str]) -> None:
-        self.base, self.headers = base, headers
+    def __init__(self, base: str, headers: dict[str, str], since: int = 0) -> None:
+        self.base, self.headers, self.since = base, headers, since
         self.versions: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -45,7 +50,7 @@ class FeedWatcher:
         return self.versions
 
     def _run(self) -> None:
-        version = 0
+        version = self.since
         with httpx.Client(base_url=self.base, headers=self.headers, timeout=30) as http:
             while not self._stop.is_set():
                 try:
@@ -53,12 +58,20 @@ class FeedWatcher:
                         "/v1/deployments/demo/endpoints",
                         params={"watch": "true", "resourceVersion": version, "timeoutSeconds": 2},
                     )
-                except httpx.TransportError:
-                    return  # the coordinator stopped
+                except httpx.TransportError:  # the coordinator is down: resume from `version` later
+                    self._stop.wait(0.2)
+                    continue
+                if response.status_code != 200:
+                    self._stop.wait(0.2)
+                    continue
                 body = response.json()
                 if body["resourceVersion"] != version:
                     self.versions.append(body)
                     version = body["resourceVersion"]
+
+
+def _adopted(log_path: Path) -> bool | None:
+    return "adopted deployment demo as it runs" in log_path.read_text() or None
 
 
 def _ended(api: httpx.Client, job_id: str) -> dict[str, Any] | None:
@@ -109,6 +122,7 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2_a_rollback_a
 
         jobs: dict[int, dict[str, Any]] = {}
         after: dict[int, dict[str, Any]] = {}
+        restarted_at = 0.0
         for target in (4, 3, 2):
             job_id = api.post(
                 "/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": target}
@@ -120,6 +134,26 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2_a_rollback_a
             jobs[target] = job
             after[target] = api.get("/v1/deployments/demo/endpoints").json()
             client.wait_serving(count=20, timeout_s=60)
+            if target == 4:  # the coordinator crashes mid-cycle: the front door serves on, the watch resumes
+                up.kill()
+                restarted_at = time.time()
+                up = spawn(
+                    "epctl up",
+                    [*argv, "--data-dir", str(tmp_path / "data")],
+                    tmp_path / "up2.log",
+                    env=env,
+                    cwd=tmp_path,
+                )
+                up.wait_for(
+                    partial(_adopted, up.log_path),
+                    timeout_s=120,
+                    what="the restarted epctl up to adopt the deployment",
+                )
+                wait_until(
+                    lambda: api.get("/v1/deployments/demo").json()["status"] == "ready",
+                    timeout_s=60,
+                    what="the restarted coordinator to answer",
+                )
         # A job that ends on the old generation gives the front door back as it was: rolled back (a
         # prepare that fails) and cancelled (a prepare held, then cancelled).
         key = api.post("/v1/deployments/demo/agent-key").json()["key"]
@@ -178,6 +212,10 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2_a_rollback_a
         assert counted["requests"] > 0 and counted["failed"] == {"5xx": 0, "connection": 0, "response": 0}
         leavers = [r["engine_id"] for r in job["engine_results"] if r["role"] == "leaving"]
         assert sorted(counted["drained"]) == sorted(leavers), counted
+        # HAProxy's own per-request log: the requests in flight while the window was open, none failed.
+        assert counted["held"] is not None and counted["held"]["failed"] == 0, counted
+    # Two client streams and the canaries keep a request in flight nearly always: some were held.
+    assert sum(jobs[t]["front_door_requests"]["held"]["count"] for t in jobs) >= 1, jobs
     assert len(samples) > 100 and failures == [], failures[:5]
     assert all(s.max_abs_error is not None and s.max_abs_error < 1e-4 for s in samples)
 
@@ -189,9 +227,12 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2_a_rollback_a
         leavers = [r["engine_id"] for r in job["engine_results"] if r["role"] == "leaving"]
         assert all(_states(feed).get(e, "out") == "out" for e in leavers), (target, feed)
 
-    # The watch saw every version once, in order, and the leavers draining before they left.
+    # The watch saw every version once, in order, through the coordinator's restart (it resumed from
+    # the version it had read), and the leavers draining before they left.
     numbers = [v["resourceVersion"] for v in versions]
     assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), numbers
+    changed = [datetime.fromisoformat(v["changed_at"]).timestamp() for v in versions]
+    assert min(changed) < restarted_at < max(changed), (restarted_at, changed)
     for target in (3, 2):
         leaver = next(r["engine_id"] for r in jobs[target]["engine_results"] if r["role"] == "leaving")
         assert any(_states(v).get(leaver) == "draining" for v in versions), (target, leaver)
@@ -203,8 +244,17 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2_a_rollback_a
         )
         prepared = next(i for i, (k, m) in enumerate(kinds) if k == "engines" and m == "prepared")
         assert drain < prepared and "front door applied version" in kinds[drain][1], kinds
-    # Stopping `epctl up` stopped the HAProxy it started.
-    assert haproxy_pid is not None and not Path(f"/proc/{haproxy_pid}").exists()
+    # Stopping `epctl up` stopped the HAProxy it adopted (an orphan since the crash: a zombie until
+    # something reaps it).
+    assert haproxy_pid is not None and not _alive(haproxy_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _haproxy_pid(data: Path) -> int:
@@ -220,32 +270,45 @@ def _haproxy_pid(data: Path) -> int:
     raise AssertionError(f"no haproxy with {config}")
 
 
-def test_an_engine_killed_is_taken_out_of_the_front_door_and_clients_are_served_on_the_survivors(
-    tmp_path: Path,
-) -> None:
-    """SIGKILL of one of three engines: requests only ever go to the front door. The EP group breaks
-    with it (every member's collective fails), so requests fail until the survivors form a generation
-    of their own: every failure was in flight at the kill or sent after it, and none once the
-    survivors served again;
-    the feed takes the dead engine out, and the deployment serves without it."""
+@dataclass
+class Deployed:
+    """One `epctl up --engines 3` shared by the fault tests (each leaves it whole again: the launcher's
+    `replace` grows it back to 3)."""
+
+    api: httpx.Client
+    coordinator: str
+    headers: dict[str, str]
+    door: str
+    tokens: list[Any]
+    expected: list[Any]
+
+    def client(self) -> SteadyClient:
+        return SteadyClient([self.door], self.tokens, self.expected, streams=2, period_s=0.01).start()
+
+    def whole(self) -> dict[str, Any]:
+        """Waits until the deployment serves 3 engines with no job running; the feed then."""
+
+        def whole() -> dict[str, Any] | None:
+            deployment = self.api.get("/v1/deployments/demo").json()
+            feed: dict[str, Any] = self.api.get("/v1/deployments/demo/endpoints").json()
+            settled = deployment["status"] == "ready" and not deployment["active_job_id"]
+            return feed if settled and len(_ready(feed)) == 3 else None
+
+        return wait_until(whole, timeout_s=240, what="the deployment whole again (3 engines ready)")
+
+    def rank(self, rank: int) -> dict[str, Any]:
+        return next(e for e in self.api.get("/v1/engines").json()["data"] if e["dp_rank"] == rank)
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
     require_haproxy()
+    tmp_path = tmp_path_factory.mktemp("front-door-faults")
     port, door_port = free_port(), free_port()
     env = clean_environment({"EPCTL_RUNNER_LOCAL_AGENT_ARGS": "--heartbeat-s 1"})
-    argv = [
-        *epctl_command(),
-        "up",
-        "--port",
-        str(port),
-        "--front-door-port",
-        str(door_port),
-        "--engines",
-        "3",
-    ]
-    up = spawn(
-        "epctl up", [*argv, "--data-dir", str(tmp_path / "data")], tmp_path / "up.log", env=env, cwd=tmp_path
-    )
-    door = f"http://127.0.0.1:{door_port}"
-    streams = 2
+    argv = [*epctl_command(), "up", "--port", str(port), "--front-door-port", str(door_port)]
+    argv += ["--engines", "3", "--data-dir", str(tmp_path / "data")]
+    up = spawn("epctl up", argv, tmp_path / "up.log", env=env, cwd=tmp_path)
     try:
 
         def welcome() -> str | None:
@@ -254,34 +317,13 @@ def test_an_engine_killed_is_taken_out_of_the_front_door_and_clients_are_served_
 
         output = up.wait_for(welcome, timeout_s=120, what="epctl up to print the token")
         headers = {"Authorization": f"Bearer {output.split('export EPCTL_TOKEN=')[1].split()[0]}"}
-        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=30)
-        engine = EngineConfig.model_validate(api.get("/v1/deployments/demo").json()["engine"])
-        tokens = torch.randn(2, engine.hidden_size, generator=torch.Generator().manual_seed(4))
-        expected = moe.reference_forward(engine, tokens).tolist()
-        client = SteadyClient([door], tokens.tolist(), expected, streams=streams, period_s=0.01).start()
-        client.wait_serving(count=20, timeout_s=60)
-
-        victim = next(e for e in api.get("/v1/engines").json()["data"] if e["dp_rank"] == 2)
-        killed_at = time.time()
-        os.kill(int(victim["pid"]), signal.SIGKILL)
-
-        def taken_out() -> dict[str, Any] | None:
-            feed: dict[str, Any] = api.get("/v1/deployments/demo/endpoints").json()
-            return feed if _states(feed).get(victim["id"], "gone") != "ready" else None
-
-        out = wait_until(taken_out, timeout_s=60, what="the killed engine out of the front door")
-        client.wait_serving(count=50, timeout_s=60)  # served on the survivors
-        served_again_at = time.time()
-        wait_until(
-            lambda: (
-                (d := api.get("/v1/deployments/demo").json())["status"] == "ready" and not d["active_job_id"]
-            ),
-            timeout_s=240,
-            what="the deployment healed",
-        )
-        client.wait_serving(count=20, timeout_s=60)
-        samples = client.stop()
-        healed = api.get("/v1/deployments/demo/endpoints").json()
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=base, headers=headers, timeout=30) as api:
+            engine = EngineConfig.model_validate(api.get("/v1/deployments/demo").json()["engine"])
+            tokens = torch.randn(2, engine.hidden_size, generator=torch.Generator().manual_seed(4))
+            expected = moe.reference_forward(engine, tokens).tolist()
+            door = f"http://127.0.0.1:{door_port}"
+            yield Deployed(api, base, headers, door, tokens.tolist(), expected)
     finally:
         up.popen.send_signal(signal.SIGINT)
         try:
@@ -289,15 +331,90 @@ def test_an_engine_killed_is_taken_out_of_the_front_door_and_clients_are_served_
         finally:
             up.kill()
 
+
+def _failures_around(samples: list[Any], fault_at: float, served_again_at: float, what: str) -> None:
+    """Every failed request was in flight at the fault or sent after it, before the survivors served
+    again; none after."""
     failures = [s for s in samples if not s.ok]
-    print(
-        f"front door through a SIGKILL: {len(samples)} requests, {len(failures)} failed "
-        f"({[s.error for s in failures][:3]}); the victim {_states(out).get(victim['id'], 'not listed')}"
-    )
+    print(f"front door through {what}: {len(samples)} requests, {len(failures)} failed")
     if failures:
         first, last = min(f.sent_at for f in failures), max(f.done_at for f in failures)
-        print(f"  failures from {first - killed_at:+.3f} s to {last - killed_at:+.3f} s after the kill")
-    # In flight at the kill or sent after it, and none once the survivors served again.
-    assert all(killed_at <= f.done_at and f.sent_at <= served_again_at for f in failures), failures
+        print(f"  failures from {first - fault_at:+.3f} s to {last - fault_at:+.3f} s after the fault")
+        print(f"  errors: {sorted({str(f.error)[:80] for f in failures})[:4]}")
+    assert all(fault_at <= f.done_at and f.sent_at <= served_again_at for f in failures), failures
     assert not [s for s in samples if not s.ok and s.sent_at > served_again_at]
-    assert victim["id"] not in _ready(healed) and len(_ready(healed)) >= 2, healed
+
+
+def test_a_frozen_engine_is_taken_out_of_the_front_door_once_fenced_and_the_survivors_serve(
+    deployed: Deployed,
+) -> None:
+    """SIGSTOP of rank 2 of 3, requests only to the front door. The survivors leave its group at the
+    serving deadline naming it and the coordinator fences it: from the first version of the feed that
+    does not list it ready it is `out` (fenced), never `ready` again while frozen; requests fail only
+    around the freeze (those it held, those its broken group failed), and the survivors serve."""
+    start = deployed.whole()
+    client = deployed.client()
+    watcher = FeedWatcher(deployed.coordinator, deployed.headers, start["resourceVersion"]).start()
+    client.wait_serving(count=20, timeout_s=60)
+    victim = deployed.rank(2)
+    frozen_at = time.time()
+    os.kill(int(victim["pid"]), signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: (
+                _states(deployed.api.get("/v1/deployments/demo/endpoints").json()).get(victim["id"])
+                not in ("ready", None)
+            ),
+            timeout_s=60,
+            what="the frozen engine out of the front door",
+        )
+        client.wait_serving(count=50, timeout_s=90)  # served on the survivors (a held request's timeout)
+        served_again_at = time.time()
+        while_frozen = watcher.versions[:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the launcher stops a fenced engine it replaced
+            os.kill(int(victim["pid"]), signal.SIGCONT)
+    deployed.whole()
+    samples = client.stop()
+    watcher.stop()
+
+    _failures_around(samples, frozen_at, served_again_at, "a SIGSTOP")
+    states = [(v["resourceVersion"], _states(v).get(victim["id"])) for v in while_frozen]
+    first_out = next(i for i, (_, state) in enumerate(states) if state != "ready")
+    reason = next(e["reason"] for e in while_frozen[first_out]["endpoints"] if e["engine_id"] == victim["id"])
+    print(f"the frozen engine in the feed: {states}; first out: {reason}")
+    # Out the moment the record says it is lost (fenced on its peers' evidence, or silent past the
+    # heartbeat timeout), never draining first as a leaver of the heal that follows.
+    assert states[first_out][1] == "out" and reason in ("fenced", "unreachable"), while_frozen[first_out]
+    assert all(state != "ready" for _, state in states[first_out:]), states
+
+
+def test_an_engine_killed_is_taken_out_of_the_front_door_and_clients_are_served_on_the_survivors(
+    deployed: Deployed,
+) -> None:
+    """SIGKILL of one of three engines: requests only ever go to the front door. The EP group breaks
+    with it (every member's collective fails), so requests fail until the survivors form a generation
+    of their own: every failure was in flight at the kill or sent after it, and none once the
+    survivors served again; the feed takes the dead engine out, and the deployment serves without it."""
+    deployed.whole()
+    api = deployed.api
+    client = deployed.client()
+    client.wait_serving(count=20, timeout_s=60)
+    victim = deployed.rank(2)
+    killed_at = time.time()
+    os.kill(int(victim["pid"]), signal.SIGKILL)
+
+    def taken_out() -> dict[str, Any] | None:
+        feed: dict[str, Any] = api.get("/v1/deployments/demo/endpoints").json()
+        return feed if _states(feed).get(victim["id"], "gone") != "ready" else None
+
+    out = wait_until(taken_out, timeout_s=60, what="the killed engine out of the front door")
+    client.wait_serving(count=50, timeout_s=60)  # served on the survivors
+    served_again_at = time.time()
+    healed = deployed.whole()
+    client.wait_serving(count=20, timeout_s=60)
+    samples = client.stop()
+
+    print(f"the killed engine: {_states(out).get(victim['id'], 'not listed')}")
+    _failures_around(samples, killed_at, served_again_at, "a SIGKILL")
+    assert victim["id"] not in _ready(healed), healed

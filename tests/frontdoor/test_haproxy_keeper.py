@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -14,7 +15,9 @@ from sqlmodel import Session
 
 from app.core.config import Settings
 from app.deployments.engines.models import Engine
+from app.frontdoor.keeper import KEEPERS
 from app.frontdoor.launch import RunningDoor
+from app.frontdoor.models import EndpointSetPublic
 from app.frontdoor.settings import FrontDoorSpec
 from app.main import create_app
 from tests.frontdoor.conftest import NamedServer
@@ -121,3 +124,35 @@ def test_a_restarted_keeper_takes_over_the_slots_haproxy_serves(
         )
         assert sorted(keeper.slots.items()) == [("fd-engine-0", "e1"), ("fd-engine-1", "e2")]
         assert set(_answers(haproxy, 8)) == {"s0", "s1"}
+
+
+def test_a_version_a_job_offers_is_applied_at_once_and_never_undone_by_an_older_read(
+    settings: Settings,
+    db_engine: DbEngine,
+    haproxy: RunningDoor,
+    named_servers: list[NamedServer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job's front-door step hands its new version to the keeper of this process (`offer`): applied
+    before the call returns, and the keeper's own reads of an older version do not take it back."""
+    _deployment(db_engine, named_servers, size=2)
+    app = _app(settings, haproxy, monkeypatch)
+    with TestClient(app, headers=ADMIN_HEADERS) as client:
+        feed = _applied(client)
+        (keeper,) = app.state.front_door_keepers
+        wait_until(lambda: keeper.in_sync, timeout_s=30, what="the keeper in step")
+        newer = EndpointSetPublic.model_validate(
+            {
+                **feed,
+                "resourceVersion": feed["resourceVersion"] + 1,
+                "endpoints": [e for e in feed["endpoints"] if e["engine_id"] != "fd-engine-1"],
+            }
+        )
+        deployment_id = next(iter(KEEPERS))
+        assert client.portal is not None
+        client.portal.call(keeper.offer, deployment_id, newer)
+        assert keeper.applied == newer.resource_version
+        assert set(_answers(haproxy, 8)) == {"s0"}
+        time.sleep(0.5)  # the loop re-reads the older version every 0.05 s meanwhile
+        assert keeper.applied == newer.resource_version
+        assert set(_answers(haproxy, 8)) == {"s0"}

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from app.frontdoor.rules import EndpointState, EngineFacts, JobFacts, endpoint_of, rank_set, roles_of
+from app.frontdoor.rules import (
+    EndpointState,
+    EngineFacts,
+    JobFacts,
+    as_switched,
+    endpoint_of,
+    rank_set,
+    roles_of,
+    switch_of,
+)
 
 GEN = 3
 R, D, OUT = EndpointState.ready, EndpointState.draining, EndpointState.out
@@ -120,3 +129,97 @@ def test_a_leaver_of_a_job_ending_on_the_old_generation_stays_before_the_job_end
     still_running = JobFacts("rcfg_1", "syncing", roles)
     assert endpoint_of(engine(engine_id="a"), GEN, still_running).state == R  # type: ignore[union-attr]
     assert endpoint_of(engine(engine_id="b"), GEN, still_running).state == D  # type: ignore[union-attr]
+
+
+def result(engine_id: str, role: str, new_rank: int | None, before: int | None, after: int | None) -> dict:
+    return {
+        "engine_id": engine_id,
+        "role": role,
+        "new_rank": new_rank,
+        "generation_before": before,
+        "generation_after": after,
+    }
+
+
+SWITCHES = [
+    # (what, results, expected (generation, ranks))
+    (
+        "every member ended on the new generation",
+        [
+            result("a", "staying", 0, GEN, GEN + 1),
+            result("c", "leaving", None, GEN, None),
+            result("d", "joining", 1, None, GEN + 1),
+        ],
+        (GEN + 1, {"a": 0, "d": 1}),
+    ),
+    (
+        "still running (after not known yet)",
+        [result("a", "staying", 0, GEN, None), result("d", "joining", 1, None, None)],
+        (None, {}),
+    ),
+    (
+        "ended on the old generation (a joiner released)",
+        [result("a", "staying", 0, GEN, GEN), result("d", "joining", 1, None, None)],
+        (None, {}),
+    ),
+    (
+        "a switch that failed part-way",
+        [result("a", "staying", 0, GEN, GEN + 1), result("b", "staying", 1, GEN, GEN)],
+        (None, {}),
+    ),
+    ("no results", [], (None, {})),
+]
+
+
+@pytest.mark.parametrize(("what", "results", "expected"), SWITCHES, ids=[c[0] for c in SWITCHES])
+def test_a_switch_is_read_from_the_results_only_when_every_member_switched(
+    what: str, results: list[dict], expected: tuple[int | None, dict[str, int]]
+) -> None:
+    assert switch_of(results) == expected, what
+
+
+def test_the_observed_commit_gives_the_rank_set_the_recorded_generation_will() -> None:
+    """Published from the results (`committing`, rows not yet moved), then derived from the rows the
+    move wrote (`cleaning_up`): the same endpoints and generation, so the move writes no new version."""
+    results = [
+        result("a", "staying", 1, GEN, GEN + 1),
+        result("b", "staying", 0, GEN, GEN + 1),
+        result("c", "leaving", None, GEN, None),
+        result("d", "joining", 2, None, GEN + 1),
+    ]
+    switched_to, ranks = switch_of(results)
+    facts = {"roles": roles_of(results), "switched_to": switched_to, "new_ranks": ranks}
+    before_move = [
+        engine("paused", 0, GEN, "a"),
+        engine("paused", 1, GEN, "b"),
+        engine("paused", 2, GEN, "c"),
+        engine("serving", None, 0, "d"),  # a joiner's own row until the move
+        engine("serving", 0, GEN, "e"),  # not in the job
+    ]
+    observed = JobFacts("rcfg_1", "committing", **facts)  # type: ignore[arg-type]
+    after_move = [
+        engine("serving", 1, GEN + 1, "a"),
+        engine("serving", 0, GEN + 1, "b"),
+        engine("idle", None, GEN, "c"),
+        engine("serving", 2, GEN + 1, "d"),
+        engine("serving", 0, GEN, "e"),
+    ]
+    recorded = JobFacts("rcfg_1", "cleaning_up", **facts)  # type: ignore[arg-type]
+    published = rank_set(GEN, before_move, observed)
+    assert published == rank_set(GEN + 1, after_move, recorded)
+    assert as_switched(GEN, before_move, observed)[0] == as_switched(GEN + 1, after_move, recorded)[0]
+    assert [(e.engine_id, e.state, e.dp_rank) for e in published if e.state == R] == [
+        ("b", R, 0),
+        ("a", R, 1),
+        ("d", R, 2),
+    ]
+    assert {e.engine_id: e.reason for e in published if e.state == OUT} == {
+        "c": "not-a-member",
+        "e": "not-a-member",
+    }
+
+
+def test_a_switch_in_the_results_of_an_ended_job_changes_nothing() -> None:
+    engines = [engine("serving", 0, GEN, "a")]
+    failed = JobFacts("rcfg_1", "failed", {"a": "staying"}, GEN + 1, {"a": 0})
+    assert as_switched(GEN, engines, failed) == (GEN, engines)

@@ -80,3 +80,28 @@ def test_p95_downtime_splits_by_deployment(client: TestClient) -> None:
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed: scripts/prometheus-tools installs it")
 def test_the_labelled_exposition_passes_promtool(client: TestClient) -> None:
     assert promtool_problems(_scrape(client)) == ""
+
+
+def test_front_door_requests_count_by_deployment_and_cause(client: TestClient) -> None:
+    """A finished job's front-door accounting (issue 35) as counters: passed, failed by cause, drained."""
+    job = {
+        **_job("door-counted", 8.0, 0.0),
+        "front_door_requests": {
+            "requests": 120,
+            "failed": {"5xx": 2, "connection": 1, "response": 0},
+            "drained": {"e3": {"in_flight_at_drain": 3, "drained_ms": 4.0}},
+        },
+    }
+    observe_finished_job(job)
+    observe_finished_job({**_job("door-counted", 8.0, 0.0), "front_door_requests": None})
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for metric in text_string_to_metric_families(client.get("/metrics").text)
+        for sample in metric.samples
+        if sample.labels.get("deployment") == "door-counted" and "front_door" in sample.name
+    }
+    deployment = ("deployment", "door-counted")
+    assert samples[("epctl_front_door_requests_total", (deployment,))] == 120
+    assert samples[("epctl_front_door_requests_drained_total", (deployment,))] == 3
+    for cause, n in (("5xx", 2), ("connection", 1), ("response", 0)):
+        assert samples[("epctl_front_door_requests_failed_total", (("cause", cause), deployment))] == n

@@ -22,7 +22,7 @@ from sqlmodel import Session
 
 from app.backends.base import JobCancelled, JobFailure
 from app.backends.reference.fanout import Fanout
-from app.backends.reference.front_door import new_rank_set, rank_set_restored
+from app.backends.reference.front_door import commit_observed, new_rank_set, rank_set_restored
 from app.backends.reference.job import JobRun
 from app.backends.reference.launching import launch_spec
 from app.backends.reference.record import JobRecord, apply_generation, degrade
@@ -116,11 +116,14 @@ class Endings:
         )
 
     async def finish(self, run: JobRun, recorded: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Every participant switched: record the new generation, give the front door the new rank
-        set, then `recorded` (the flow's probe figures), release leavers, succeed."""
+        """Every participant switched and every member confirmed serving: give the front door the new
+        rank set (from the observed commit) while recording the new generation, then `recorded` (the
+        flow's probe figures), release leavers, succeed."""
         plan = run.plan
         assert plan is not None
+        early = None
         if run.state == S.committing:
+            early = await commit_observed(self.record, run)  # the front door has it while we record
             downtime = run.downtime()
             recovery = await self.record.run_in_session(lambda session: serving_again(session, run.job_id))
 
@@ -140,7 +143,7 @@ class Endings:
                 },
                 also=commit,
             )
-        await new_rank_set(self.record, run)  # joiners in, leavers out, before the leavers stop
+        await new_rank_set(self.record, run, early)  # joiners in, leavers out, before the leavers stop
         if recorded is not None:
             await recorded()
         await self.record.progress(run, "cleaning_up")

@@ -208,7 +208,7 @@ class Flow:
         """The probe's figures onto the job, before its last transition (never fails the job)."""
         if probe is None:
             return
-        stopped = await probe.stop()
+        stopped = await probe.stop(run)
         if stopped is None:
             return
         changes, summary = stopped

@@ -2,8 +2,10 @@
 
 - before `prepare` (a leaver stops admitting there): the plan's leavers `draining`, and the job waits
   until the front door applied it, so no new request reaches an engine that would refuse it;
-- after the switch is recorded (`cleaning_up`): the new rank set (joiners `ready` only now, leavers
-  `out`), before the leavers are released;
+- once every member confirmed serving the new generation (the observed commit): the new rank set
+  (joiners `ready` only now, leavers `out`), written with the job's results saying so, and applied
+  while the coordinator's move records the generation (that move derives the same set); the job waits
+  for it before the leavers are released;
 - before a job ends on the old generation (rolled back, cancelled), once its engines resumed: the rank
   set as it was before the job.
 
@@ -26,7 +28,7 @@ from app.backends.base import JobMovedOn
 from app.backends.reference.job import JobRun
 from app.backends.reference.record import JobRecord
 from app.frontdoor.keeper import counters_of
-from app.frontdoor.publish import DoorStep, publish
+from app.frontdoor.publish import DoorStep, publish, settle, write
 from app.jobs.models import ReconfigurationJob
 
 log = logging.getLogger(__name__)
@@ -97,8 +99,46 @@ async def follow_drain(deployment_id: str, leavers: list[str]) -> dict[str, dict
         now = await counters_of(deployment_id)
 
 
-async def new_rank_set(record: JobRecord, run: JobRun) -> None:
-    await front_door_step(record, run, "new rank set")
+NEW_RANK_SET = "new rank set"
+
+
+async def commit_observed(record: JobRecord, run: JobRun) -> asyncio.Task[DoorStep] | None:
+    """Every member confirmed serving the new generation: nothing can take the job back to the old one
+    now, so its results say so at once (only while it is still `committing`: a job moved on by another
+    coordinator writes nothing) and the feed's new rank set is written from them, before the move that
+    records the generation. The task: the front door applying it (None where the write failed: the
+    step after the move publishes it then)."""
+    results = run.engine_results(ended_on="new")
+    state = run.state.value
+
+    def switched(session: Session) -> None:
+        job = session.get(ReconfigurationJob, run.job_id)
+        if job is not None and job.state == state:
+            job.engine_results = results
+            session.add(job)
+            session.commit()
+
+    try:
+        written = await write(record.run_in_session, run.deployment_id, before=switched)
+    except Exception:  # never fails the job
+        log.warning("job %s: publishing the observed commit failed", run.job_id, exc_info=True)
+        return None
+    return asyncio.create_task(settle(record.run_in_session, run.deployment_id, NEW_RANK_SET, written))
+
+
+async def new_rank_set(record: JobRecord, run: JobRun, early: asyncio.Task[DoorStep] | None = None) -> None:
+    """The new rank set applied (`early`: published at the observed commit) and on the job's log."""
+    if early is None:
+        await front_door_step(record, run, NEW_RANK_SET)
+        return
+    try:
+        step = await early
+    except Exception:
+        log.warning("job %s: front door step %r failed", run.job_id, NEW_RANK_SET, exc_info=True)
+        return
+    if step.front_door:
+        with contextlib.suppress(JobMovedOn):
+            await record.note(run, "front-door", step.message(), data=step.data())
 
 
 async def rank_set_restored(record: JobRecord, run: JobRun) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from app.backends.reference.job import JobRun
 from app.backends.reference.record import JobRecord
 from app.deployments.front_door import FrontDoor
-from app.frontdoor.keeper import accounting, counters_of
+from app.frontdoor.keeper import accounting, counters_of, held_of
 from app.probe.job import JobProbe
 from app.probe.settings import ProbeSettings
 
@@ -49,14 +49,18 @@ class JobProbes:
             probes.counters_at_start = await counters_of(deployment_id)
         return probes
 
-    async def requests(self) -> dict[str, Any] | None:
-        """The job's request accounting at the front door (None: not measured)."""
+    async def requests(self, run: JobRun | None = None) -> dict[str, Any] | None:
+        """The job's request accounting at the front door (None: not measured); `run`: its commit
+        window, for the requests held in it."""
         if self.deployment_id is None or self.counters_at_start is None:
             return None
         end = await counters_of(self.deployment_id)
         if end is None:
             return None
         counted = accounting(self.counters_at_start, end)
+        if run is not None and run.plan is not None:
+            window = run.downtime()
+            counted["held"] = held_of(self.deployment_id, window.window_start, window.window_end)
         earlier = await self.drained() if self.drained is not None else None
         counted["drained"] = (earlier or {}).get("drained", {})
         return counted
@@ -66,7 +70,7 @@ class JobProbes:
             if probe is not None:
                 probe.mark(phase)
 
-    async def stop(self) -> tuple[dict[str, Any], str] | None:
+    async def stop(self, run: JobRun | None = None) -> tuple[dict[str, Any], str] | None:
         """The job's changes and summary: through the front door when there is one (with the
         per-engine probe's figures under `probe.per_engine`), else the per-engine probe's."""
         engines = await self.engines.stop() if self.engines is not None else None
@@ -74,7 +78,7 @@ class JobProbes:
         if door is None:
             return engines
         changes, summary = door
-        requests = await self.requests()
+        requests = await self.requests(run)
         if requests is not None:
             changes = {**changes, "front_door_requests": requests}
             failed = sum(requests["failed"].values())
@@ -82,6 +86,12 @@ class JobProbes:
                 f"; front door: {requests['requests']} requests, {failed} failed, "
                 f"{requests['retried']} retried"
             )
+            held = requests.get("held")
+            if held:
+                longest = held["longest_wait_ms"]
+                summary += f", {held['count']} held in the window" + (
+                    f" (longest {longest:.0f} ms)" if longest is not None else ""
+                )
         probe = {
             **changes["probe"],
             "through": FRONT_DOOR_TARGET,

@@ -538,7 +538,23 @@ function jobPage(jobId) {
       const why = (j.probe || {}).canaries_sent === 0 ? "no canary sent" : "no canary probe ran";
       out += `<div class="card"><div class="k">Client outage (canaries)</div><div class="v muted small" id="card-client-outage">${NOT_MEASURED} <span class="card-note">${why}</span></div></div>`;
     }
-    return out;
+    return out + frontDoorCard(j);
+  }
+
+  // The job's requests at the front door (issue 35): failed by cause, drained on leavers, held in the window.
+  function frontDoorCard(j) {
+    const fd = j.front_door_requests;
+    if (!fd) return "";
+    const failed = fd.failed || {};
+    const total = Object.values(failed).reduce((a, n) => a + Number(n || 0), 0);
+    const causes = Object.entries(failed).filter(([, n]) => n).map(([c, n]) => `${c} ${n}`).join(", ");
+    const drained = Object.values(fd.drained || {});
+    const inFlight = drained.reduce((a, d) => a + Number(d.in_flight_at_drain || 0), 0);
+    const held = fd.held;
+    const notes = [`${total} failed${causes ? ` (${causes})` : ""}`];
+    if (drained.length) notes.push(`${inFlight} drained on leavers`);
+    if (held) notes.push(`${held.count} held in the window` + (typeof held.longest_wait_ms === "number" ? `, longest ${fmtMs(held.longest_wait_ms)}` : ""));
+    return `<div class="card"><div class="k">Front door requests</div><div class="v" id="card-front-door">${esc(fd.requests ?? 0)} <span class="card-note">${esc(notes.join("; "))}</span></div></div>`;
   }
 
   // Each engine's own generation before and after the job ("–": none; "?": not known yet).

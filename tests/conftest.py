@@ -41,7 +41,6 @@ def pytest_configure(config: pytest.Config) -> None:
 # marked here, by the fixture it uses (directly or through another), and every test of these folders.
 PROCESS_FOLDERS = ("tests/e2e/", "tests/hosts/", "tests/ray/")
 PROCESS_FIXTURES = {
-    "tests.agent.conftest.agent_zygote",
     "tests.agent.test_agent_announce.coordinator",
     "tests.agent.test_agent_auth.plane",
     "tests.agent.test_infer_binary.serving",
@@ -50,6 +49,7 @@ PROCESS_FIXTURES = {
     "tests.operators.test_job_events.live",
     "tests.operators.test_kubernetes_client.coordinator",
     "tests.operators.test_real_clients.coordinator",
+    "tests.support.fixtures.agent_zygote",
     "tests.ui.conftest.browser",
     "tests.ui.conftest.coordinator",
     "tests.vllm.conftest.standin",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,16 +10,6 @@ import pytest
 
 from tests.agent.driver import AgentProcess, start_agents, stop_agents
 from tests.support.agent_zygote import Zygote
-from tests.support.processes import AGENT_KEY
-
-
-@pytest.fixture(scope="session")
-def agent_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
-    """One warmed interpreter per session that the agents of `spawn_agents` are forked from."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "EPCTL_AGENT_KEY": AGENT_KEY}
-    zygote = Zygote(tmp_path_factory.mktemp("agent-zygote"), env)
-    yield zygote
-    zygote.close()
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from engine_agent.engine_options import engine_args
+from tests.support.agent_zygote import Zygote
 from tests.support.certs import TestCA
 from tests.support.processes import AGENT_KEY, start_agents
 from tests.support.stack import ENGINE, StackCoordinator
@@ -101,7 +102,9 @@ def test_a_2_3_2_cycle_runs_over_https_against_the_operators_ca(cluster: Cluster
         httpx.get(f"{url}/healthz", timeout=5)
 
 
-def test_an_agent_another_ca_signed_is_refused_by_the_coordinator(cluster: Cluster) -> None:
+def test_an_agent_another_ca_signed_is_refused_by_the_coordinator(
+    cluster: Cluster, agent_zygote: Zygote
+) -> None:
     """Both agents register (they trust the coordinator), but no call of the coordinator gets through to
     the stranger: a scale to both finds one engine."""
     coordinator = cluster.coordinator
@@ -133,6 +136,7 @@ def test_an_agent_another_ca_signed_is_refused_by_the_coordinator(cluster: Clust
                 "EPCTL_AGENT_TLS_KEY_FILE": str(friend.key),
             },
         },
+        zygote=agent_zygote,  # forked from the session's warmed interpreter: no torch import each
     )
     try:
         wait_until(
@@ -151,7 +155,9 @@ def test_an_agent_another_ca_signed_is_refused_by_the_coordinator(cluster: Clust
             agent.child.stop()
 
 
-def test_a_coordinator_another_ca_signed_is_refused_by_an_agent(cluster: Cluster) -> None:
+def test_a_coordinator_another_ca_signed_is_refused_by_an_agent(
+    cluster: Cluster, agent_zygote: Zygote
+) -> None:
     coordinator = cluster.coordinator
     created = coordinator.api.post(
         "/v1/deployments", json={"name": "doubters", "engine": ENGINE.model_dump(), "launcher": "static"}
@@ -169,6 +175,7 @@ def test_a_coordinator_another_ca_signed_is_refused_by_an_agent(cluster: Cluster
             "EPCTL_AGENT_TLS_KEY_FILE": str(files.key),
             "EPCTL_AGENT_TLS_CA_FILE": str(cluster.other.ca_file),  # not the CA that signed the coordinator
         },
+        zygote=agent_zygote,
     )
     try:
         agent.child.wait_for(

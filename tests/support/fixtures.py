@@ -8,10 +8,13 @@
   not migrate), background workers off; `client` is a TestClient whose requests carry the admin token
   (`ADMIN_TOKEN`).
   `token_headers(client, role)` makes a token of another role.
+- `agent_zygote`: one warmed interpreter per session that test agents are forked from (tests/agent's
+  `spawn_agents`, tests/e2e/test_tls.py's own agents): torch imported once per run, not once per agent.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from sqlmodel import Session
 from app.core.config import Settings
 from app.core.db import make_engine
 from app.main import create_app
+from tests.support.agent_zygote import Zygote
 from tests.support.databases import (
     SharedPostgresSchema,
     postgres_schema,
@@ -31,7 +35,7 @@ from tests.support.databases import (
     remove_sqlite_template,
     sqlite_database,
 )
-from tests.support.processes import ADMIN_TOKEN
+from tests.support.processes import ADMIN_TOKEN, AGENT_KEY
 
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -121,3 +125,12 @@ def token_headers(client: TestClient, role: str, name: str | None = None) -> dic
     response = client.post("/v1/tokens", json={"name": name or f"{role}-token", "role": role})
     assert response.status_code == 201, response.text
     return {"Authorization": f"Bearer {response.json()['token']}"}
+
+
+@pytest.fixture(scope="session")
+def agent_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
+    """One warmed interpreter per session that test agents are forked from (tests/support/agent_zygote.py)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "EPCTL_AGENT_KEY": AGENT_KEY}
+    zygote = Zygote(tmp_path_factory.mktemp("agent-zygote"), env)
+    yield zygote
+    zygote.close()

@@ -115,6 +115,27 @@ def test_a_silent_member_nobody_vouches_for_is_lost(peers: dict[str, Any]) -> No
     assert verdict(view(engines, size=3, policy="none")).fate("e2") is Fate.lost
 
 
+@pytest.mark.parametrize(
+    ("state", "active"),
+    [
+        pytest.param("serving", job("j1", "preparing", by="api", ended=1), id="lost-in-a-job"),
+        pytest.param("unreachable", None, id="written-off-after-it"),
+    ],
+)
+def test_a_member_out_of_its_group_is_no_lost_link_any_more(state: str, active: JobSeen | None) -> None:
+    """Issue 34: vouched for (a lost link) while its group still counted, then lost once its peers left
+    the group it froze: the mark must go with it, or it refuses every job, the self-heal's too (the
+    survivors stayed idle, 0 serving, no heal, for as long as the coordinator ran)."""
+    frozen = engine("e1", state, rank=1, heard=20, link_lost_at=ago(20))
+    seen = view(
+        [survivor(broken_generation=1, broken_reported_at=ago(2)), frozen], policy="shrink", active=active
+    )
+    found = verdict(seen)
+    (lost,) = [e for e in found.engines if e.engine_id == "e1"]
+    assert lost.state in ("unreachable", "left") and lost.link_lost_at is None, lost
+    assert active is not None or (found.job is not None and found.job.target == 1)
+
+
 def test_a_deployment_a_job_runs_is_the_jobs_to_judge() -> None:
     """Silence is still judged (the engine marked lost, announced); the status and any heal are not."""
     active = job("j1", "preparing", by="api", ended=1)

@@ -17,13 +17,14 @@ from app.backends.reference.liveness.verdict import (
     Verdict,
 )
 from app.backends.reference.liveness.view import DeploymentView, EngineSeen, Rules
-from app.deployments.engines.models import EngineState
+from app.deployments.engines.models import SERVING_STATES, EngineState
 from app.deployments.incidents import outage
 from app.deployments.models import OnEngineLoss
 from app.jobs.models import RequestSource
 from app.jobs.states import TERMINAL_STATES, JobState
 
 TERMINAL_JOB_STATES = frozenset(state.value for state in TERMINAL_STATES)
+SERVING = EngineState.serving.value
 
 
 @dataclass
@@ -98,6 +99,11 @@ class Board:
     # --- changing ------------------------------------------------------------------------------------
 
     def set(self, engine: EngineSeen, fate: Fate, why: str, **changes: object) -> EngineSeen:
+        if changes.get("state", SERVING) not in SERVING_STATES:
+            # Out of its group (lost, fenced, written off): no longer a lost link of a group that steps.
+            # Kept, it refused every job on the deployment, the self-heal's too (issue 34: a frozen
+            # member vouched for in a job, then lost, left the survivors idle with no heal).
+            changes.setdefault("link_lost_at", None)
         changed = replace(engine, **changes)  # type: ignore[arg-type]
         self.engines[engine.id] = changed
         self.fates[engine.id] = (fate, why)

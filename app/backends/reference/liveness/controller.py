@@ -147,6 +147,13 @@ class Liveness:
         found = await asyncio.shield(self._adoption)
         return await self._adopt(new_fleet) if new_fleet is not None else found
 
+    async def adopted_within(self, timeout_s: float) -> bool:
+        """Wait for the start-up adoption at most `timeout_s` (it runs on past that); whether it ended."""
+        if self._adoption is None:
+            return True
+        done, _ = await asyncio.wait({self._adoption}, timeout=timeout_s)
+        return bool(done)
+
     async def stop(self) -> None:
         if self._adoption is not None:
             self._adoption.cancel()

@@ -145,6 +145,68 @@ def test_a_deployment_a_job_runs_is_the_jobs_to_judge() -> None:
     assert found.action.why.startswith(why.JOB_OWNS_IT)
 
 
+# --- serving during a job ---------------------------------------------------------------------------------
+
+IN_A_JOB = job("j1", "preparing", by="api", ended=1, to_generation=2, to_dp_size=2)  # 3 -> 2
+
+
+@pytest.mark.parametrize(
+    ("engines", "broken_for", "status", "written"),
+    [
+        pytest.param(members(3), None, "ready", None, id="every-member-serves"),
+        pytest.param(
+            [engine(f"e{i}", "paused", i) for i in range(3)], None, "ready", None, id="paused-serves"
+        ),
+        pytest.param(
+            [engine("e0", rank=0, gen=2), engine("e1", "paused", 1), engine("e2", "paused", 2)],
+            3.0,
+            "ready",
+            None,
+            id="mid-switch-either-generation",
+        ),
+        pytest.param(
+            [survivor(), engine("e1", rank=1), survivor("e2")],
+            None,
+            "ready",
+            None,
+            id="broken-not-yet-confirmed",
+        ),
+        pytest.param(
+            [survivor(), engine("e1", rank=1), survivor("e2")],
+            3.0,
+            "ready",
+            "1 of 2",
+            id="broken-past-confirmation",
+        ),
+        pytest.param(
+            [survivor(), engine("e1", rank=1), survivor("e2")], 3.0, "degraded", None, id="already-degraded"
+        ),
+    ],
+)
+def test_during_a_job_the_deployment_is_not_ready_with_fewer_serving_than_it_says(
+    engines: list[EngineSeen], broken_for: float | None, status: str, written: str | None
+) -> None:
+    """Issue 34: a participant frozen in prepare past the serving deadline took its group with it (the
+    survivors left it, idle); the record read `ready`, 0 serving, until the job ended. Counted: the
+    engines serving (or paused on) the recorded or the job's target generation, against min(recorded,
+    target); confirmed as health is."""
+    since = None if broken_for is None else ago(broken_for)
+    reason = "members-missing" if status == "degraded" else None
+    seen = view(engines, size=3, status=status, reason=reason, active=IN_A_JOB, broken_since=since)
+    found = verdict(seen)
+    if written is None:
+        assert found.status is None, found.status
+    else:
+        assert found.status is not None and (found.status.status, found.status.reason) == (
+            "degraded",
+            "members-missing",
+        )
+        assert found.status.message.startswith(written) and "j1" in found.status.message
+    broken = engines[0].state == "idle"  # the survivors left the group
+    assert (found.broken_since is not None) == broken, found.broken_since
+    assert isinstance(found.action, NoJob) and found.action.why.startswith(why.JOB_OWNS_IT)
+
+
 # --- a process that is gone ------------------------------------------------------------------------------
 
 

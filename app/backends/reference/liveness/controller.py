@@ -113,7 +113,7 @@ class Liveness:
                 functools.partial(act, view=view, verdict=verdict, now=now)
             )
             found.acted[view.name] = acted
-            if acted.applied and view.active_job is None and view.current_dp_size > 0:
+            if acted.applied and view.current_dp_size > 0:  # `health`'s, or a job's (`serving_in_a_job`)
                 if verdict.broken_since is None:
                     self.broken_since.pop(view.id, None)
                 else:

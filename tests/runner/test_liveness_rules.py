@@ -181,6 +181,13 @@ IN_A_JOB = job("j1", "preparing", by="api", ended=1, to_generation=2, to_dp_size
         pytest.param(
             [survivor(), engine("e1", rank=1), survivor("e2")], 3.0, "degraded", None, id="already-degraded"
         ),
+        pytest.param(
+            [survivor(broken_generation=1, broken_reported_at=ago(1)), engine("e1", rank=1), survivor("e2")],
+            None,
+            "ready",
+            "1 of 2",
+            id="a-survivor-reported-its-group-broke",
+        ),
     ],
 )
 def test_during_a_job_the_deployment_is_not_ready_with_fewer_serving_than_it_says(

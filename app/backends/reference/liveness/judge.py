@@ -203,8 +203,8 @@ def serving_in_a_job(board: Board) -> None:
     must be at least min(recorded size, target size): a job's participant frozen in prepare past the
     serving collective's deadline took its group with it (the survivors left it), and the record said
     `ready` with none serving until the job ended (issue 34). Confirmed as `health` is (a heartbeat
-    from either side of a switch must not flap it); the job's success writes `ready`, a rollback leaves
-    it to `health`."""
+    from either side of a switch must not flap it) unless a member reported that its group broke; the
+    job's success writes `ready`, a rollback leaves it to `health`."""
     job = board.view.active_job
     assert job is not None
     generations = {board.generation, job.to_generation}
@@ -216,7 +216,10 @@ def serving_in_a_job(board: Board) -> None:
         board.broken_since = None
         return
     first_seen = board.broken_since = board.broken_since or board.now
-    if (board.now - first_seen).total_seconds() < board.rules.health_confirm_s or board.status == "degraded":
+    # A member that reported its group broke is no heartbeat racing a switch: no confirmation needed.
+    reported = any(e.broken_generation == board.generation for e in board.live())
+    confirmed = reported or (board.now - first_seen).total_seconds() >= board.rules.health_confirm_s
+    if not confirmed or board.status == "degraded":
         return
     message = (
         f"{len(serving)} of {need} engines serve generation {board.generation}"

@@ -209,6 +209,7 @@ def test_during_a_job_the_deployment_is_not_ready_with_fewer_serving_than_it_say
             "members-missing",
         )
         assert found.status.message.startswith(written) and "j1" in found.status.message
+        assert found.status.hit_job_id == "j1"  # its incident is the job's: it shares the job's outage
     broken = engines[0].state == "idle"  # the survivors left the group
     assert (found.broken_since is not None) == broken, found.broken_since
     assert isinstance(found.action, NoJob) and found.action.why.startswith(why.JOB_OWNS_IT)

@@ -176,9 +176,13 @@ class Board:
         self.memory_changed = True
 
     def hit_job(self) -> str | None:
-        """The job an incident opened now hit (`outage.hits`): the newest, when it ended within the hit
-        window and either made the deployment's generation (clients' outage right after a job belongs
-        on that job's record too) or ended while its clients had no answer (they share the figure)."""
+        """The job an incident opened now hit: the job that runs, or (`outage.hits`) the newest, when it
+        ended within the hit window and either made the deployment's generation (clients' outage right
+        after a job belongs on that job's record too) or ended while its clients had no answer (they
+        share the figure)."""
+        if self.view.active_job is not None:
+            # Opened while a job runs (`serving_in_a_job`): its probe saw what clients saw from the loss.
+            return self.view.active_job.id
         newest = self.view.newest_jobs[0] if self.view.newest_jobs else None
         if newest is None or newest.state not in TERMINAL_JOB_STATES:
             return None

@@ -45,12 +45,11 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-import httpx
 import torch
 from common import Report, scratch_dir, stop_local_agents, wait_until  # puts the checkout on the path
 
 from engine_agent import moe
-from tests.support.stack import ENGINE, StackCoordinator, SteadyClient, agent_info
+from tests.support.stack import ENGINE, StackCoordinator, SteadyClient, agent_http, agent_info
 from tests.support.waiting import WaitTimeout
 
 HEARTBEAT_TIMEOUT_S = 3.0
@@ -238,12 +237,12 @@ def one_freeze_in_job(coordinator: StackCoordinator, engines: int, phase: str, t
     client = SteadyClient([m["url"] for m in survivors], tokens, expected, streams=2, period_s=0.01).start()
     try:
         client.wait_serving()
-        fault = httpx.post(f"{holder['url']}/v1/faults", json={"hang_prepare_at_step": step}, timeout=5)
+        fault = agent_http.post(f"{holder['url']}/v1/faults", json={"hang_prepare_at_step": step}, timeout=5)
         fault.raise_for_status()
         job_id = coordinator.scale(engines - 1, name, **fields)
 
         def held() -> bool | None:
-            body = httpx.get(f"{holder['url']}/v1/reconfig", timeout=5).json()
+            body = agent_http.get(f"{holder['url']}/v1/reconfig", timeout=5).json()
             return True if body.get("job_id") == job_id and body.get("step") == step else None
 
         wait_until(held, timeout_s=120, what=f"rank {members.index(holder)} held at {step}", interval_s=0.05)
@@ -251,7 +250,7 @@ def one_freeze_in_job(coordinator: StackCoordinator, engines: int, phase: str, t
         os.kill(pid, signal.SIGSTOP)
         try:
             if holder is not victim:
-                httpx.post(f"{holder['url']}/v1/faults", json={"release_hang": True}, timeout=5)
+                agent_http.post(f"{holder['url']}/v1/faults", json={"release_hang": True}, timeout=5)
             ended = coordinator.wait_job(job_id, timeout_s=120)
             ended_at = time.time()
 

@@ -21,6 +21,11 @@ engines agree on the switch among themselves (`commit: engines`), so the window 
 the coordinator: the client-seen outage at the kill against the baseline's, the job's `downtime_ms`,
 its end state, and the time from the kill to the job's end (the restart included).
 
+And a staying engine frozen inside a job (`--freeze-in-job R`, issue 34): SIGSTOP in prepare and in
+the commit window, held until the survivors serve again, beside the freeze outside a job (`--freeze`):
+time to serving, the job's end, what clients saw, and the incident's figure (targets: both within 10 s
+of the freeze).
+
 Run: `.venv/bin/python benchmarks/chaos.py [--engines 4] [--reps 5] [--modes shrink,replace]
 [--coordinator-kills 3]`. Writes benchmarks/results/chaos.json and .md. Targets (issue 11): <= 5 s to
 serving on the survivors; a coordinator killed in the window costs no more than a normal window plus
@@ -30,6 +35,7 @@ one job lease of its own (not the engines' pause lease).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import statistics
@@ -43,7 +49,7 @@ import torch
 from common import Report, scratch_dir, stop_local_agents, wait_until  # puts the checkout on the path
 
 from engine_agent import moe
-from tests.support.stack import ENGINE, StackCoordinator, SteadyClient, agent_info
+from tests.support.stack import ENGINE, StackCoordinator, SteadyClient, agent_http, agent_info
 from tests.support.waiting import WaitTimeout
 
 HEARTBEAT_TIMEOUT_S = 3.0
@@ -213,6 +219,69 @@ def one_freeze(coordinator: StackCoordinator, engines: int, tokens: list[list[fl
     }
 
 
+def one_freeze_in_job(coordinator: StackCoordinator, engines: int, phase: str, tokens: list[list[float]],
+                      expected: list[list[float]]) -> dict[str, Any]:  # fmt: skip
+    """SIGSTOP of rank 1 (staying) inside an N -> N-1 job (`shrink`, heartbeat timeout 15 s), kept frozen
+    until the survivors serve again: `prepare` holds it in prepare's weight transfer; `window` holds rank
+    0 in the deferred warm-up inside the commit window and freezes rank 1 there. Serving again: the
+    first answer to a request sent after the freeze (nothing steps with a frozen member)."""
+    name = f"chaos-fjob-{phase}-{uuid.uuid4().hex[:6]}"
+    coordinator.create_deployment(name, on_engine_loss="shrink", max_dp_size=max(engines, 4))
+    job = coordinator.wait_job(coordinator.scale(engines, name), timeout_s=180)
+    assert job["state"] == "succeeded", job["error"]
+    members = coordinator.members(job)
+    victim, survivors = members[1], [m for i, m in enumerate(members) if i != 1]
+    holder = victim if phase == "prepare" else members[0]
+    step, fields = ("transfer", {}) if phase == "prepare" else ("warm_up", {"warmup_policy": "deferred"})
+    pid = int(agent_info(victim["url"])["pid"])
+    client = SteadyClient([m["url"] for m in survivors], tokens, expected, streams=2, period_s=0.01).start()
+    try:
+        client.wait_serving()
+        fault = agent_http.post(f"{holder['url']}/v1/faults", json={"hang_prepare_at_step": step}, timeout=5)
+        fault.raise_for_status()
+        job_id = coordinator.scale(engines - 1, name, **fields)
+
+        def held() -> bool | None:
+            body = agent_http.get(f"{holder['url']}/v1/reconfig", timeout=5).json()
+            return True if body.get("job_id") == job_id and body.get("step") == step else None
+
+        wait_until(held, timeout_s=120, what=f"rank {members.index(holder)} held at {step}", interval_s=0.05)
+        frozen_at = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            if holder is not victim:
+                agent_http.post(f"{holder['url']}/v1/faults", json={"release_hang": True}, timeout=5)
+            ended = coordinator.wait_job(job_id, timeout_s=120)
+            ended_at = time.time()
+
+            def serving_again() -> float | None:
+                after = [s.done_at for s in list(client.samples) if s.ok and s.sent_at > frozen_at + 0.05]
+                return min(after) if after else None
+
+            serving_at = wait_until(serving_again, timeout_s=120, what="serving again", interval_s=0.1)
+            state = {e["id"]: e["state"] for e in coordinator.engines(name)}.get(victim["engine_id"])
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        incidents = coordinator.api.get("/v1/incidents", params={"deployment": name}).json()["data"]
+    finally:
+        client.stop()
+        coordinator.api.patch(f"/v1/deployments/{name}", json={"on_engine_loss": "none"})
+        stop_local_agents(coordinator.data_dir)
+    incident = incidents[0] if incidents else {}
+    return {
+        "phase": phase,
+        "job": ended["state"],
+        "job_end_s": ended_at - frozen_at,
+        "serving_s": serving_at - frozen_at,
+        "frozen_engine": state,
+        "client_outage_ms": client.gap_covering(frozen_at, serving_at),
+        "job_client_outage_ms": ended.get("client_outage_ms"),
+        "incident_client_outage_ms": incident.get("client_outage_ms"),
+        "failed_requests": len(client.failures()),
+    }
+
+
 def one_coordinator_down(
     coordinator: StackCoordinator,
     engines: int,
@@ -294,6 +363,10 @@ def main() -> int:
     parser.add_argument("--coordinator-kills", type=int, default=3, help="0: skip that part")
     parser.add_argument("--freeze", type=int, default=0, help="SIGSTOP of 1 of --engines: repetitions")
     parser.add_argument(
+        "--freeze-in-job", type=int, default=0,
+        help="SIGSTOP of a staying engine in prepare and in the commit window: repetitions of each",
+    )  # fmt: skip
+    parser.add_argument(
         "--coordinator-down", type=float, nargs="*", default=[], metavar="S",
         help="the coordinator gone for S seconds (each S given is one run)",
     )  # fmt: skip
@@ -309,6 +382,7 @@ def main() -> int:
     kills: list[dict[str, Any]] = []
     freezes: list[dict[str, Any]] = []
     downs: list[dict[str, Any]] = []
+    in_job: list[dict[str, Any]] = []
     try:
         coordinator.start(ready_timeout_s=120, EPCTL_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_TIMEOUT_S))
         for rep in range(args.reps):
@@ -323,12 +397,16 @@ def main() -> int:
         environment = coordinator.environment()
         lease_s = float(environment.get("EPCTL_JOB_LEASE_S", "30"))
         pause_lease_s = float(environment.get("EPCTL_RUNNER_PAUSE_LEASE_S", "10"))
-        if args.freeze or args.coordinator_down:
+        if args.freeze or args.coordinator_down or args.freeze_in_job:
             coordinator.stop()
             coordinator.start(ready_timeout_s=120, **FREEZE_ENV)
         for rep in range(args.freeze):
             freezes.append(one_freeze(coordinator, args.engines, tokens.tolist(), expected))
             print(f"freeze #{rep + 1}: {freezes[-1]}", flush=True)
+        for rep in range(args.freeze_in_job):
+            for phase in ("prepare", "window"):
+                in_job.append(one_freeze_in_job(coordinator, args.engines, phase, tokens.tolist(), expected))
+                print(f"freeze in {phase} #{rep + 1}: {in_job[-1]}", flush=True)
         for down_s in args.coordinator_down:
             downs.append(one_coordinator_down(coordinator, args.engines, down_s, tokens.tolist(), expected))
             print(f"coordinator down {down_s:g} s: {downs[-1]}", flush=True)
@@ -350,7 +428,46 @@ def main() -> int:
             values = [r[metric] for r in results if r[metric] is not None]
             if values:
                 rows.append([mode, metric, statistics.median(values), min(values), max(values)])
-    report.results = {"runs": runs, "coordinator_kills": kills, "freezes": freezes, "coordinator_down": downs}
+    report.results = {
+        "runs": runs,
+        "coordinator_kills": kills,
+        "freezes": freezes,
+        "freezes_in_jobs": in_job,
+        "coordinator_down": downs,
+    }
+    if in_job or freezes:
+        side = [["serving (no job)", 1 + i, f["serving_s"], "-", "-", f["client_outage_ms"],
+                 f["incident_client_outage_ms"], "fenced" if f["fenced"] else "?"]
+                for i, f in enumerate(freezes)]  # fmt: skip
+        side += [
+            [f"{f['phase']} ({args.engines} -> {args.engines - 1})", 1 + i // 2, f["serving_s"], f["job"],
+             f["job_end_s"], f["client_outage_ms"], f["incident_client_outage_ms"], f["frozen_engine"]]
+            for i, f in enumerate(in_job)
+        ]  # fmt: skip
+        report.add_table(
+            "Freeze -> serving again, side by side (SIGSTOP held until the survivors serve; heartbeat 15 s)",
+            ["where", "run", "serving again s", "job", "job end s", "client outage ms",
+             "incident client outage ms", "frozen engine"],
+            side,
+        )  # fmt: skip
+        for phase in ("prepare", "window"):
+            mine = [f for f in in_job if f["phase"] == phase]
+            if not mine:
+                continue
+            report.target(
+                f"freeze in {phase}: time to serving on the survivors (worst run)",
+                max(f["serving_s"] for f in mine),
+                10.0,
+                "s",
+                why="issue 34: the same bound as a freeze outside a job",
+            )
+            report.target(
+                f"freeze in {phase}: the job terminal (worst run)",
+                max(f["job_end_s"] for f in mine),
+                10.0,
+                "s",
+                why="issue 34: a job never waits for a thaw",
+            )
     if freezes:
         report.add_table(
             f"SIGSTOP of 1 of {args.engines} engines while serving (`replace`, heartbeat timeout 15 s)",

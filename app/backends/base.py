@@ -135,6 +135,7 @@ class BackendContext:
     launchers: Mapping[str, Launcher]
     new_fleet: Callable[[], Fleet]
     heartbeat_timeout_s: float = 15.0  # an engine silent this long is lost (`EPCTL_HEARTBEAT_TIMEOUT_S`)
+    agent_timeout_s: float = 5.0  # one agent call's deadline (`EPCTL_AGENT_TIMEOUT_S`)
 
 
 class Backend(ABC):

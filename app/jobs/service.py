@@ -18,7 +18,7 @@ from app.core.clock import utc_now
 from app.core.errors import ConflictError, InvalidRequestError
 from app.core.ids import new_id
 from app.deployments.coverage import domain_of, shrink_breaks_coverage
-from app.deployments.engines.models import Engine, refuses_key
+from app.deployments.engines.models import SERVING_STATES, Engine, refuses_key
 from app.deployments.engines.service import available_engines
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind
 from app.deployments.service import delete_deployment_rows, get_deployment
@@ -105,7 +105,11 @@ def check_membership_known(session: Session, deployment: Deployment) -> None:
     member. One it cannot hear while its group steps (a lost control link) refuses the job, 409
     `membership-unknown`, until it is heard again or the request says `force: true`."""
     lost = session.exec(
-        select(Engine).where(Engine.deployment_id == deployment.id, col(Engine.link_lost_at).is_not(None))
+        select(Engine).where(
+            Engine.deployment_id == deployment.id,
+            col(Engine.link_lost_at).is_not(None),
+            col(Engine.state).in_(SERVING_STATES),  # one out of its group is no member to see
+        )
     ).all()
     if lost:
         names = ", ".join(

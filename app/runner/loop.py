@@ -68,7 +68,9 @@ class JobRunner:
         self.leases = Leases(owner, lease_s)
         self.launchers = launchers
         self.backends = backends(
-            BackendContext(db, owner, self.settings, launchers, self.new_fleet, heartbeat_timeout_s)
+            BackendContext(
+                db, owner, self.settings, launchers, self.new_fleet, heartbeat_timeout_s, agent_timeout_s
+            )
         )
         self.scheduled = Scheduled(
             [
@@ -96,7 +98,9 @@ class JobRunner:
 
     async def start(self) -> None:
         """Claim and run jobs in the background (a predecessor's are reconciled as they are found), and
-        start what the backends run beside the loop (the reference backend's adoption)."""
+        start what the backends run beside the loop (the reference backend's adoption, awaited: the
+        lifespan serves no request until it decided, so a restarted coordinator never answers `ready`
+        for a deployment with a member that does not answer)."""
         if not self.settings.enabled:
             return
         self._loop_task = asyncio.create_task(self._loop(), name="job-runner")

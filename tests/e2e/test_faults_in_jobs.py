@@ -17,6 +17,7 @@ case: each case first brings it back to three engines.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -215,31 +216,60 @@ def test_a_staying_engine_killed_in_prepare_the_job_and_its_incident_carry_the_o
 # call deadline (5 s + a 1 s hold), then an abort; a rollback that waited for the frozen engine to
 # settle took the longest agent step more (22 s with this module's settings: 33 s in all).
 PREPARE_FREEZE_S = 25.0
+# From the job's end, still frozen, until the survivors serve a generation of their own: a self-heal job
+# (the frozen one fenced on the survivors' evidence or written off at its heartbeat timeout) takes a few
+# seconds; generous for a loaded 2-core host.
+SERVE_AGAIN_S = 40.0
 
 
-def test_a_staying_engine_frozen_in_prepare_rolls_the_job_back_while_it_is_still_frozen(
+def test_a_staying_engine_frozen_in_prepare_rolls_the_job_back_and_the_survivors_serve_while_it_is_frozen(
     faulted: Faulted,
 ) -> None:
     """Issue 34: SIGSTOP of rank 1 (staying) held in prepare's weight transfer. The kernel still accepts
     the coordinator's connections and nothing answers: the job must end at the call's deadline, not
-    at the thaw (it used to stay `preparing` for the whole freeze)."""
+    at the thaw (it used to stay `preparing` for the whole freeze); then, still frozen, the survivors
+    serve again on a generation of their own (a lost-link mark the job left on the frozen engine used
+    to refuse every self-heal job: 0 serving for as long as it stayed frozen)."""
     stack, name = faulted.stack, faulted.name
     coordinator = stack.coordinator
-    frozen = members(stack, name)[1]
+    engines = members(stack, name)
+    frozen = engines[1]
     frozen_pid = int(agent_info(frozen["url"])["pid"])
+    generation = coordinator.deployment(name)["generation"]
     inject(frozen["url"], hang_prepare_at_step="transfer")
-    job_id = coordinator.scale(SIZE - 1, name)
-    wait_agent_step(frozen["url"], job_id, "transfer")
-    os.kill(frozen_pid, signal.SIGSTOP)
+    client = start_client(stack, [engines[0]["url"], engines[2]["url"]])  # the survivors keep their URLs
     try:
-        job = coordinator.wait_job(job_id, timeout_s=PREPARE_FREEZE_S)
-        still_frozen = Path(f"/proc/{frozen_pid}/stat").read_text().split(") ", 1)[1][:1] == "T"
+        client.wait_serving()
+        job_id = coordinator.scale(SIZE - 1, name)
+        wait_agent_step(frozen["url"], job_id, "transfer")
+        os.kill(frozen_pid, signal.SIGSTOP)
+        try:
+            job = coordinator.wait_job(job_id, timeout_s=PREPARE_FREEZE_S)
+            still_frozen = is_stopped(frozen_pid)
+
+            def serving_again() -> bool:
+                return any(s.ok and (s.generation or 0) > generation for s in list(client.samples))
+
+            wait_until(serving_again, timeout_s=SERVE_AGAIN_S, what="the survivors serving a new generation")
+            frozen_meanwhile = is_stopped(frozen_pid) or not Path(f"/proc/{frozen_pid}").exists()
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # written off and stopped meanwhile
+                os.kill(frozen_pid, signal.SIGCONT)
+        assert still_frozen, "the job ended only once the engine was running again"
+        assert frozen_meanwhile, "the survivors served again only once the engine was running again"
+        assert (job["state"], job["downtime_ms"]) == ("rolled_back", 0.0), job
+        assert (job["error"]["engine_id"], job["error"]["type"]) == (frozen["id"], "deadline-exceeded"), job
+        assert_recovered(stack, name)
     finally:
-        os.kill(frozen_pid, signal.SIGCONT)
-    assert still_frozen, "the job ended only once the engine was running again"
-    assert (job["state"], job["downtime_ms"]) == ("rolled_back", 0.0), job
-    assert (job["error"]["engine_id"], job["error"]["type"]) == (frozen["id"], "deadline-exceeded"), job
-    assert_recovered(stack, name)
+        client.stop()
+    assert_no_wrong_answer(client)
+
+
+def is_stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] == "T"
+    except FileNotFoundError:
+        return False
 
 
 def test_an_engine_frozen_in_the_commit_window_past_its_lease_is_fenced_off_when_it_thaws(

@@ -17,6 +17,7 @@ from app.backends.reference.record import degrade
 from app.deployments.engines.models import Engine
 from app.deployments.engines.service import record_heartbeat
 from app.deployments.models import Deployment
+from app.jobs.models import ReconfigurationJob
 from app.webhooks.models import EventType, OutboxEvent
 from engine_agent.protocol import AgentHeartbeat, AgentState
 from tests.runner.test_heartbeats import controller, deployment_with, tick
@@ -149,10 +150,15 @@ def test_a_deployment_a_job_runs_is_left_to_the_job(db_engine: DbEngine) -> None
     with Session(db_engine) as session:
         deployment = session.get(Deployment, deployment_id)
         assert deployment is not None
-        make_job(session, deployment, 3)
+        job_id = make_job(session, deployment, 3).id
     tick(db_engine)
     with Session(db_engine) as session:
         assert session.exec(select(Engine).where(Engine.state == "unreachable")).first() is not None
         deployment = session.get(Deployment, deployment_id)
-        assert deployment is not None and (deployment.status, deployment.status_detail) == ("ready", None)
-    assert announced(db_engine) == []
+        assert deployment is not None
+        # No heal is asked; but the record is not `ready` with fewer serving than it says (issue 34).
+        assert deployment.status == "degraded" and deployment.status_detail is not None
+        assert deployment.status_detail["reason"] == "members-missing"
+        assert "during job" in str(deployment.status_detail["message"])
+        assert [j.id for j in session.exec(select(ReconfigurationJob)).all()] == [job_id]
+    assert announced(db_engine) == ["deployment.degraded"]

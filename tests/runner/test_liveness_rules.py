@@ -115,6 +115,27 @@ def test_a_silent_member_nobody_vouches_for_is_lost(peers: dict[str, Any]) -> No
     assert verdict(view(engines, size=3, policy="none")).fate("e2") is Fate.lost
 
 
+@pytest.mark.parametrize(
+    ("state", "active"),
+    [
+        pytest.param("serving", job("j1", "preparing", by="api", ended=1), id="lost-in-a-job"),
+        pytest.param("unreachable", None, id="written-off-after-it"),
+    ],
+)
+def test_a_member_out_of_its_group_is_no_lost_link_any_more(state: str, active: JobSeen | None) -> None:
+    """Issue 34: vouched for (a lost link) while its group still counted, then lost once its peers left
+    the group it froze: the mark must go with it, or it refuses every job, the self-heal's too (the
+    survivors stayed idle, 0 serving, no heal, for as long as the coordinator ran)."""
+    frozen = engine("e1", state, rank=1, heard=20, link_lost_at=ago(20))
+    seen = view(
+        [survivor(broken_generation=1, broken_reported_at=ago(2)), frozen], policy="shrink", active=active
+    )
+    found = verdict(seen)
+    (lost,) = [e for e in found.engines if e.engine_id == "e1"]
+    assert lost.state in ("unreachable", "left") and lost.link_lost_at is None, lost
+    assert active is not None or (found.job is not None and found.job.target == 1)
+
+
 def test_a_deployment_a_job_runs_is_the_jobs_to_judge() -> None:
     """Silence is still judged (the engine marked lost, announced); the status and any heal are not."""
     active = job("j1", "preparing", by="api", ended=1)
@@ -122,6 +143,76 @@ def test_a_deployment_a_job_runs_is_the_jobs_to_judge() -> None:
     assert found.fate("e1") is Fate.lost and found.engines[0].announce_unreachable
     assert found.status is None and isinstance(found.action, NoJob)
     assert found.action.why.startswith(why.JOB_OWNS_IT)
+
+
+# --- serving during a job ---------------------------------------------------------------------------------
+
+IN_A_JOB = job("j1", "preparing", by="api", ended=1, to_generation=2, to_dp_size=2)  # 3 -> 2
+
+
+@pytest.mark.parametrize(
+    ("engines", "broken_for", "status", "written"),
+    [
+        pytest.param(members(3), None, "ready", None, id="every-member-serves"),
+        pytest.param(
+            [engine(f"e{i}", "paused", i) for i in range(3)], None, "ready", None, id="paused-serves"
+        ),
+        pytest.param(
+            [engine("e0", rank=0, gen=2), engine("e1", "paused", 1), engine("e2", "paused", 2)],
+            3.0,
+            "ready",
+            None,
+            id="mid-switch-either-generation",
+        ),
+        pytest.param(
+            [survivor(), engine("e1", rank=1), survivor("e2")],
+            None,
+            "ready",
+            None,
+            id="broken-not-yet-confirmed",
+        ),
+        pytest.param(
+            [survivor(), engine("e1", rank=1), survivor("e2")],
+            3.0,
+            "ready",
+            "1 of 2",
+            id="broken-past-confirmation",
+        ),
+        pytest.param(
+            [survivor(), engine("e1", rank=1), survivor("e2")], 3.0, "degraded", None, id="already-degraded"
+        ),
+        pytest.param(
+            [survivor(broken_generation=1, broken_reported_at=ago(1)), engine("e1", rank=1), survivor("e2")],
+            None,
+            "ready",
+            "1 of 2",
+            id="a-survivor-reported-its-group-broke",
+        ),
+    ],
+)
+def test_during_a_job_the_deployment_is_not_ready_with_fewer_serving_than_it_says(
+    engines: list[EngineSeen], broken_for: float | None, status: str, written: str | None
+) -> None:
+    """Issue 34: a participant frozen in prepare past the serving deadline took its group with it (the
+    survivors left it, idle); the record read `ready`, 0 serving, until the job ended. Counted: the
+    engines serving (or paused on) the recorded or the job's target generation, against min(recorded,
+    target); confirmed as health is."""
+    since = None if broken_for is None else ago(broken_for)
+    reason = "members-missing" if status == "degraded" else None
+    seen = view(engines, size=3, status=status, reason=reason, active=IN_A_JOB, broken_since=since)
+    found = verdict(seen)
+    if written is None:
+        assert found.status is None, found.status
+    else:
+        assert found.status is not None and (found.status.status, found.status.reason) == (
+            "degraded",
+            "members-missing",
+        )
+        assert found.status.message.startswith(written) and "j1" in found.status.message
+        assert found.status.hit_job_id == "j1"  # its incident is the job's: it shares the job's outage
+    broken = engines[0].state == "idle"  # the survivors left the group
+    assert (found.broken_since is not None) == broken, found.broken_since
+    assert isinstance(found.action, NoJob) and found.action.why.startswith(why.JOB_OWNS_IT)
 
 
 # --- a process that is gone ------------------------------------------------------------------------------

@@ -101,3 +101,24 @@ def test_a_loop_stopped_with_its_engines_ends_the_job_it_runs_before_commit(db_e
     job = stage.job(job_id)
     assert (job.state, job.lease_owner) == (JobState.cancelled, None)
     assert stage.serving[0].ops(job_id)[-1] == "abort"
+
+
+def test_a_starting_runner_has_the_adoptions_verdict_before_it_returns(db_engine: DbEngine) -> None:
+    """Issue 34: the lifespan awaits `start()` before it serves a request, so a restarted coordinator
+    never answers `ready` for a deployment whose member does not answer (it read `ready`, 0 serving,
+    for ~2 s, until the adoption that ran in the background decided)."""
+    stage = make_scenario(db_engine, serving=3, idle=0)
+    frozen = stage.serving[2]
+    frozen.faults.add("silent")
+    for survivor in stage.serving[:2]:  # their group broke on it while no coordinator ran
+        survivor.rank, survivor.generation = None, 0
+    runner = loop_for(stage, "restarted")
+
+    async def go() -> tuple[str, str]:
+        await runner.start()
+        try:  # read before the loop gets a turn: only what start() awaited is there
+            return stage.deployment().status, stage.engine_rows()[frozen.engine_id].state
+        finally:
+            await runner.stop()
+
+    assert asyncio.run(go()) == ("degraded", "fenced")

@@ -23,6 +23,7 @@ from app.launchers.base import DeletedDeployment, EnginesToRestart
 log = logging.getLogger(__name__)
 
 INCIDENT_PROBE_INTERVAL_S = 0.5  # how often the incident probes' targets follow the engines
+ADOPTION_MARGIN_S = 2.0  # beyond the agent calls' deadline: the adoption's reads and its judge's writes
 
 
 class ReferenceBackend(Backend):
@@ -90,8 +91,14 @@ class ReferenceBackend(Backend):
         ]
 
     async def start(self) -> None:
-        """Ask, once, whether the engines the record names still serve (`liveness.adoption`)."""
+        """Ask, once, whether the engines the record names still serve (`liveness.adoption`), and wait
+        for the verdict, at most one agent call's deadline and a margin for its writes: until it is in,
+        the record says `ready` for a deployment whose member may be frozen (issue 34). A verdict that
+        takes longer (a database that is slow to answer) is still written when it comes."""
         self.liveness.start_adoption(self.context.new_fleet)
+        bound = self.context.agent_timeout_s + ADOPTION_MARGIN_S
+        if not await self.liveness.adopted_within(bound):
+            log.warning("adoption did not decide within %.1f s; serving the record meanwhile", bound)
 
     async def stop(self) -> None:
         await self.liveness.stop()

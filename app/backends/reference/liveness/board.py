@@ -17,13 +17,14 @@ from app.backends.reference.liveness.verdict import (
     Verdict,
 )
 from app.backends.reference.liveness.view import DeploymentView, EngineSeen, Rules
-from app.deployments.engines.models import EngineState
+from app.deployments.engines.models import SERVING_STATES, EngineState
 from app.deployments.incidents import outage
 from app.deployments.models import OnEngineLoss
 from app.jobs.models import RequestSource
 from app.jobs.states import TERMINAL_STATES, JobState
 
 TERMINAL_JOB_STATES = frozenset(state.value for state in TERMINAL_STATES)
+SERVING = EngineState.serving.value
 
 
 @dataclass
@@ -98,6 +99,11 @@ class Board:
     # --- changing ------------------------------------------------------------------------------------
 
     def set(self, engine: EngineSeen, fate: Fate, why: str, **changes: object) -> EngineSeen:
+        if changes.get("state", SERVING) not in SERVING_STATES:
+            # Out of its group (lost, fenced, written off): no longer a lost link of a group that steps.
+            # Kept, it refused every job on the deployment, the self-heal's too (issue 34: a frozen
+            # member vouched for in a job, then lost, left the survivors idle with no heal).
+            changes.setdefault("link_lost_at", None)
         changed = replace(engine, **changes)  # type: ignore[arg-type]
         self.engines[engine.id] = changed
         self.fates[engine.id] = (fate, why)
@@ -170,9 +176,13 @@ class Board:
         self.memory_changed = True
 
     def hit_job(self) -> str | None:
-        """The job an incident opened now hit (`outage.hits`): the newest, when it ended within the hit
-        window and either made the deployment's generation (clients' outage right after a job belongs
-        on that job's record too) or ended while its clients had no answer (they share the figure)."""
+        """The job an incident opened now hit: the job that runs, or (`outage.hits`) the newest, when it
+        ended within the hit window and either made the deployment's generation (clients' outage right
+        after a job belongs on that job's record too) or ended while its clients had no answer (they
+        share the figure)."""
+        if self.view.active_job is not None:
+            # Opened while a job runs (`serving_in_a_job`): its probe saw what clients saw from the loss.
+            return self.view.active_job.id
         newest = self.view.newest_jobs[0] if self.view.newest_jobs else None
         if newest is None or newest.state not in TERMINAL_JOB_STATES:
             return None

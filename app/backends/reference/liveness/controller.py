@@ -113,7 +113,7 @@ class Liveness:
                 functools.partial(act, view=view, verdict=verdict, now=now)
             )
             found.acted[view.name] = acted
-            if acted.applied and view.active_job is None and view.current_dp_size > 0:
+            if acted.applied and view.current_dp_size > 0:  # `health`'s, or a job's (`serving_in_a_job`)
                 if verdict.broken_since is None:
                     self.broken_since.pop(view.id, None)
                 else:
@@ -146,6 +146,13 @@ class Liveness:
             return []
         found = await asyncio.shield(self._adoption)
         return await self._adopt(new_fleet) if new_fleet is not None else found
+
+    async def adopted_within(self, timeout_s: float) -> bool:
+        """Wait for the start-up adoption at most `timeout_s` (it runs on past that); whether it ended."""
+        if self._adoption is None:
+            return True
+        done, _ = await asyncio.wait({self._adoption}, timeout=timeout_s)
+        return bool(done)
 
     async def stop(self) -> None:
         if self._adoption is not None:

@@ -16,8 +16,10 @@ ones decided:
               confirmation time (an unreachable member needs none: its timeout confirmed it);
 6. `heal`     at most one self-heal job, by `on_engine_loss` (`heal`).
 
-A deployment a job runs is the job's to judge: only silence is (an engine marked lost, announced), the
-status stays the job's, and no job is asked (`verdict.JOB_OWNS_IT`).
+A deployment a job runs is the job's to judge: only silence is (an engine marked lost, announced), and
+`serving_in_a_job` (the deployment is never `ready` while fewer of its engines serve than it says:
+`degraded members-missing` once that stayed so for the confirmation time); no job is asked
+(`verdict.JOB_OWNS_IT`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from app.backends.reference.liveness import heal as heal_rules
 from app.backends.reference.liveness.board import Board
 from app.backends.reference.liveness.health import (
     HEALTH_REASONS,
+    REASON_MEMBERS_MISSING,
     REASON_STALLED,
     REASON_UNREACHABLE,
     assess,
@@ -37,6 +40,11 @@ from app.backends.reference.liveness.health import (
 from app.backends.reference.liveness.verdict import EMPTY, JOB_OWNS_IT, Fate, NoJob, Verdict
 from app.backends.reference.liveness.view import LIVE_STATES, Answer, DeploymentView, EngineSeen, Rules
 from app.deployments.engines.models import SERVING_STATES, EngineState
+
+JOB_HINT = (
+    "the job ends at its deadlines (rolled back, or on without a leaver); self-healing re-forms the "
+    "group on the engines that serve once it has ended"
+)
 
 
 def judge(view: DeploymentView, now: datetime, rules: Rules) -> Verdict:
@@ -47,6 +55,8 @@ def judge(view: DeploymentView, now: datetime, rules: Rules) -> Verdict:
         gone(board)
         stalled(board)
     silence(board)
+    if owned and view.current_dp_size > 0:
+        serving_in_a_job(board)
     if owned:
         board.action = NoJob(f"{JOB_OWNS_IT} ({view.active_job.id})")  # type: ignore[union-attr]
     elif view.current_dp_size > 0:
@@ -186,6 +196,36 @@ def silence(board: Board) -> None:
                 board.set(engine, Fate.link_lost, "silent, but its group steps", link_lost_at=lost_at)
             continue
         mark_lost(board, board.engines[engine.id], "silent past the heartbeat timeout")
+
+
+def serving_in_a_job(board: Board) -> None:
+    """While a job runs, the engines serving (or paused on) the recorded generation or the job's target
+    must be at least min(recorded size, target size): a job's participant frozen in prepare past the
+    serving collective's deadline took its group with it (the survivors left it), and the record said
+    `ready` with none serving until the job ended (issue 34). Confirmed as `health` is (a heartbeat
+    from either side of a switch must not flap it) unless a member reported that its group broke; the
+    job's success writes `ready`, a rollback leaves it to `health`."""
+    job = board.view.active_job
+    assert job is not None
+    generations = {board.generation, job.to_generation}
+    serving = [
+        e for e in board.live() if any(serves(e, g) for g in generations if g > 0) and e.dp_rank is not None
+    ]
+    need = min(board.size, job.to_dp_size) if job.to_dp_size > 0 else board.size
+    if len(serving) >= need:
+        board.broken_since = None
+        return
+    first_seen = board.broken_since = board.broken_since or board.now
+    # A member that reported its group broke is no heartbeat racing a switch: no confirmation needed.
+    reported = any(e.broken_generation == board.generation for e in board.live())
+    confirmed = reported or (board.now - first_seen).total_seconds() >= board.rules.health_confirm_s
+    if not confirmed or board.status == "degraded":
+        return
+    message = (
+        f"{len(serving)} of {need} engines serve generation {board.generation}"
+        f"{f' or {job.to_generation}' if job.to_generation != board.generation else ''} during job {job.id}"
+    )
+    board.write_status("degraded", REASON_MEMBERS_MISSING, message, hint=JOB_HINT, serving=len(serving))
 
 
 def health(board: Board) -> None:

@@ -43,6 +43,10 @@ from common import (
     wait_ready_file,
 )
 
+# Coordinator-driven commits (pause, then switch) and the engine-agreed one ("armed": background
+# strategy, `commit: engines`, what the coordinator uses for background jobs by default).
+STRATEGIES = ("background", "armed", "blocking")
+
 # The agent key of the agent this benchmark starts (EPCTL_AGENT_KEY), sent on every call to it.
 AGENT_KEY = "epak_bench_" + secrets.token_urlsafe(24)
 
@@ -187,7 +191,7 @@ async def reconfigure(
         placement=placement,
         store=info.store,
         warmup_policy=WarmupPolicy(policy),
-        strategy=Strategy(strategy),
+        strategy=Strategy.background if strategy == "armed" else Strategy(strategy),
         transfer_backend=TransferBackend(backend),
     )
     timeline: list[tuple[float, str, str]] = []
@@ -202,7 +206,14 @@ async def reconfigure(
     # the serving loop needs) inside the window it measures.
     stop.set()
     await watcher
-    if strategy == "background":
+    if strategy == "armed":  # the engine-agreed commit: the product's default for background jobs
+        await client.sync(job_id)
+        await client.wait_for_phase(
+            job_id, {ReconfigPhase.synced}, deadline_s=deadline, poll_interval_s=0.003
+        )
+        t_commit = time.perf_counter()
+        await client.arm(job_id, deadline_s=30.0)
+    elif strategy == "background":
         await client.sync(job_id)
         await client.wait_for_phase(
             job_id, {ReconfigPhase.synced}, deadline_s=deadline, poll_interval_s=0.003
@@ -222,7 +233,8 @@ async def reconfigure(
         await client.wait_for_phase(
             job_id, {ReconfigPhase.synced}, deadline_s=deadline, poll_interval_s=0.003
         )
-    await client.switch(job_id)
+    if strategy != "armed":
+        await client.switch(job_id)
     final = await client.wait_for_phase(
         job_id, {ReconfigPhase.committed}, deadline_s=deadline, poll_interval_s=0.003
     )
@@ -302,7 +314,7 @@ async def drive_agent(url: str, args: argparse.Namespace) -> dict[str, Any]:
         }
         generation = 2
         for rep in range(args.reps):
-            for strategy in ("background", "blocking"):
+            for strategy in STRATEGIES:
                 for policy in ("eager", "deferred"):
                     info = await client.info()
                     job = await reconfigure(

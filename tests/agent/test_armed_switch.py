@@ -20,7 +20,9 @@ CONFIG = EngineConfig(
 PLACEMENTS = {1: [[0, 1, 2, 3, 4, 5, 6, 7, 0, 3]], 2: [[7, 6, 5, 4, 3, 2, 1, 0, 1, 2]]}
 
 
-def generation(engine: ReferenceEngine, store: object, number: int) -> tuple[ActiveGeneration, list]:
+def generation(
+    engine: ReferenceEngine, store: torch.distributed.Store, number: int
+) -> tuple[ActiveGeneration, list[moe.LayerView]]:
     group = groups.create_group(
         name="ep", generation=number, store=groups.prefixed(store, f"g{number}/"), rank=0, size=1,
         platform=Platform.cpu, device=torch.device("cpu"), timeout_s=10.0,

@@ -159,6 +159,8 @@ async def poll_timeline(
 
 def step_durations(timeline: list[tuple[float, str, str]], end: float) -> dict[str, float]:
     durations: dict[str, float] = {}
+    if not timeline:  # prepare was done before the first poll saw it (a small model on a fast host)
+        return durations
     for (t, phase, step), nxt in zip(timeline, [*timeline[1:], (end, "", "")], strict=True):
         key = f"{phase}:{step}" if step else phase
         durations[key] = durations.get(key, 0.0) + (nxt[0] - t) * 1000.0

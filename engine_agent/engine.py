@@ -210,7 +210,10 @@ class ReferenceEngine(ServingLoop):
                 if left <= 0 or self._armed_for == 0:
                     break
                 self._cond.wait(left)
-        return None if self.withdraw_arm(withdraw_s) else self._paused_at
+        if self.withdraw_arm(withdraw_s):
+            return None
+        with self._cond:  # the iteration in flight took the boundary (and may have switched there)
+            return self._switched_at or self._paused_at
 
     def withdraw_arm(self, timeout_s: float) -> bool:
         """Disarm. True when no armed boundary was (or will be) taken: the iteration in flight, which

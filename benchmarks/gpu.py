@@ -43,6 +43,10 @@ from common import (
     wait_ready_file,
 )
 
+# Coordinator-driven commits (pause, then switch) and the engine-agreed one ("armed": background
+# strategy, `commit: engines`, what the coordinator uses for background jobs by default).
+STRATEGIES = ("background", "armed", "blocking")
+
 # The agent key of the agent this benchmark starts (EPCTL_AGENT_KEY), sent on every call to it.
 AGENT_KEY = "epak_bench_" + secrets.token_urlsafe(24)
 
@@ -155,6 +159,8 @@ async def poll_timeline(
 
 def step_durations(timeline: list[tuple[float, str, str]], end: float) -> dict[str, float]:
     durations: dict[str, float] = {}
+    if not timeline:  # prepare was done before the first poll saw it (a small model on a fast host)
+        return durations
     for (t, phase, step), nxt in zip(timeline, [*timeline[1:], (end, "", "")], strict=True):
         key = f"{phase}:{step}" if step else phase
         durations[key] = durations.get(key, 0.0) + (nxt[0] - t) * 1000.0
@@ -187,7 +193,7 @@ async def reconfigure(
         placement=placement,
         store=info.store,
         warmup_policy=WarmupPolicy(policy),
-        strategy=Strategy(strategy),
+        strategy=Strategy.background if strategy == "armed" else Strategy(strategy),
         transfer_backend=TransferBackend(backend),
     )
     timeline: list[tuple[float, str, str]] = []
@@ -202,7 +208,14 @@ async def reconfigure(
     # the serving loop needs) inside the window it measures.
     stop.set()
     await watcher
-    if strategy == "background":
+    if strategy == "armed":  # the engine-agreed commit: the product's default for background jobs
+        await client.sync(job_id)
+        await client.wait_for_phase(
+            job_id, {ReconfigPhase.synced}, deadline_s=deadline, poll_interval_s=0.003
+        )
+        t_commit = time.perf_counter()
+        await client.arm(job_id, deadline_s=30.0)
+    elif strategy == "background":
         await client.sync(job_id)
         await client.wait_for_phase(
             job_id, {ReconfigPhase.synced}, deadline_s=deadline, poll_interval_s=0.003
@@ -222,7 +235,8 @@ async def reconfigure(
         await client.wait_for_phase(
             job_id, {ReconfigPhase.synced}, deadline_s=deadline, poll_interval_s=0.003
         )
-    await client.switch(job_id)
+    if strategy != "armed":
+        await client.switch(job_id)
     final = await client.wait_for_phase(
         job_id, {ReconfigPhase.committed}, deadline_s=deadline, poll_interval_s=0.003
     )
@@ -302,7 +316,7 @@ async def drive_agent(url: str, args: argparse.Namespace) -> dict[str, Any]:
         }
         generation = 2
         for rep in range(args.reps):
-            for strategy in ("background", "blocking"):
+            for strategy in STRATEGIES:
                 for policy in ("eager", "deferred"):
                     info = await client.info()
                     job = await reconfigure(

@@ -36,7 +36,7 @@ from engine_agent.engine_stats import STEP_TIMES_KEPT, EngineCounters, step_ms_s
 from engine_agent.grouped import Kernel
 from engine_agent.groups import CollectiveTimeout
 from engine_agent.protocol import AgentState, EngineConfig
-from engine_agent.serving import ActiveGeneration, EngineUnavailable, InferResult, PausedAt
+from engine_agent.serving import ActiveGeneration, ArmedSwitch, EngineUnavailable, InferResult, PausedAt
 from engine_agent.serving_loop import QueuedRequest, ServingLoop
 
 
@@ -80,6 +80,9 @@ class ReferenceEngine(ServingLoop):
         self._paused_at: PausedAt | None = None
         self._armed_for = 0  # the new generation this engine is armed to switch to (0: not armed)
         self._arm_in_flight = False  # the iteration running now carries this engine's arm
+        self._armed_switch: ArmedSwitch | None = None  # the new generation the loop switches to itself
+        self._switched_at: PausedAt | None = None  # the armed boundary where the loop switched by itself
+        self._serving_since: float | None = None  # monotonic: the first iteration after a switch/resume
         self._stopped = False
         self._iterations_since_start = 0  # lock-step iterations since the last switch or resume
         self.counters = EngineCounters()
@@ -154,6 +157,7 @@ class ReferenceEngine(ServingLoop):
         with self._cond:
             self._pause_requested = False
             self._armed_for = 0
+            self._armed_switch = None
             self._paused_at = None
             if self._state == AgentState.paused:
                 self._state = AgentState.serving
@@ -172,13 +176,20 @@ class ReferenceEngine(ServingLoop):
 
     # ---- the engine-agreed commit ----------------------------------------------------------------
 
-    def arm(self, generation: int) -> None:
+    def arm(self, generation: int, switch: ArmedSwitch | None = None) -> None:
         """Be ready to stop for the switch to `generation` at the first step boundary at which every
-        member of the active generation is armed for it. Serving goes on until then."""
+        member of the active generation is armed for it. Serving goes on until then. With `switch`
+        (the new generation, built ahead), the serving thread switches to it at that boundary itself
+        and steps on at once: the window is the switch and one step, with no thread hand-off."""
+        if switch is not None and switch.views is None:
+            new = switch.new
+            switch.views = self.views_for(new.placements, new.weights, rank=new.rank, stacks=new.stacks)
         with self._cond:
             if self._state != AgentState.serving or self._active is None:
                 raise EngineUnavailable(f"cannot arm an engine that is {self._state}")
             self._armed_for = generation
+            self._armed_switch = switch
+            self._switched_at = None
             self._cond.notify_all()
 
     def wait_armed_boundary(self, timeout_s: float, withdraw_s: float) -> PausedAt | None:
@@ -189,6 +200,8 @@ class ReferenceEngine(ServingLoop):
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
+                if self._switched_at is not None:
+                    return self._switched_at
                 if self._paused_at is not None and self._paused_at.armed:
                     return self._paused_at
                 if self._state != AgentState.serving:
@@ -197,7 +210,10 @@ class ReferenceEngine(ServingLoop):
                 if left <= 0 or self._armed_for == 0:
                     break
                 self._cond.wait(left)
-        return None if self.withdraw_arm(withdraw_s) else self._paused_at
+        if self.withdraw_arm(withdraw_s):
+            return None
+        with self._cond:  # the iteration in flight took the boundary (and may have switched there)
+            return self._switched_at or self._paused_at
 
     def withdraw_arm(self, timeout_s: float) -> bool:
         """Disarm. True when no armed boundary was (or will be) taken: the iteration in flight, which
@@ -206,12 +222,13 @@ class ReferenceEngine(ServingLoop):
         deadline = time.monotonic() + timeout_s
         with self._cond:
             self._armed_for = 0
+            self._armed_switch = None
             while self._arm_in_flight and self._state == AgentState.serving:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._cond.wait(left)
-            return not (self._paused_at is not None and self._paused_at.armed)
+            return self._switched_at is None and not (self._paused_at is not None and self._paused_at.armed)
 
     def views_for(
         self,
@@ -267,21 +284,7 @@ class ReferenceEngine(ServingLoop):
         with self._cond:
             if self._state == AgentState.serving:
                 raise RuntimeError("switch needs a paused or idle engine")
-            retired, self._active, self._layers = self._active, new, layers
-            if self._on_stall is not None:
-                stall = self._on_stall
-                new.group.on_slow = lambda: stall(new)
-            self.counters.last_error = None  # an old generation's failure is history once a new one serves
-            self.counters.last_step_at = None
-            self._pause_requested = False
-            self._armed_for = 0
-            self._paused_at = None
-            self._admitting = True
-            self._drain_before_pause = False
-            self._state = AgentState.serving
-            self._iterations_since_start = 0
-            self._cond.notify_all()
-        return retired
+            return self._install(new, layers)
 
     def wait_serving(self, timeout_s: float) -> bool:
         """Wait until the loop has completed one lock-step iteration since the last switch or resume:
@@ -294,6 +297,12 @@ class ReferenceEngine(ServingLoop):
                     return False
                 self._cond.wait(left)
             return self._iterations_since_start > 0
+
+    def serving_since(self) -> float | None:
+        """When (monotonic) the loop completed its first iteration since the last switch or resume: the
+        end of a stopped window, stamped by the serving thread itself. None until then."""
+        with self._cond:
+            return self._serving_since if self._iterations_since_start > 0 else None
 
     def leave(self, *, fail_queued: bool) -> ActiveGeneration | None:
         """Leave the generation and go idle (paused or idle only). Queued requests fail with 503."""

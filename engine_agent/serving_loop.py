@@ -23,7 +23,7 @@ from engine_agent import lockstep, moe
 from engine_agent.engine_stats import EngineCounters
 from engine_agent.groups import CommGroup, abort_group
 from engine_agent.protocol import AgentState, EngineConfig
-from engine_agent.serving import ActiveGeneration, EngineUnavailable, InferResult, PausedAt
+from engine_agent.serving import ActiveGeneration, ArmedSwitch, EngineUnavailable, InferResult, PausedAt
 
 log = logging.getLogger("engine_agent.engine")  # the engine's log, as before the split
 
@@ -60,6 +60,11 @@ class ServingLoop:
     _paused_at: PausedAt | None
     _armed_for: int
     _arm_in_flight: bool
+    _armed_switch: ArmedSwitch | None
+    _switched_at: PausedAt | None
+    _serving_since: float | None
+    _admitting: bool
+    _on_stall: Callable[[ActiveGeneration], None] | None
     _stopped: bool
     _iterations_since_start: int
     _load: torch.Tensor
@@ -101,7 +106,10 @@ class ServingLoop:
             if not served:
                 with self._cond:
                     self._queue.extendleft(reversed(batch))  # paused before the step: keep order
-                    if self._state == AgentState.serving and not self._queue and not self._pause_requested:
+                    # Just switched at the armed boundary (no step yet): the first step goes at once.
+                    settle = self._iterations_since_start == 0
+                    busy = bool(self._queue) or self._pause_requested or settle
+                    if self._state == AgentState.serving and not busy:
                         long_idle = idle_streak > IDLE_STREAK_BEFORE_LONG
                         self._cond.wait(IDLE_SLEEP_LONG_S if long_idle else IDLE_SLEEP_S)
 
@@ -146,12 +154,14 @@ class ServingLoop:
             self._enter_pause(by_peer=pause_flag == 0)
             return False
         if boundary.armed:
-            self._enter_pause(by_peer=False, armed=True)
+            if not self._switch_at_boundary():
+                self._enter_pause(by_peer=False, armed=True)
             return False
         with self._cond:
             self._iterations_since_start += 1
             self.counters.last_step_at = time.time()  # the step's agreement collective completed
             if self._iterations_since_start == 1:
+                self._serving_since = time.monotonic()
                 self._cond.notify_all()
         if sum(boundary.per_rank) == 0:
             self.counters.dummy_steps += 1
@@ -191,6 +201,43 @@ class ServingLoop:
         host.copy_(rows, non_blocking=True)
         group.wait_device(timeout_s)
         return host
+
+    def _install(self, new: ActiveGeneration, layers: list[moe.LayerView]) -> ActiveGeneration | None:
+        """Serve `new` from `layers` (the caller holds `_cond`; the loop holds no group now). Returns
+        the retired generation."""
+        retired, self._active, self._layers = self._active, new, layers
+        if self._on_stall is not None:
+            stall = self._on_stall
+            new.group.on_slow = lambda: stall(new)
+        self.counters.last_error = None  # an old generation's failure is history once a new one serves
+        self.counters.last_step_at = None
+        self._pause_requested = False
+        self._armed_for = 0
+        self._armed_switch = None
+        self._paused_at = None
+        self._admitting = True
+        self._drain_before_pause = False
+        self._state = AgentState.serving
+        self._iterations_since_start = 0
+        self._cond.notify_all()
+        return retired
+
+    def _switch_at_boundary(self) -> bool:
+        """At the armed boundary, with the new generation handed to `arm`: switch to it here, in the
+        serving thread, and step on (the worker's `wait_armed_boundary` sees the boundary taken)."""
+        with self._cond:
+            handoff = self._armed_switch
+            if handoff is None or handoff.views is None or handoff.new.generation != self._armed_for:
+                return False
+            now = time.monotonic()
+            handoff.paused = PausedAt(
+                wall=time.time(), monotonic=now, boundary_wait_ms=0.0, by_peer=False, armed=True
+            )
+            handoff.retired = self._install(handoff.new, handoff.views)
+            handoff.switched_monotonic = time.monotonic()
+            self._switched_at = handoff.paused
+            self.counters.pauses += 1
+        return True
 
     def _enter_pause(self, *, by_peer: bool, armed: bool = False) -> None:
         now = time.monotonic()

@@ -58,6 +58,11 @@ class FaultSwitches:
                 self._faults = self._faults.model_copy(update={"fail_next_switch": False})
         return fail
 
+    def fail_next_switch_armed(self) -> bool:
+        """A switch failure is injected (not taken: the switch that runs takes it)."""
+        with self._lock:
+            return self._faults.fail_next_switch
+
     def take_hold_arm(self) -> bool:
         with self._lock:
             hold = self._faults.hold_arm

@@ -27,13 +27,14 @@ from engine_agent.protocol import (
     ReconfigPhase,
     layer_placements,
 )
+from engine_agent.reconfig import boundary
 from engine_agent.reconfig.cleanup import Releasable, RetiredGeneration
 from engine_agent.reconfig.errors import Aborted, ReconfigError
 from engine_agent.reconfig.faults import FaultSwitches
 from engine_agent.reconfig.job import Job, Site
 from engine_agent.reconfig.prepare import Builder
 from engine_agent.reconfig.steps import Step
-from engine_agent.serving import ActiveGeneration, PausedAt
+from engine_agent.serving import ActiveGeneration, ArmedSwitch, PausedAt
 
 log = logging.getLogger(__name__)
 
@@ -153,9 +154,10 @@ class CommitWindow:
         site, request = self.site, job.request
         self.start_lease(job, deadline_s + lease_s)
         self._stop_admitting(job)  # a leaver: only now, and the agreed boundary waits for its queue
+        handoff = boundary.handoff(job, self.faults, max_downtime_ms)
         try:
             if job.steps.in_old:
-                self._arm_engine(job, deadline_s)
+                self._arm_engine(job, deadline_s, handoff)
             elif job.old_ids:
                 self._await_boundary(job, deadline_s)
             else:  # formation: no old generation to stop, the new one starts at once
@@ -164,6 +166,9 @@ class CommitWindow:
         except BaseException:
             self.cancel_lease(job)
             raise
+        if handoff is not None and handoff.paused is not None:
+            boundary.after_switch(self, job, handoff)
+            return
         self.pause(job, lease_s=None)
         if max_downtime_ms is not None and job.old_ids:
             self._budget_verdict(job, max_downtime_ms)
@@ -177,7 +182,7 @@ class CommitWindow:
             "job %s: switched to generation %s at the agreed boundary", request.job_id, request.generation
         )
 
-    def _arm_engine(self, job: Job, deadline_s: float) -> None:
+    def _arm_engine(self, job: Job, deadline_s: float, handoff: ArmedSwitch | None = None) -> None:
         site, request = self.site, job.request
         engine = site.engine
         if self.faults.take_hold_arm():
@@ -185,7 +190,7 @@ class CommitWindow:
             job.abort.wait(deadline_s)  # a stalled engine: it never arms, its peers wait in vain
             paused = None
         else:
-            engine.arm(request.generation)
+            engine.arm(request.generation, handoff)
             job.commit_armed = True
             paused = engine.wait_armed_boundary(deadline_s, withdraw_s=request.timeouts.collective_s)
         if paused is None:
@@ -332,6 +337,8 @@ class CommitWindow:
         if interval is None:
             return
         now = time.monotonic()
+        if job.steps.in_new:  # the window ends at the new generation's first step, stamped by the engine
+            now = min(now, max(self.site.engine.serving_since() or now, resume_started))
         interval.switch_ms = switch_ms
         interval.resume_ms = (now - resume_started) * 1000.0
         interval.pause_ms = (now - job.paused_monotonic) * 1000.0

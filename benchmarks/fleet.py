@@ -164,27 +164,38 @@ class Fleet:
     agents: list[dict[str, Any]]  # engine_id, url, deployment, control
     controls: list[str]
 
-    def serving_of(self, deployment: str) -> list[str]:
-        return [
-            a["engine_id"] for a in self.agents if a["deployment"] == deployment and a["rank"] is not None
-        ]
-
 
 def fleet_spec(deployments: Sequence[str]) -> list[dict[str, Any]]:
-    spec = []
-    for d in deployments:
-        for i in range(ENGINES_PER_DEPLOYMENT):
-            serving = i < SERVING
-            spec.append(
-                {
-                    "engine_id": f"{d}-e{i}",
-                    "deployment": d,
-                    "rank": i if serving else None,
-                    "world": SERVING if serving else 0,
-                    "generation": 1 if serving else 0,
-                }
-            )
-    return spec
+    """Every engine registers idle; a first job per deployment forms its generation (`form`)."""
+    return [
+        {"engine_id": f"{d}-e{i}", "deployment": d, "rank": None, "world": 0, "generation": 0}
+        for d in deployments
+        for i in range(ENGINES_PER_DEPLOYMENT)
+    ]
+
+
+def form(api: httpx.Client, fleet: Fleet, timeout_s: float) -> dict[str, Any]:
+    """Every deployment's first generation (0 -> SERVING engines), all jobs at once, as an operator's
+    `epctl scale` of each would: how long until every one has ended, and how."""
+    started = time.perf_counter()
+    ids = []
+    for d in fleet.deployments:
+        body = {"deployment": d, "target_dp_size": SERVING, "commit": "engines", "reason": "form"}
+        response = api.post("/v1/reconfigurations", json=body)
+        assert response.status_code == 202, response.text
+        ids.append(response.json()["id"])
+    states: dict[str, str] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and len(states) < len(ids):
+        for state in TERMINAL:
+            page = api.get("/v1/reconfigurations", params={"limit": 200, "state": state}).json()["data"]
+            states.update({j["id"]: j["state"] for j in page if j["id"] in ids})
+        time.sleep(1.0)
+    return {
+        "jobs": len(ids),
+        "states": _count(states.values()),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
 
 
 def start_fleet(group: ProcessGroup, api: httpx.Client, coordinator: str, engines: int, tag: str) -> Fleet:
@@ -380,7 +391,10 @@ async def load_phase(
             asyncio.create_task(autoscaler(client, load, scaled)),
         ]
         # Self-heal: one serving engine of each of `healed` stops (serving and heartbeating).
-        victims = [fleet.serving_of(d)[-1] for d in healed]
+        victims = []
+        for d in healed:
+            listed = (await client.get("/v1/engines", params={"deployment": d})).json()["data"]
+            victims += [e["id"] for e in listed if e["state"] == "serving"][-1:]
         by_control: dict[str, list[str]] = {}
         for a in fleet.agents:
             if a["engine_id"] in victims:
@@ -461,6 +475,7 @@ def job_figures(detail: dict[str, Any]) -> dict[str, Any]:
         "duration_s": duration,
         "commit": detail.get("commit"),
         "downtime_ms": detail.get("downtime_ms"),
+        "error": (detail.get("error") or {}).get("type"),
         "events": len(events),
         "gapless": gapless(events),
     }
@@ -485,6 +500,7 @@ def run_size(kind: str, engines: int, args: argparse.Namespace) -> dict[str, Any
             t0 = time.perf_counter()
             fleet = start_fleet(group, api, coordinator.url, engines, tag)
             setup_s = time.perf_counter() - t0
+            formation = form(api, fleet, timeout_s=180)
             time.sleep(HEARTBEAT_S * 2)  # every agent past its first heartbeat
             beats(fleet, reset=True)
             db0, cpu0, w0 = db_figures(url), cpu_s(pid), time.perf_counter()
@@ -528,6 +544,7 @@ def run_size(kind: str, engines: int, args: argparse.Namespace) -> dict[str, Any
         "engines": engines,
         "deployments": len(fleet.deployments),
         "setup_s": round(setup_s, 1),
+        "formation": formation,
         "steady_s": round(wall, 1),
         "heartbeats_per_s": round(steady["ok"] / wall, 1),
         "heartbeats_failed": steady["failed"] + during["failed"],
@@ -551,6 +568,7 @@ def run_size(kind: str, engines: int, args: argparse.Namespace) -> dict[str, Any
             "duration_s": summarize([j["duration_s"] for j in jobs]),
             "all_gapless": all(j["gapless"] for j in jobs),
             "commit": _count(str(j["commit"]) for j in jobs),
+            "errors": _count(str(j["error"]) for j in jobs if j["error"]),
             "downtime_ms": summarize([j["downtime_ms"] for j in jobs if j["downtime_ms"] is not None]),
         },
         "heal_jobs": _count(j["state"] for j in out["heal_jobs"]),

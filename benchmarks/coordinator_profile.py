@@ -45,9 +45,10 @@ def _where(frame: FrameType) -> str:
 
 
 class Sampler(threading.Thread):
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, interval_s: float, out: Path | None = None) -> None:
         super().__init__(daemon=True, name="stack-sampler")
         self.interval_s = interval_s
+        self.out = out  # rewritten every 10 s: a coordinator killed before its clean stop leaves it too
         self.inclusive: collections.Counter[str] = collections.Counter()
         self.exclusive: collections.Counter[str] = collections.Counter()
         self.samples = 0
@@ -56,8 +57,12 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         me = threading.get_ident()
+        written = time.monotonic()
         while not self.stopping.wait(self.interval_s):
             self.samples += 1
+            if self.out is not None and time.monotonic() - written > 10.0:
+                self.out.write_text(self.report())
+                written = time.monotonic()
             for ident, frame in sys._current_frames().items():
                 if ident == me or frame.f_code.co_name in IDLE_LEAVES:
                     continue
@@ -94,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     import uvicorn
 
-    sampler = Sampler(args.interval_ms / 1000.0)
+    sampler = Sampler(args.interval_ms / 1000.0, Path(args.out))
     sampler.start()
     started = time.time()
     try:

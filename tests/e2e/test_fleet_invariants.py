@@ -1,5 +1,5 @@
 """A small fleet under load keeps its invariants (issue 37): 64 lightweight engines in 8 deployments
-heartbeating every second, one job on every deployment at once (each forms its generation of 5 or 6
+heartbeating every 2 s, one job on every deployment at once (each forms its generation of 5 or 6
 engines), an SSE client on each job. Every heartbeat is recorded (answered 200 once committed; none
 refused, none forgotten), every job ends succeeded with a gapless log, no heartbeating engine is ever
 shown lost, and every SSE stream carries every event of its job, in order. `benchmarks/fleet.py`
@@ -65,7 +65,7 @@ class EventStream(threading.Thread):
 def test_a_fleet_of_64_engines_keeps_every_heartbeat_job_and_event(tmp_path: Path) -> None:
     env = {
         "EPCTL_RUNNER_ENABLED": "true",
-        "EPCTL_HEARTBEAT_TIMEOUT_S": "5",
+        "EPCTL_HEARTBEAT_TIMEOUT_S": "10",
         "EPCTL_RUNNER_POLL_INTERVAL_S": "0.1",
     }
     with Coordinator(f"sqlite:///{tmp_path / 'coordinator.db'}", tmp_path / "data", env=env) as coordinator:
@@ -74,11 +74,11 @@ def test_a_fleet_of_64_engines_keeps_every_heartbeat_job_and_event(tmp_path: Pat
         spec_file.write_text(json.dumps(_spec(api)))
         argv = [PYTHON, str(ROOT / "benchmarks" / "lightweight_agent.py"), "--fleet", str(spec_file),
                 "--ready-file", str(ready), "--register", coordinator.url, "--token", coordinator.admin_token,
-                "--heartbeat-s", "1"]  # fmt: skip
+                "--heartbeat-s", "2"]  # fmt: skip
         agents = spawn("agents", argv, tmp_path / "agents.log")
         try:
             control = json.loads(wait_ready_file(ready, agents, timeout_s=60))[0]["control"]
-            time.sleep(2.5)  # every agent past its first heartbeats
+            time.sleep(4.5)  # every agent past its first heartbeats
 
             headers = {"Authorization": f"Bearer {coordinator.admin_token}"}
             job_ids = []
@@ -104,7 +104,7 @@ def test_a_fleet_of_64_engines_keeps_every_heartbeat_job_and_event(tmp_path: Pat
             jobs = wait_until(all_terminal, timeout_s=60, what="every job to end", interval_s=0.3)
             for stream in streams:
                 stream.join(timeout=15)
-            time.sleep(1.5)  # a heartbeat after the jobs from every engine
+            time.sleep(2.5)  # a heartbeat after the jobs from every engine
             beats = httpx.get(f"{control}/stats").json()
             engines = {e["id"]: e for e in api.get("/v1/engines").json()["data"]}
         finally:
@@ -112,7 +112,7 @@ def test_a_fleet_of_64_engines_keeps_every_heartbeat_job_and_event(tmp_path: Pat
 
     # Every heartbeat recorded: each was answered 200 after its commit; none refused or forgotten.
     assert beats["failed"] == 0 and beats["reregistered"] == 0, beats | {"rtt_ms": "..."}
-    assert beats["ok"] >= 64 * 3
+    assert beats["ok"] >= 64 * 2
     assert len(engines) == 64 and sorted(beats["last_ok"]) == sorted(engines)
     # No heartbeating engine shown lost, at any poll, nor at the end.
     assert not seen_lost and all(e["state"] in LIVE_STATES for e in engines.values())

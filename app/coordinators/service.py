@@ -19,7 +19,7 @@ PRESENCE_TTL_S = 10.0  # a row older than this is a coordinator that died
 # Every heartbeat's answer lists the live coordinators: read at most this often per database (the list
 # is already up to PRESENCE_TTL_S old by design), not once per heartbeat (issue 37: 700 a second).
 LIVE_URLS_MAX_AGE_S = 1.0
-_live_cache: dict[int, tuple[float, list[str]]] = {}
+_live_cache: dict[tuple[int, str], tuple[float, list[str]]] = {}
 
 
 def announce(session: Session, *, coordinator_id: str, url: str) -> None:
@@ -54,7 +54,8 @@ def live_urls(session: Session, *, first: str | None = None) -> list[str]:
 
 def live_urls_recent(session: Session) -> list[str]:
     """`live_urls`, read at most every `LIVE_URLS_MAX_AGE_S` per database engine (the heartbeat's answer)."""
-    key = id(session.get_bind())
+    bind = session.get_bind()
+    key = (id(bind), str(bind.engine.url))
     now = time.monotonic()
     cached = _live_cache.get(key)
     if cached is not None and now - cached[0] < LIVE_URLS_MAX_AGE_S:

@@ -620,6 +620,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs-at-once", type=int, default=16)
     parser.add_argument("--read-rate-hz", type=float, default=10.0, help="dashboard + CLI calls per second")
     parser.add_argument("--name", default="fleet")
+    parser.add_argument(
+        "--report-from",
+        nargs="+",
+        default=[],
+        help="write the report from these runs' partial files (a run stopped by its time limit)",
+    )
     args = parser.parse_args(argv)
     report = Report(args.name)
     report.parameters = vars(args) | {
@@ -629,7 +635,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
     }
     rows_by_db: dict[str, list[dict[str, Any]]] = {}
-    for kind in args.databases:
+    for path in args.report_from:
+        for kind, rows in json.loads(Path(path).read_text()).items():
+            rows_by_db.setdefault(kind, []).extend(rows)
+    for rows in rows_by_db.values():
+        rows.sort(key=lambda r: r["engines"])
+    if args.report_from:
+        report.command += "  (the report of runs stopped by their time limit)"
+        report.parameters["report_from"] = args.report_from
+    for kind in [] if args.report_from else args.databases:
         for engines in sorted(args.sizes):
             print(f"--- {kind}, {engines} engines", flush=True)
             load_before = os.getloadavg()

@@ -33,6 +33,7 @@ from engine_agent.protocol import (
     AgentInfo,
     AgentRegistration,
     AgentState,
+    ArmRequest,
     CleanupState,
     CleanupStatus,
     EngineConfig,
@@ -84,6 +85,7 @@ class LightAgent:
         self.engine = EngineConfig()
         self.pause_started: float | None = None
         self.pause_started_mono: float | None = None
+        self.key_check: str | None = None  # the fingerprint of the deployment's agent key (heartbeats)
         if rank is not None:
             self.placement = _round_robin(self.engine.num_logical_experts, world)
 
@@ -175,6 +177,29 @@ class LightAgent:
             self.placement = []
         return self._status(MOVES[Operation.switch].done, pause=pause)
 
+    def do_arm(self, request: ArmRequest) -> ReconfigStatus:
+        """The engine-agreed commit with no serving loop: every member is taken as armed at once, so
+        the window (pause, switch, resume) lies inside this call, with no coordinator exchange in it."""
+        self._require(request.job_id)
+        self.pause_started = time.time()
+        self.pause_started_mono = time.monotonic()
+        return self.do_switch(JobRef(job_id=request.job_id))
+
+    def heartbeat_body(self) -> bytes:
+        """`AgentHeartbeat` as JSON, built by hand: the agents' own CPU must stay small beside the
+        coordinator's on a shared machine (the fields are the protocol's; the coordinator validates)."""
+        return json.dumps(
+            {
+                "state": self.state.value,
+                "generation": self.generation,
+                "rank": self.rank,
+                "world_size": self.world_size if self.rank is not None else 0,
+                "serving_steps": 0,
+                "group_steps": 0,
+                "key_check": self.key_check,
+            }
+        ).encode()
+
     def do_resume(self, ref: JobRef) -> ReconfigStatus:
         self._require(ref.job_id)
         pause = self._end_pause()
@@ -258,6 +283,7 @@ def make_app(agent: LightAgent) -> web.Application:
     app.router.add_post(Operation.sync.path, route(JobRef, agent.do_sync))
     app.router.add_post(Operation.pause.path, route(PauseRequest, agent.do_pause))
     app.router.add_post(Operation.switch.path, route(JobRef, agent.do_switch))
+    app.router.add_post(Operation.arm.path, route(ArmRequest, agent.do_arm))
     app.router.add_post(Operation.resume.path, route(JobRef, agent.do_resume))
     app.router.add_post(Operation.abort.path, route(JobRef, agent.do_abort))
     app.router.add_get(ROUTES["cleanup"], cleanup)
@@ -319,6 +345,151 @@ async def serve(args: argparse.Namespace) -> None:
     await asyncio.Event().wait()  # serve until killed
 
 
+class Beats:
+    """One process's heartbeats: what was sent, answered, refused, and each round trip (the time from
+    sending to the coordinator's answer, which it gives once the heartbeat is committed: the lag from a
+    heartbeat to its record)."""
+
+    def __init__(self) -> None:
+        self.sent = self.ok = self.failed = self.reregistered = 0
+        self.rtt_ms: list[float] = []
+        self.last_ok: dict[str, float] = {}  # engine_id -> epoch seconds of its last answered heartbeat
+
+    def snapshot(self, reset: bool) -> dict[str, Any]:
+        out = {
+            "sent": self.sent,
+            "ok": self.ok,
+            "failed": self.failed,
+            "reregistered": self.reregistered,
+            "rtt_ms": self.rtt_ms,
+            "last_ok": self.last_ok,
+        }
+        if reset:
+            self.sent = self.ok = self.failed = self.reregistered = 0
+            self.rtt_ms = []
+        return out
+
+
+async def _beat(
+    session: Any, coordinator: str, agent: LightAgent, deployment: str, interval_s: float, beats: Beats
+) -> None:
+    """Heartbeat every `interval_s` from a random offset (a fleet's agents start at different moments),
+    registering again on a 404 as the real agent does."""
+    import random
+
+    await asyncio.sleep(random.uniform(0, interval_s))
+    url = f"{coordinator}/v1/engines/{agent.engine_id}/heartbeat"
+    headers = {"Content-Type": "application/json"}
+    next_at = time.monotonic()
+    while True:
+        next_at += interval_s
+        started = time.perf_counter()
+        beats.sent += 1
+        try:
+            async with session.post(url, data=agent.heartbeat_body(), headers=headers) as response:
+                await response.read()
+                if response.status == 404:
+                    beats.reregistered += 1
+                    await _register_with(session, coordinator, deployment, agent)
+                elif response.status == 200:
+                    beats.ok += 1
+                    beats.rtt_ms.append((time.perf_counter() - started) * 1000.0)
+                    beats.last_ok[agent.engine_id] = time.time()
+                else:
+                    beats.failed += 1
+        except Exception:  # any failure is a lost beat
+            beats.failed += 1
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+
+async def _register_with(session: Any, coordinator: str, deployment: str, agent: LightAgent) -> None:
+    body = AgentRegistration(
+        engine_id=agent.engine_id,
+        deployment=deployment,
+        url=agent.url,
+        platform=Platform.cpu,
+        device="cpu",
+        engine=agent.engine,
+        generation=agent.generation,
+        rank=agent.rank,
+        pid=os.getpid(),
+    )
+    async with session.post(
+        f"{coordinator}/v1/engines",
+        data=body.model_dump_json(),
+        headers={"Content-Type": "application/json"},
+    ) as response:
+        if response.status >= 300:
+            raise RuntimeError(f"register {agent.engine_id}: {response.status} {await response.text()}")
+
+
+async def serve_fleet(args: argparse.Namespace) -> None:
+    """Agents of several deployments (`--fleet FILE`: [{engine_id, deployment, rank, world, generation}])
+    that register, heartbeat every `--heartbeat-s`, and obey a control server: `GET /stats[?reset=1]`
+    (the heartbeats), `POST /kill` {"engine_ids": [...]} (stop serving and heartbeating: a lost engine)."""
+    import aiohttp
+
+    spec = json.loads(Path(args.fleet).read_text())
+    beats = Beats()
+    agents: dict[str, tuple[LightAgent, web.AppRunner, str]] = {}
+    listing: list[dict[str, Any]] = []
+    for entry in spec:
+        rank = entry.get("rank")
+        agent = LightAgent(entry["engine_id"], "", entry.get("generation", 1), rank, entry.get("world", 0))
+        agent.key_check = entry.get("key_check")
+        runner = web.AppRunner(
+            make_app(agent), access_log=None, handle_signals=False, keepalive_timeout=args.keep_alive_s
+        )
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        agent.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        agents[agent.engine_id] = (agent, runner, entry["deployment"])
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    connector = aiohttp.TCPConnector(limit=args.connections)
+    session = aiohttp.ClientSession(
+        connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=10.0)
+    )
+    gate = asyncio.Semaphore(8)
+
+    async def register(agent: LightAgent, deployment: str) -> None:
+        async with gate:
+            await _register_with(session, args.register, deployment, agent)
+
+    await asyncio.gather(*(register(a, d) for a, _, d in agents.values()))
+    tasks: dict[str, asyncio.Task[None]] = {
+        engine_id: asyncio.create_task(_beat(session, args.register, agent, d, args.heartbeat_s, beats))
+        for engine_id, (agent, _, d) in agents.items()
+    }
+    killed: dict[str, float] = {}
+
+    async def stats(request: web.Request) -> web.Response:
+        return _json(beats.snapshot(reset=request.query.get("reset") == "1") | {"killed": killed})
+
+    async def kill(request: web.Request) -> web.Response:
+        for engine_id in (await request.json())["engine_ids"]:
+            if engine_id in tasks and engine_id not in killed:
+                tasks[engine_id].cancel()
+                await agents[engine_id][1].cleanup()
+                killed[engine_id] = time.time()
+        return _json({"killed": killed})
+
+    control = web.Application()
+    control.router.add_get("/stats", stats)
+    control.router.add_post("/kill", kill)
+    control_runner = web.AppRunner(control, access_log=None, handle_signals=False)
+    await control_runner.setup()
+    await web.TCPSite(control_runner, "127.0.0.1", 0).start()
+    control_url = f"http://127.0.0.1:{control_runner.addresses[0][1]}"
+    for agent, _, deployment in agents.values():
+        listing.append(
+            {"engine_id": agent.engine_id, "url": agent.url, "deployment": deployment, "control": control_url}
+        )
+    partial = Path(args.ready_file + ".partial")  # written whole, through a rename: a reader never sees half
+    partial.write_text(json.dumps(listing))
+    partial.rename(args.ready_file)
+    await asyncio.Event().wait()  # serve until killed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -333,8 +504,11 @@ def main() -> None:
     parser.add_argument("--register", default="", help="coordinator URL to register with (POST /v1/engines)")
     parser.add_argument("--token", default="")
     parser.add_argument("--deployment", default="bench")
+    parser.add_argument("--fleet", default="", help="JSON file of agents in several deployments (fleet.py)")
+    parser.add_argument("--heartbeat-s", type=float, default=3.0, help="with --fleet: heartbeat interval")
+    parser.add_argument("--connections", type=int, default=64, help="with --fleet: heartbeat connections")
     args = parser.parse_args()
-    asyncio.run(serve(args))
+    asyncio.run(serve_fleet(args) if args.fleet else serve(args))
 
 
 if __name__ == "__main__":

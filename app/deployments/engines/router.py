@@ -17,6 +17,7 @@ from app.deployments.engines.models import (
     EngineRegistration,
     EngineState,
 )
+from app.deployments.models import Deployment
 
 router = APIRouter(prefix="/v1/engines", tags=["engines"], responses=problem_responses(401, 403, 422))
 
@@ -81,10 +82,14 @@ async def heartbeat(
     coordinator sharing the database: the agent fails over to another when this one dies."""
 
     def work(session: Session) -> EngineHeartbeatAnswer:
+        # No query beyond the record's own (issue 37: 700 heartbeats a second): the deployment the key
+        # check read stays loaded past the commit (`Database.session`: expire_on_commit off), and the
+        # live coordinators are read at most once a second.
         engine = service.record_heartbeat(session, engine_id=engine_id, heartbeat=body)
-        return EngineHeartbeatAnswer(
-            **_public(session, engine).model_dump(), coordinators=coordinators.live_urls(session)
-        )
+        deployment = session.get(Deployment, engine.deployment_id)
+        public = EnginePublic.of(engine, deployment=deployment.name if deployment else "")
+        live = coordinators.live_urls_recent(session)
+        return EngineHeartbeatAnswer(**public.model_dump(), coordinators=live)
 
     return await db.run(work)
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from engine_agent.protocol import PauseInterval, ReconfigPhase, layer_placements
+from engine_agent.protocol import PauseInterval, ReconfigPhase
 from engine_agent.reconfig.cleanup import Releasable, RetiredGeneration
 from engine_agent.reconfig.faults import FaultSwitches
 from engine_agent.reconfig.job import Job
-from engine_agent.serving import ActiveGeneration, ArmedSwitch
+from engine_agent.serving import ArmedSwitch
 
 if TYPE_CHECKING:
     from engine_agent.reconfig.window import CommitWindow
@@ -26,24 +26,12 @@ log = logging.getLogger(__name__)
 def handoff(job: Job, faults: FaultSwitches, max_downtime_ms: int | None) -> ArmedSwitch | None:
     """The new generation for the serving thread to switch to by itself, or None where the window
     must pause first (a step inside it, a leaver or joiner, a downtime budget, an injected failure)."""
-    request = job.request
     if not (job.steps.in_old and job.steps.in_new) or job.plan.window or max_downtime_ms is not None:
         return None
     group = job.standby.get("ep")
     if group is None or faults.fail_next_switch_armed():
         return None
-    new = ActiveGeneration(
-        generation=request.generation,
-        group=group,
-        members=job.new_ids,
-        placements=layer_placements(request.placement, request.placements),
-        weights=job.staged,
-        member_urls=[m.url for m in request.members],
-        member_data=[m.data for m in request.members],
-        stacks=job.stacks,
-        graphs=job.graphs,
-    )
-    return ArmedSwitch(new, views=job.views)
+    return ArmedSwitch(job.new_generation(group), views=job.views)
 
 
 def after_switch(window: CommitWindow, job: Job, switched: ArmedSwitch) -> None:

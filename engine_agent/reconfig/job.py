@@ -22,10 +22,11 @@ from engine_agent.protocol import (
     ReconfigStatus,
     Role,
     WarmupPolicy,
+    layer_placements,
 )
 from engine_agent.reconfig.cleanup import CleanupWorker
 from engine_agent.reconfig.steps import ROLES, RoleSteps, Step, StepPlan
-from engine_agent.serving import ServingEngine
+from engine_agent.serving import ActiveGeneration, ServingEngine
 from engine_agent.step_graphs import StepGraphs
 from engine_agent.transfer import WeightChannel
 
@@ -85,6 +86,22 @@ class Job:
         """Old members in old rank order, then joiners in new rank order: the same list everywhere."""
         old = self.old_ids
         return old + [e for e in self.new_ids if e not in old]
+
+    def new_generation(self, group: dist.ProcessGroup) -> ActiveGeneration:
+        """What this engine serves from after the switch: the new group with what prepare staged (the
+        window's switch and the serving thread's armed switch build the same one)."""
+        request = self.request
+        return ActiveGeneration(
+            generation=request.generation,
+            group=group,
+            members=self.new_ids,
+            placements=layer_placements(request.placement, request.placements),
+            weights=self.staged,
+            member_urls=[m.url for m in request.members],
+            member_data=[m.data for m in request.members],
+            stacks=self.stacks,
+            graphs=self.graphs,
+        )
 
     def longest_step_s(self) -> float:
         """No step outlasts this: every wait in one has one of the job's deadlines."""

@@ -25,7 +25,6 @@ from engine_agent.protocol import (
     DowntimeOverrun,
     PauseInterval,
     ReconfigPhase,
-    layer_placements,
 )
 from engine_agent.reconfig import boundary
 from engine_agent.reconfig.cleanup import Releasable, RetiredGeneration
@@ -104,17 +103,7 @@ class CommitWindow:
         retired: ActiveGeneration | None
         if job.steps.in_new:
             standby = job.standby.take_all()
-            new = ActiveGeneration(
-                generation=request.generation,
-                group=standby["ep"],
-                members=job.new_ids,
-                placements=layer_placements(request.placement, request.placements),
-                weights=job.staged,
-                member_urls=[m.url for m in request.members],
-                member_data=[m.data for m in request.members],
-                stacks=job.stacks,
-                graphs=job.graphs,
-            )
+            new = job.new_generation(standby["ep"])
             retired = site.engine.switch(new, views=job.views)
             job.staged, job.stacks, job.views, job.graphs = {}, {}, None, None
         else:

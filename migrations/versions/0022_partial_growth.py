@@ -2,7 +2,7 @@
 size it reached; the rest stands as the deployment's target) unless it asked for all or nothing
 (`reconfigurations.all_or_nothing`)
 
-Revision ID: 0025
+Revision ID: 0022
 Revises: 0021
 Create Date: 2026-12-07 02:00:00
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0025"
+revision: str = "0022"
 down_revision: str | None = "0021"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

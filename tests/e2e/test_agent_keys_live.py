@@ -187,12 +187,6 @@ def test_the_agent_docs_load_nothing_from_elsewhere(live: Live) -> None:
     assert all(agent_call(url, None, "GET", ref).status_code == 200 for ref in references)
 
 
-def complaints(deployment: dict[str, Any]) -> list[dict[str, Any]]:
-    """The deployment's conditions but coverage-at-risk, which this module's deployment always has after its
-    first job: without redundant experts every expert has a single replica."""
-    return [c for c in deployment["conditions"] if c["type"] != "coverage-at-risk"]
-
-
 def test_a_rotated_out_key_controls_nothing_after_its_overlap(live: Live) -> None:
     old = live.key
     rotated = live.api.post("/v1/deployments/demo/agent-key/rotate", json={"overlap_s": OVERLAP_S})
@@ -231,7 +225,7 @@ def test_a_rotated_out_key_controls_nothing_after_its_overlap(live: Live) -> Non
     job = live.scale(2)
     assert job["state"] == "succeeded", job
     deployment = live.deployment()
-    assert deployment["status"] == "ready" and complaints(deployment) == [], deployment
+    assert deployment["status"] == "ready" and deployment["conditions"] == [], deployment
 
 
 def test_guessing_is_throttled_in_a_few_log_lines_and_real_credentials_work_elsewhere(live: Live) -> None:
@@ -282,7 +276,7 @@ def test_an_engine_that_refuses_the_key_is_a_condition_and_a_rotation_restarts_i
     assert pushed.status_code == 200, pushed.text
 
     def condition() -> list[dict[str, Any]] | None:
-        return complaints(live.deployment()) or None
+        return live.deployment()["conditions"] or None
 
     [shown] = live.up.wait_for(condition, timeout_s=30, what="the condition engine-refuses-agent-key")
     assert (shown["type"], shown["engine_id"]) == ("engine-refuses-agent-key", victim["id"])
@@ -320,7 +314,9 @@ def test_an_engine_that_refuses_the_key_is_a_condition_and_a_rotation_restarts_i
     # Self-healing replaces it with an engine launched with the new key: ready at its size again.
     live.up.wait_for(
         lambda: (
-            (d := live.deployment())["status"] == "ready" and d["current_dp_size"] == 2 and not complaints(d)
+            (d := live.deployment())["status"] == "ready"
+            and d["current_dp_size"] == 2
+            and not d["conditions"]
         ),
         timeout_s=180,
         what="the deployment healed on engines that hold the new key",

@@ -87,7 +87,7 @@ class Job:
         old = self.old_ids
         return old + [e for e in self.new_ids if e not in old]
 
-    def new_generation(self, group: dist.ProcessGroup) -> ActiveGeneration:
+    def new_generation(self, group: groups.CommGroup) -> ActiveGeneration:
         """What this engine serves from after the switch: the new group with what prepare staged (the
         window's switch and the serving thread's armed switch build the same one)."""
         request = self.request

@@ -26,7 +26,7 @@ from engine_agent.protocol import (
     PauseInterval,
     ReconfigPhase,
 )
-from engine_agent.reconfig import boundary
+from engine_agent.reconfig.boundary import handoff as armed_handoff
 from engine_agent.reconfig.cleanup import Releasable, RetiredGeneration
 from engine_agent.reconfig.errors import Aborted, ReconfigError
 from engine_agent.reconfig.faults import FaultSwitches
@@ -143,7 +143,7 @@ class CommitWindow:
         site, request = self.site, job.request
         self.start_lease(job, deadline_s + lease_s)
         self._stop_admitting(job)  # a leaver: only now, and the agreed boundary waits for its queue
-        handoff = boundary.handoff(job, self.faults, max_downtime_ms)
+        handoff = armed_handoff(job, self.faults, max_downtime_ms)
         try:
             if job.steps.in_old:
                 self._arm_engine(job, deadline_s, handoff)
@@ -156,7 +156,7 @@ class CommitWindow:
             self.cancel_lease(job)
             raise
         if handoff is not None and handoff.paused is not None:
-            boundary.after_switch(self, job, handoff)
+            self._after_armed_switch(job, handoff)
             return
         self.pause(job, lease_s=None)
         if max_downtime_ms is not None and job.old_ids:
@@ -320,6 +320,35 @@ class CommitWindow:
             if engine.state == AgentState.paused:
                 engine.resume()
         job.paused = False
+
+    def _after_armed_switch(self, job: Job, switched: ArmedSwitch) -> None:
+        """The serving thread switched at the boundary: what `pause` and `switch` record, after it."""
+        site, request = self.site, job.request
+        paused, retired = switched.paused, switched.retired
+        assert paused is not None
+        job.standby.take_all()  # the engine serves from the group now: no roll-back may destroy it
+        job.staged, job.stacks, job.views, job.graphs = {}, {}, None, None
+        job.paused_monotonic = paused.monotonic
+        job.paused = True
+        with site.board.lock:
+            self.cancel_lease(job)
+            interval = PauseInterval(paused_at=paused.wall, boundary_wait_ms=0.0)
+            site.board.update(job, phase=ReconfigPhase.switching, step="switch", pause=interval)
+        if retired is not None:  # its groups and graphs go in the background, as after `switch`
+            graphs: list[Releasable] = [retired.graphs] if retired.graphs is not None else []
+            site.cleanup.submit(
+                RetiredGeneration(request.job_id, retired.generation, [retired.group], graphs)
+            )
+        if not site.engine.wait_serving(request.timeouts.collective_s):
+            log.warning("job %s: generation %s not serving in time", request.job_id, request.generation)
+        switch_ms = (switched.switched_monotonic - paused.monotonic) * 1000.0
+        self.finish_window(job, switch_ms=switch_ms, resume_started=switched.switched_monotonic)
+        site.board.update(job, phase=ReconfigPhase.committed, step=None)
+        log.info(
+            "job %s: switched to generation %s at the agreed boundary (serving thread)",
+            request.job_id,
+            request.generation,
+        )
 
     def finish_window(self, job: Job, *, switch_ms: float, resume_started: float) -> None:
         interval = job.status.pause

@@ -265,6 +265,58 @@ def test_a_staying_engine_frozen_in_prepare_rolls_the_job_back_and_the_survivors
     assert_no_wrong_answer(client)
 
 
+def test_a_joiner_frozen_in_prepare_costs_the_clients_nothing_and_the_job_gives_up_on_it(
+    faulted: Faulted,
+) -> None:
+    """Issue 34: a 3 -> 4 job whose launched joiner is SIGSTOPped in prepare (the staying members are
+    held in their weight transfer, so the job is still preparing): the old generation serves on with
+    no failed request, and the job rolls back naming the joiner while it is still frozen."""
+    stack, name = faulted.stack, faulted.name
+    coordinator = stack.coordinator
+    engines = members(stack, name)
+    generation = coordinator.deployment(name)["generation"]
+    for engine in engines:
+        inject(engine["url"], hang_prepare_at_step="transfer")
+    client = start_client(stack, [e["url"] for e in engines])
+    try:
+        client.wait_serving()
+        job_id = coordinator.scale(SIZE + 1, name)
+        wait_agent_step(engines[0]["url"], job_id, "transfer")
+        old = {e["id"] for e in engines}
+
+        def the_joiner_in_the_job() -> dict[str, Any] | None:
+            for engine in coordinator.engines(name):
+                if engine["id"] in old or not engine.get("url"):
+                    continue
+                with contextlib.suppress(httpx.HTTPError):
+                    if (
+                        agent_http.get(f"{engine['url']}/v1/reconfig", timeout=2).json().get("job_id")
+                        == job_id
+                    ):
+                        return engine
+            return None
+
+        joiner = wait_until(the_joiner_in_the_job, timeout_s=60, what="the launched joiner running the job")
+        joiner_pid = int(agent_info(joiner["url"])["pid"])
+        os.kill(joiner_pid, signal.SIGSTOP)
+        try:
+            job = coordinator.wait_job(job_id, timeout_s=PREPARE_FREEZE_S)
+            still_frozen = is_stopped(joiner_pid)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # the rollback may have stopped it
+                os.kill(joiner_pid, signal.SIGCONT)
+        assert still_frozen, "the job ended only once the joiner was running again"
+        assert (job["state"], job["downtime_ms"]) == ("rolled_back", 0.0), job
+        assert job["error"]["engine_id"] == joiner["id"], job
+        assert coordinator.deployment(name)["generation"] == generation
+        failed = [s for s in client.samples if not s.ok]
+        assert failed == [], failed[:3]
+        assert_recovered(stack, name)
+    finally:
+        client.stop()
+    assert_no_wrong_answer(client)
+
+
 def is_stopped(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] == "T"

@@ -144,7 +144,9 @@ def test_an_agent_another_ca_signed_is_refused_by_the_coordinator(
             timeout_s=30,
             what="both agents to register",
         )
-        job = coordinator.wait_job(coordinator.scale(2, "strangers"))
+        # All or nothing: a partial grow would commit the friend alone (issue 38), and the refusal of the
+        # stranger is what this test reads off the job.
+        job = coordinator.wait_job(coordinator.scale(2, "strangers", all_or_nothing=True))
         assert job["state"] == "rolled_back", job
         assert "needs 2 idle registered engines, 1 available" in str(job), job
         assert "idle engine stranger skipped" in coordinator.log_tail(20000)

@@ -299,13 +299,11 @@ def test_a_joiner_frozen_in_prepare_costs_the_clients_nothing_and_the_job_gives_
         joiner = wait_until(the_joiner_in_the_job, timeout_s=60, what="the launched joiner running the job")
         joiner_pid = int(agent_info(joiner["url"])["pid"])
         os.kill(joiner_pid, signal.SIGSTOP)
-        try:
+        try:  # the joiner is thawed only after the job ended: it must end while the joiner is frozen
             job = coordinator.wait_job(job_id, timeout_s=PREPARE_FREEZE_S)
-            still_frozen = is_stopped(joiner_pid)
         finally:
-            with contextlib.suppress(ProcessLookupError):  # the rollback may have stopped it
+            with contextlib.suppress(ProcessLookupError):  # the rollback stops the joiner it launched
                 os.kill(joiner_pid, signal.SIGCONT)
-        assert still_frozen, "the job ended only once the joiner was running again"
         assert (job["state"], job["downtime_ms"]) == ("rolled_back", 0.0), job
         assert job["error"]["engine_id"] == joiner["id"], job
         assert coordinator.deployment(name)["generation"] == generation

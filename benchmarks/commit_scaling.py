@@ -260,11 +260,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     report.targets_table()
     report.notes.append(NOISE_NOTE)
-    draw(rows, sizes)
+    draw(rows, sizes, args.name)
     report.write()
 
 
-def draw(rows: list[dict[str, Any]], sizes: Sequence[int]) -> None:
+def draw(rows: list[dict[str, Any]], sizes: Sequence[int], name: str) -> None:
     fig, (ax,) = new_figure()
     for mode, marker in (("coordinator", "s"), ("engines", "o")):
         mine = [r for r in rows if r["commit"] == mode]
@@ -286,7 +286,7 @@ def draw(rows: list[dict[str, Any]], sizes: Sequence[int]) -> None:
     ax.set_ylabel("ms (p50)")
     ax.set_title("Commit window vs fleet size, by commit mode")
     ax.legend(fontsize=8)
-    save_figure(fig, "commit_scaling")
+    save_figure(fig, name)  # beside the JSON and table of the same --name
 
 
 if __name__ == "__main__":

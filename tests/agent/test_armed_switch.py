@@ -6,6 +6,9 @@ In-process: world-1 gloo groups, no agent processes (the multi-process commit is
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from engine_agent import groups, moe
@@ -40,15 +43,28 @@ def generation(
     return new, views
 
 
-def test_armed_with_the_new_generation_the_serving_thread_switches_at_the_boundary_itself() -> None:
+@contextlib.contextmanager
+def serving_with_next() -> Iterator[tuple[ReferenceEngine, ActiveGeneration, ArmedSwitch]]:
+    """An engine serving generation 1, and generation 2 built ahead as an `ArmedSwitch` (not yet armed)."""
     store = groups.start_store_server("127.0.0.1", 10.0)
     engine = ReferenceEngine(CONFIG, torch.device("cpu"), grouped_step=True)
     old, old_views = generation(engine, store, 1)
     engine.switch(old, views=old_views)
+    new: ActiveGeneration | None = None
     try:
-        assert engine.wait_serving(10.0)
         new, views = generation(engine, store, 2)
-        armed = ArmedSwitch(new, views=views)
+        yield engine, old, ArmedSwitch(new, views=views)
+    finally:
+        engine.stop()
+        if new is not None:
+            groups.destroy_group(new.group)
+        groups.destroy_group(old.group)
+
+
+def test_armed_with_the_new_generation_the_serving_thread_switches_at_the_boundary_itself() -> None:
+    with serving_with_next() as (engine, old, armed):
+        assert engine.wait_serving(10.0)
+        new = armed.new
         engine.arm(2, armed)
         paused = engine.wait_armed_boundary(10.0, withdraw_s=5.0)
         assert paused is not None and paused.armed and paused is armed.paused
@@ -62,23 +78,10 @@ def test_armed_with_the_new_generation_the_serving_thread_switches_at_the_bounda
         assert result.generation == 2
         reference = moe.reference_forward(CONFIG, tokens)
         assert float((result.outputs - reference).norm() / reference.norm()) < 1e-5
-    finally:
-        engine.stop()
-        groups.destroy_group(new.group)
-        groups.destroy_group(old.group)
 
 
 def test_an_arm_withdrawn_after_the_boundary_says_the_switch_happened() -> None:
-    store = groups.start_store_server("127.0.0.1", 10.0)
-    engine = ReferenceEngine(CONFIG, torch.device("cpu"), grouped_step=True)
-    old, old_views = generation(engine, store, 1)
-    engine.switch(old, views=old_views)
-    try:
-        new, views = generation(engine, store, 2)
-        engine.arm(2, ArmedSwitch(new, views=views))
+    with serving_with_next() as (engine, _old, armed):
+        engine.arm(2, armed)
         assert engine.wait_armed_boundary(10.0, withdraw_s=5.0) is not None
         assert not engine.withdraw_arm(5.0)  # the boundary was taken: the caller must not roll back
-    finally:
-        engine.stop()
-        groups.destroy_group(new.group)
-        groups.destroy_group(old.group)

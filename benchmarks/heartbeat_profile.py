@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import cProfile
 import io
+import os
 import pstats
 import sys
 import tempfile
@@ -92,8 +93,9 @@ async def run(heartbeats: int, profile: bool) -> None:
             elapsed = time.perf_counter() - started
     print(f"{heartbeats} heartbeats: {elapsed / heartbeats * 1e3:.3f} ms each (wall, one at a time)")
     if profiler is not None:
+        profiler.dump_stats("/tmp/i37/hb.prof")
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(45)
+        pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("SORT", "cumulative")).print_stats(45)
         print(out.getvalue())
 
 

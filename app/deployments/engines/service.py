@@ -160,7 +160,8 @@ def record_steady_heartbeat(session: Session, *, engine_id: str, heartbeat: Agen
         "updated_at": now,
     }
     params = {"engine_id": engine_id, **{f"new_{name}": value for name, value in values.items()}}
-    row = session.execute(_steady_statement(), params).one_or_none()
+    # On the session's connection, past the ORM's statement handling (no object is loaded here).
+    row = session.connection().execute(_steady_statement(), params).one_or_none()
     if row is None or _key_verdict_moves(row, heartbeat.key_check, now):
         session.rollback()
         return None

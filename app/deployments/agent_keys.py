@@ -87,7 +87,9 @@ def give_new_key(deployment: Deployment, chosen: str | None = None) -> None:
 
 def agent_keys_of(deployment: Deployment, *, now: datetime | None = None) -> tuple[str, ...]:
     """What an agent call sends: the current key, then the previous one while its overlap lasts."""
-    sealed = SealedKeys(deployment.agent_key, deployment.agent_key_previous, deployment.agent_key_previous_until)
+    sealed = SealedKeys(
+        deployment.agent_key, deployment.agent_key_previous, deployment.agent_key_previous_until
+    )
     return sealed.keys(now or utc_now())
 
 

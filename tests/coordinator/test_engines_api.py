@@ -117,7 +117,12 @@ def test_a_heartbeat_answers_the_record_and_renews_it_in_full(client: TestClient
     answer = client.post("/v1/engines/e0/heartbeat", json=beat)
     assert answer.status_code == 200, answer.text
     body = answer.json()
-    assert (body["deployment"], body["broken_generation"], body["data_unreachable"], body["link_lost_at"]) == (
+    assert (
+        body["deployment"],
+        body["broken_generation"],
+        body["data_unreachable"],
+        body["link_lost_at"],
+    ) == (
         "demo",
         None,
         None,

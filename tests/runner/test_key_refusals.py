@@ -123,7 +123,9 @@ def test_a_heartbeat_with_another_key_is_a_condition_and_no_member(db_engine: Db
 
 
 @pytest.mark.parametrize("steady", [False, True])
-def test_an_engine_on_the_previous_key_refuses_once_the_overlap_ends(db_engine: DbEngine, steady: bool) -> None:
+def test_an_engine_on_the_previous_key_refuses_once_the_overlap_ends(
+    db_engine: DbEngine, steady: bool
+) -> None:
     deployment_id = deployment_with(db_engine, silent=[], idle=0)
     old = keys_of(db_engine, deployment_id)[0]
     beat(db_engine, "demo-engine-1", 1, key_check(old), steady=steady)

@@ -142,7 +142,9 @@ def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartb
     return engine
 
 
-def record_steady_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartbeat) -> Row[Any] | None:
+def record_steady_heartbeat(
+    session: Session, *, engine_id: str, heartbeat: AgentHeartbeat
+) -> Row[Any] | None:
     """The heartbeat of an engine whose record it only renews (no broken group, no data link down, no
     control link lost, the key verdict unchanged): one statement that writes it and reads back the row
     with its deployment's name and keys, then the commit (issue 37: 700 heartbeats a second). None, with
@@ -175,9 +177,22 @@ def _steady_statement() -> sa.Update:
     engines, deployments = Engine.__table__, Deployment.__table__  # type: ignore[attr-defined]
 
     def of_deployment(column: sa.Column[Any], label: str) -> Any:
-        return sa.select(column).where(deployments.c.id == engines.c.deployment_id).scalar_subquery().label(label)
+        return (
+            sa.select(column)
+            .where(deployments.c.id == engines.c.deployment_id)
+            .scalar_subquery()
+            .label(label)
+        )
 
-    renewed = ("state", "generation", "dp_rank", "world_size", "group_steps", "last_heartbeat_at", "updated_at")
+    renewed = (
+        "state",
+        "generation",
+        "dp_rank",
+        "world_size",
+        "group_steps",
+        "last_heartbeat_at",
+        "updated_at",
+    )
     cleared = ("broken_generation", "unresponsive_peers", "broken_reported_at", "broken_last_step_at")
     return (
         sa.update(engines)
@@ -216,7 +231,9 @@ def _judge_key(session: Session, engine: Engine, reported: str | None, now: date
     deployment = session.get(Deployment, engine.deployment_id)
     if deployment is None or deployment.agent_key is None:
         return
-    sealed = SealedKeys(deployment.agent_key, deployment.agent_key_previous, deployment.agent_key_previous_until)
+    sealed = SealedKeys(
+        deployment.agent_key, deployment.agent_key_previous, deployment.agent_key_previous_until
+    )
     try:
         refused = key_verdicts.refused(sealed, reported, now)
     except SealingError:

@@ -160,14 +160,16 @@ def refresh_all(session: Session) -> list[tuple[str, EndpointSetVersion]]:
         .group_by(col(EndpointSetVersion.deployment_id))
         .subquery()
     )
+    versions = EndpointSetVersion.__table__  # type: ignore[attr-defined]
+    # The newest versions' columns, not objects: most passes change nothing and write nothing.
     lasts = {
-        v.deployment_id: v
-        for v in session.exec(
-            select(EndpointSetVersion).join(
+        row.deployment_id: row
+        for row in session.execute(
+            sa.select(versions.c.deployment_id, versions.c.generation, versions.c.endpoints).join(
                 newest,
                 sa.and_(
-                    col(EndpointSetVersion.deployment_id) == newest.c.deployment_id,
-                    col(EndpointSetVersion.resource_version) == newest.c.newest,
+                    versions.c.deployment_id == newest.c.deployment_id,
+                    versions.c.resource_version == newest.c.newest,
                 ),
             )
         ).all()
@@ -175,7 +177,10 @@ def refresh_all(session: Session) -> list[tuple[str, EndpointSetVersion]]:
     written = []
     for deployment in deployments:
         derived = _derived(deployment, engines.get(deployment.id, []), jobs.get(deployment.id))
-        version, changed = _refresh(session, deployment, derived, lasts.get(deployment.id))
+        last = lasts.get(deployment.id)
+        if last is not None and last.endpoints == _stored(derived[0]) and last.generation == derived[2]:
+            continue
+        version, changed = _refresh(session, deployment, derived, latest(session, deployment.id))
         if changed:
             written.append((deployment.id, version))
     return written

@@ -48,12 +48,19 @@ def _active_jobs(session: Session, deployment_ids: list[str] | None = None) -> d
 def _engine_facts(session: Session, deployment_ids: list[str] | None = None) -> dict[str, list[EngineFacts]]:
     """The engines of each deployment (of these, or of all) as the rules read them: their columns, no
     objects."""
-    columns = (Engine.deployment_id, Engine.id, Engine.url, Engine.state, Engine.dp_rank, Engine.generation)
-    statement = select(*columns)
+    engines = Engine.__table__  # type: ignore[attr-defined]
+    statement = sa.select(
+        engines.c.deployment_id,
+        engines.c.id,
+        engines.c.url,
+        engines.c.state,
+        engines.c.dp_rank,
+        engines.c.generation,
+    )
     if deployment_ids is not None:
-        statement = statement.where(col(Engine.deployment_id).in_(deployment_ids))
+        statement = statement.where(engines.c.deployment_id.in_(deployment_ids))
     found: dict[str, list[EngineFacts]] = {}
-    for deployment_id, *facts in session.exec(statement).all():
+    for deployment_id, *facts in session.execute(statement).all():
         found.setdefault(deployment_id, []).append(EngineFacts(*facts))
     return found
 

@@ -87,13 +87,33 @@ def give_new_key(deployment: Deployment, chosen: str | None = None) -> None:
 
 def agent_keys_of(deployment: Deployment, *, now: datetime | None = None) -> tuple[str, ...]:
     """What an agent call sends: the current key, then the previous one while its overlap lasts."""
-    if deployment.agent_key is None:
-        return ()
-    keys = [unseal(deployment.agent_key)]
-    until = deployment.agent_key_previous_until
-    if deployment.agent_key_previous and until is not None and (now or utc_now()) < until:
-        keys.append(unseal(deployment.agent_key_previous))
-    return tuple(keys)
+    sealed = SealedKeys(
+        deployment.agent_key, deployment.agent_key_previous, deployment.agent_key_previous_until
+    )
+    return sealed.keys(now or utc_now())
+
+
+@dataclass(frozen=True)
+class SealedKeys:
+    """A deployment's agent keys as stored (sealed): what `agent_keys_of` opens."""
+
+    current: str | None
+    previous: str | None
+    previous_until: datetime | None
+
+    def keys(self, now: datetime) -> tuple[str, ...]:
+        if self.current is None:
+            return ()
+        keys = [unseal(self.current)]
+        if self.previous and self.previous_until is not None and now < self.previous_until:
+            keys.append(unseal(self.previous))
+        return tuple(keys)
+
+    def verdict_until(self, now: datetime) -> datetime | None:
+        """Until when a verdict on these keys holds: the previous key's end while it counts, else for
+        good (a rotation stores other sealed keys, so it asks again)."""
+        until = self.previous_until
+        return until if self.previous and until is not None and now < until else None
 
 
 def previous_until_epoch(deployment: Deployment, *, now: datetime | None = None) -> float | None:
@@ -112,6 +132,33 @@ def holds_another_key(reported: str | None, keys: tuple[str, ...]) -> bool:
     if reported is None or not keys:
         return False
     return all(key_check(key) != reported for key in keys)
+
+
+class KeyVerdicts:
+    """`holds_another_key` per (stored keys, reported key check), kept until the keys change: a
+    heartbeat's key check without opening the sealed keys each time (issue 37: 700 heartbeats a second).
+    Keyed by the sealed keys themselves, so a rotation (by any coordinator sharing the database) asks
+    again at once; a verdict taken while a previous key counts ends with that key's overlap. A key that
+    does not open (`SealingError`) is never kept. Bounded: cleared when full."""
+
+    MAX_ENTRIES = 20_000
+
+    def __init__(self) -> None:
+        self._verdicts: dict[tuple[SealedKeys, str | None], tuple[bool, datetime | None]] = {}
+
+    def refused(self, sealed: SealedKeys, reported: str | None, now: datetime) -> bool:
+        """Whether the engine reporting `reported` refuses the coordinator (raises `SealingError`)."""
+        entry = self._verdicts.get((sealed, reported))
+        if entry is not None and (entry[1] is None or now < entry[1]):
+            return entry[0]
+        refused = holds_another_key(reported, sealed.keys(now))
+        if len(self._verdicts) >= self.MAX_ENTRIES:
+            self._verdicts.clear()
+        self._verdicts[(sealed, reported)] = (refused, sealed.verdict_until(now))
+        return refused
+
+
+key_verdicts = KeyVerdicts()  # this coordinator's (the heartbeats')
 
 
 def ensure_agent_key(session: Session, deployment: Deployment) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -26,27 +27,56 @@ from app.jobs.states import ACTIVE_STATES
 KEEP_VERSIONS = 500  # per deployment: a watcher further behind than this gets the oldest kept version
 
 
-def _active_job(session: Session, deployment_id: str) -> JobFacts | None:
-    job = session.exec(
-        select(ReconfigurationJob).where(
-            ReconfigurationJob.deployment_id == deployment_id,
-            col(ReconfigurationJob.state).in_([s.value for s in ACTIVE_STATES]),
-        )
-    ).first()
-    if job is None:
-        return None
+def _job_facts(job: ReconfigurationJob) -> JobFacts:
     switched_to, new_ranks = switch_of(job.engine_results)
     return JobFacts(job.id, job.state, roles_of(job.engine_results), switched_to, new_ranks)
+
+
+def _active_jobs(session: Session, deployment_ids: list[str] | None = None) -> dict[str, JobFacts]:
+    """The active job of each deployment (of these, or of all), by deployment id."""
+    statement = select(ReconfigurationJob).where(
+        col(ReconfigurationJob.state).in_([s.value for s in ACTIVE_STATES])
+    )
+    if deployment_ids is not None:
+        statement = statement.where(col(ReconfigurationJob.deployment_id).in_(deployment_ids))
+    found: dict[str, JobFacts] = {}
+    for job in session.exec(statement).all():
+        found.setdefault(job.deployment_id, _job_facts(job))
+    return found
+
+
+def _engine_facts(session: Session, deployment_ids: list[str] | None = None) -> dict[str, list[EngineFacts]]:
+    """The engines of each deployment (of these, or of all) as the rules read them: their columns, no
+    objects."""
+    engines = Engine.__table__  # type: ignore[attr-defined]
+    statement = sa.select(
+        engines.c.deployment_id,
+        engines.c.id,
+        engines.c.url,
+        engines.c.state,
+        engines.c.dp_rank,
+        engines.c.generation,
+    )
+    if deployment_ids is not None:
+        statement = statement.where(engines.c.deployment_id.in_(deployment_ids))
+    found: dict[str, list[EngineFacts]] = {}
+    for deployment_id, *facts in session.execute(statement).all():
+        found.setdefault(deployment_id, []).append(EngineFacts(*facts))
+    return found
+
+
+def _derived(
+    deployment: Deployment, engines: list[EngineFacts], job: JobFacts | None
+) -> tuple[list[Endpoint], str | None, int]:
+    generation, _ = as_switched(deployment.generation, engines, job)
+    return rank_set(deployment.generation, engines, job), job.id if job else None, generation
 
 
 def derive(session: Session, deployment: Deployment) -> tuple[list[Endpoint], str | None, int]:
     """The rank set the record implies now, the active job's id, and the generation it serves (the
     new one from the moment a job's results say every member switched)."""
-    rows = session.exec(select(Engine).where(Engine.deployment_id == deployment.id)).all()
-    engines = [EngineFacts(r.id, r.url, r.state, r.dp_rank, r.generation) for r in rows]
-    job = _active_job(session, deployment.id)
-    generation, _ = as_switched(deployment.generation, engines, job)
-    return rank_set(deployment.generation, engines, job), job.id if job else None, generation
+    engines = _engine_facts(session, [deployment.id]).get(deployment.id, [])
+    return _derived(deployment, engines, _active_jobs(session, [deployment.id]).get(deployment.id))
 
 
 def _stored(endpoints: list[Endpoint]) -> list[dict[str, Any]]:
@@ -75,9 +105,17 @@ def latest(session: Session, deployment_id: str) -> EndpointSetVersion | None:
 def refresh(session: Session, deployment: Deployment) -> tuple[EndpointSetVersion, bool]:
     """The deployment's current version, written first when the record implies another rank set
     (second: whether this call wrote it)."""
-    endpoints, job_id, generation = derive(session, deployment)
+    return _refresh(session, deployment, derive(session, deployment), latest(session, deployment.id))
+
+
+def _refresh(
+    session: Session,
+    deployment: Deployment,
+    derived: tuple[list[Endpoint], str | None, int],
+    last: EndpointSetVersion | None,
+) -> tuple[EndpointSetVersion, bool]:
+    endpoints, job_id, generation = derived
     stored = _stored(endpoints)
-    last = latest(session, deployment.id)
     if last is not None and last.endpoints == stored and last.generation == generation:
         return last, False
     version = EndpointSetVersion(
@@ -116,10 +154,40 @@ def _prune(session: Session, deployment_id: str, newest: int) -> None:
 
 
 def refresh_all(session: Session) -> list[tuple[str, EndpointSetVersion]]:
-    """Every deployment's feed brought up to date; the versions written by this call."""
+    """Every deployment's feed brought up to date; the versions written by this call. Four queries for
+    any number of deployments and engines (it runs every `PUBLISH_EVERY_S`; issue 37: 2,048 engines)."""
+    deployments = session.exec(select(Deployment)).all()
+    if not deployments:
+        return []
+    engines, jobs = _engine_facts(session), _active_jobs(session)
+    newest = (
+        select(
+            EndpointSetVersion.deployment_id, sa.func.max(EndpointSetVersion.resource_version).label("newest")
+        )
+        .group_by(col(EndpointSetVersion.deployment_id))
+        .subquery()
+    )
+    versions = EndpointSetVersion.__table__  # type: ignore[attr-defined]
+    # The newest versions' columns, not objects: most passes change nothing and write nothing.
+    lasts = {
+        row.deployment_id: row
+        for row in session.execute(
+            sa.select(versions.c.deployment_id, versions.c.generation, versions.c.endpoints).join(
+                newest,
+                sa.and_(
+                    versions.c.deployment_id == newest.c.deployment_id,
+                    versions.c.resource_version == newest.c.newest,
+                ),
+            )
+        ).all()
+    }
     written = []
-    for deployment in session.exec(select(Deployment)).all():
-        version, changed = refresh(session, deployment)
+    for deployment in deployments:
+        derived = _derived(deployment, engines.get(deployment.id, []), jobs.get(deployment.id))
+        last = lasts.get(deployment.id)
+        if last is not None and last.endpoints == _stored(derived[0]) and last.generation == derived[2]:
+            continue
+        version, changed = _refresh(session, deployment, derived, latest(session, deployment.id))
         if changed:
             written.append((deployment.id, version))
     return written

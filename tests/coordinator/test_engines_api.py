@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
+from sqlmodel import Session
 
+from app.core.clock import utc_now
+from app.deployments.engines.models import Engine
 from tests.support.fixtures import token_headers
 
 
@@ -93,3 +97,41 @@ def test_agents_with_an_operator_token_may_register_but_viewers_not(client: Test
         ).status_code
         == 201
     )
+
+
+@pytest.mark.databases("sqlite", "postgres")
+def test_a_heartbeat_answers_the_record_and_renews_it_in_full(client: TestClient, session: Session) -> None:
+    """The steady path (one statement) writes what the whole one would: the broken group and the data
+    link it no longer reports are cleared, a lost control link is heard again, a left engine is 409."""
+    _deployment(client)
+    client.post("/v1/engines", json=_registration())
+    broken = {"state": "serving", "generation": 3, "rank": 1, "world_size": 2, "broken_generation": 2}
+    first = client.post("/v1/engines/e0/heartbeat", json={**broken, "data_unreachable": ["e1"]}).json()
+    assert (first["broken_generation"], first["data_unreachable"]) == (2, ["e1"])
+    row = session.get(Engine, "e0")
+    assert row is not None
+    row.link_lost_at = utc_now()
+    session.add(row)
+    session.commit()
+    beat = {"state": "serving", "generation": 3, "rank": 1, "world_size": 2, "group_steps": 7}
+    answer = client.post("/v1/engines/e0/heartbeat", json=beat)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert (
+        body["deployment"],
+        body["broken_generation"],
+        body["data_unreachable"],
+        body["link_lost_at"],
+    ) == (
+        "demo",
+        None,
+        None,
+        None,
+    )
+    assert body["coordinators"] == [] and body["last_heartbeat_at"] > first["last_heartbeat_at"]
+    again = client.post("/v1/engines/e0/heartbeat", json=beat).json()
+    recorded = client.get("/v1/engines/e0").json()
+    assert {k: v for k, v in again.items() if k != "coordinators"} == recorded
+    assert client.delete("/v1/engines/e0").status_code == 204
+    left = client.post("/v1/engines/e0/heartbeat", json=beat)
+    assert left.status_code == 409 and left.json()["code"] == "engine-left"

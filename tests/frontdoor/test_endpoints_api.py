@@ -18,7 +18,7 @@ from app.deployments.front_door import FrontDoor
 from app.deployments.models import Deployment
 from app.frontdoor.keeper import publish_feeds
 from app.frontdoor.models import EndpointSetVersion
-from app.frontdoor.service import latest, set_front_door
+from app.frontdoor.service import latest, refresh, refresh_all, set_front_door
 from app.jobs.models import ReconfigurationJob
 from app.main import create_app
 from tests.support.factories import static_deployment
@@ -249,6 +249,29 @@ def test_a_watch_resumes_from_its_resource_version_on_a_restarted_coordinator(
             held = body["resourceVersion"]
             seen.append(_states(body)["fd-engine-1"][0])
     assert seen == ["out", "ready"]
+
+
+@pytest.mark.databases("sqlite", "postgres")
+def test_one_publishing_pass_brings_every_deployment_up_to_date_and_writes_only_changes(
+    db_engine: DbEngine,
+) -> None:
+    """`refresh_all` reads every deployment at once: each gets the version `refresh` alone would give
+    it, a pass over an unchanged record writes nothing, and one engine's change writes one version."""
+    deployments = [_serving(db_engine, name) for name in ("fa", "fb", "fc")]
+    with Session(db_engine, expire_on_commit=False) as session:
+        first = refresh_all(session)
+        assert sorted(d for d, _ in first) == sorted(d.id for d in deployments)
+        assert refresh_all(session) == []
+        for deployment in deployments:
+            alone, changed = refresh(session, deployment)
+            assert not changed and alone.resource_version == 1
+    _set_engine(db_engine, "fb-engine-1", state="unreachable")
+    with Session(db_engine, expire_on_commit=False) as session:
+        written = refresh_all(session)
+        assert [(d, v.resource_version) for d, v in written] == [(deployments[1].id, 2)]
+        states = {e["engine_id"]: e["state"] for e in written[0][1].endpoints}
+        assert states == {"fb-engine-0": "ready", "fb-engine-1": "out"}
+        assert refresh_all(session) == []
 
 
 def test_the_publisher_writes_each_change_of_the_record_without_any_reader(db_engine: DbEngine) -> None:

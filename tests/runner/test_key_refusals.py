@@ -22,9 +22,17 @@ from app.backends.reference.liveness.health import REASON_KEY_REFUSED, assess
 from app.backends.reference.liveness.observe import engine_seen
 from app.core.clock import utc_now
 from app.core.errors import ConflictError
-from app.deployments.agent_keys import AgentKeyRotate, agent_keys_of, holds_another_key, rotate
+from app.core.sealing import SealingError, seal
+from app.deployments.agent_keys import (
+    AgentKeyRotate,
+    KeyVerdicts,
+    SealedKeys,
+    agent_keys_of,
+    holds_another_key,
+    rotate,
+)
 from app.deployments.engines.models import Engine, refuses_key
-from app.deployments.engines.service import conditions, record_heartbeat
+from app.deployments.engines.service import conditions, record_heartbeat, record_steady_heartbeat
 from app.deployments.models import Deployment
 from app.launchers.base import EnginesToRestart
 from engine_agent.protocol import AgentHeartbeat, AgentState, key_check
@@ -39,11 +47,15 @@ def keys_of(db: DbEngine, deployment_id: str) -> tuple[str, ...]:
         return agent_keys_of(deployment)
 
 
-def beat(db: DbEngine, engine_id: str, rank: int, check: str | None) -> None:
+def beat(db: DbEngine, engine_id: str, rank: int, check: str | None, *, steady: bool = False) -> None:
+    """A heartbeat through `record_heartbeat`, or (`steady`) as the route takes it: the one-statement
+    path first (`record_steady_heartbeat`), the whole one when that path declines."""
     with Session(db) as session:
         heartbeat = AgentHeartbeat(
             state=AgentState.serving, generation=1, rank=rank, world_size=2, key_check=check
         )
+        if steady and record_steady_heartbeat(session, engine_id=engine_id, heartbeat=heartbeat) is not None:
+            return
         record_heartbeat(session, engine_id=engine_id, heartbeat=heartbeat)
 
 
@@ -72,11 +84,13 @@ def test_which_reported_key_refuses_the_coordinator(
     assert holds_another_key(check, sent) is refuses
 
 
-def test_a_heartbeat_with_another_key_is_a_condition_and_no_member(db_engine: DbEngine) -> None:
+@pytest.mark.parametrize("steady", [False, True])
+def test_a_heartbeat_with_another_key_is_a_condition_and_no_member(db_engine: DbEngine, steady: bool) -> None:
     deployment_id = deployment_with(db_engine, silent=[], idle=0)
     current = keys_of(db_engine, deployment_id)[0]
-    beat(db_engine, "demo-engine-0", 0, key_check(current))
-    beat(db_engine, "demo-engine-1", 1, key_check("epak_an-attackers-key-000000000"))
+    beat(db_engine, "demo-engine-0", 0, key_check(current), steady=steady)
+    beat(db_engine, "demo-engine-1", 1, key_check(current), steady=steady)
+    beat(db_engine, "demo-engine-1", 1, key_check("epak_an-attackers-key-000000000"), steady=steady)
     assert refuses_key(engine_row(db_engine, "demo-engine-1"))
     assert not refuses_key(engine_row(db_engine, "demo-engine-0"))
     with Session(db_engine) as session:
@@ -99,7 +113,7 @@ def test_a_heartbeat_with_another_key_is_a_condition_and_no_member(db_engine: Db
             make_job(session, deployment, 3)
         assert refused.value.code == "engine-refuses-agent-key" and "demo-engine-1" in str(refused.value)
     # It takes the coordinator's key again (its operator restarted it with it): member again.
-    beat(db_engine, "demo-engine-1", 1, key_check(current))
+    beat(db_engine, "demo-engine-1", 1, key_check(current), steady=steady)
     assert not refuses_key(engine_row(db_engine, "demo-engine-1"))
     asyncio.run(controller(db_engine).tick())
     with Session(db_engine) as session:
@@ -108,14 +122,18 @@ def test_a_heartbeat_with_another_key_is_a_condition_and_no_member(db_engine: Db
         assert conditions(session, deployment_id=deployment_id) == []
 
 
-def test_an_engine_on_the_previous_key_refuses_once_the_overlap_ends(db_engine: DbEngine) -> None:
+@pytest.mark.parametrize("steady", [False, True])
+def test_an_engine_on_the_previous_key_refuses_once_the_overlap_ends(
+    db_engine: DbEngine, steady: bool
+) -> None:
     deployment_id = deployment_with(db_engine, silent=[], idle=0)
     old = keys_of(db_engine, deployment_id)[0]
+    beat(db_engine, "demo-engine-1", 1, key_check(old), steady=steady)
     with Session(db_engine) as session:
         deployment = session.get(Deployment, deployment_id)
         assert deployment is not None
         rotate(session, deployment, AgentKeyRotate(overlap_s=60))
-    beat(db_engine, "demo-engine-1", 1, key_check(old))
+    beat(db_engine, "demo-engine-1", 1, key_check(old), steady=steady)
     assert not refuses_key(engine_row(db_engine, "demo-engine-1"))  # not told yet, inside the overlap
     with Session(db_engine) as session:
         deployment = session.get(Deployment, deployment_id)
@@ -123,8 +141,29 @@ def test_an_engine_on_the_previous_key_refuses_once_the_overlap_ends(db_engine: 
         deployment.agent_key_previous_until = utc_now() - timedelta(seconds=1)  # the overlap ends
         session.add(deployment)
         session.commit()
-    beat(db_engine, "demo-engine-1", 1, key_check(old))
+    beat(db_engine, "demo-engine-1", 1, key_check(old), steady=steady)
     assert refuses_key(engine_row(db_engine, "demo-engine-1"))
+
+
+def test_a_key_verdict_is_kept_until_the_keys_change_or_the_previous_key_ends() -> None:
+    """`KeyVerdicts`: the heartbeats' verdict per stored keys and reported check, with a fixed now."""
+    now = utc_now()
+    verdicts = KeyVerdicts()
+    overlap = SealedKeys(seal("K2"), seal("K1"), now + timedelta(seconds=60))
+    on_k1 = key_check("K1")
+    assert verdicts.refused(overlap, on_k1, now) is False  # not told yet, inside the overlap
+    assert verdicts.refused(overlap, on_k1, now + timedelta(seconds=59)) is False
+    assert verdicts.refused(overlap, on_k1, now + timedelta(seconds=60)) is True  # the overlap ended
+    assert verdicts.refused(overlap, key_check("K2"), now + timedelta(seconds=61)) is False
+    # A rotation stores other keys: asked again at once (K2 becomes the previous key, K3 the current).
+    rotated = SealedKeys(seal("K3"), seal("K2"), now + timedelta(seconds=60))
+    assert verdicts.refused(rotated, key_check("K2"), now) is False
+    assert verdicts.refused(rotated, on_k1, now) is True
+    # A key that does not open is never kept: it raises each time.
+    broken = SealedKeys("neither-marker", None, None)
+    for _ in range(2):
+        with pytest.raises(SealingError):
+            verdicts.refused(broken, on_k1, now)
 
 
 class RefusingAgent(BaseHTTPRequestHandler):

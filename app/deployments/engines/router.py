@@ -23,8 +23,10 @@ router = APIRouter(prefix="/v1/engines", tags=["engines"], responses=problem_res
 
 
 def _public(session: Session, engine: Engine) -> EnginePublic:
-    names = service.deployment_names(session, {engine.deployment_id})
-    return EnginePublic.of(engine, deployment=names.get(engine.deployment_id, ""))
+    """The engine's shape, its deployment's name read through the session (a deployment it loaded
+    already costs no query)."""
+    deployment = session.get(Deployment, engine.deployment_id)
+    return EnginePublic.of(engine, deployment=deployment.name if deployment is not None else "")
 
 
 @router.post(
@@ -82,14 +84,15 @@ async def heartbeat(
     coordinator sharing the database: the agent fails over to another when this one dies."""
 
     def work(session: Session) -> EngineHeartbeatAnswer:
-        # No query beyond the record's own (issue 37: 700 heartbeats a second): the deployment the key
-        # check read stays loaded past the commit (`Database.session`: expire_on_commit off), and the
-        # live coordinators are read at most once a second.
+        # One statement for a heartbeat that only renews the record (issue 37: 700 heartbeats a second),
+        # the whole record's path for any other; the live coordinators are read at most once a second.
+        row = service.record_steady_heartbeat(session, engine_id=engine_id, heartbeat=body)
+        if row is not None:
+            live = coordinators.live_urls_recent(session)
+            return EngineHeartbeatAnswer.of(row, deployment=row.deployment or "", coordinators=live)
         engine = service.record_heartbeat(session, engine_id=engine_id, heartbeat=body)
-        deployment = session.get(Deployment, engine.deployment_id)
-        public = EnginePublic.of(engine, deployment=deployment.name if deployment else "")
-        live = coordinators.live_urls_recent(session)
-        return EngineHeartbeatAnswer(**public.model_dump(), coordinators=live)
+        public = _public(session, engine)
+        return EngineHeartbeatAnswer.of(public, coordinators=coordinators.live_urls_recent(session))
 
     return await db.run(work)
 

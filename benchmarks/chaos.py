@@ -26,10 +26,16 @@ the commit window, held until the survivors serve again, beside the freeze outsi
 time to serving, the job's end, what clients saw, and the incident's figure (targets: both within 10 s
 of the freeze).
 
+With `--redundant 0,8` each loss runs on deployments of both redundancies (8 redundant slots for the
+8 experts: two replicas of each, the loss covered) and the table sets them side by side, with what the
+shrink onto the survivors cost in weights (bytes loaded from the checkpoint, received over the network,
+copied from the survivors' own rows) and its prepare time; `--hidden-size`/`--intermediate-size` make
+the experts heavier (a reload that costs something).
+
 Run: `.venv/bin/python benchmarks/chaos.py [--engines 4] [--reps 5] [--modes shrink,replace]
-[--coordinator-kills 3]`. Writes benchmarks/results/chaos.json and .md. Targets (issue 11): <= 5 s to
-serving on the survivors; a coordinator killed in the window costs no more than a normal window plus
-one job lease of its own (not the engines' pause lease).
+[--coordinator-kills 3] [--redundant 0,8]`. Writes benchmarks/results/chaos.json and .md. Targets
+(issue 11): <= 5 s to serving on the survivors; a coordinator killed in the window costs no more than a
+normal window plus one job lease of its own (not the engines' pause lease).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import torch
 from common import Report, scratch_dir, stop_local_agents, wait_until  # puts the checkout on the path
 
 from engine_agent import moe
+from engine_agent.protocol import EngineConfig
 from tests.support.stack import ENGINE, StackCoordinator, SteadyClient, agent_http, agent_info
 from tests.support.waiting import WaitTimeout
 
@@ -59,14 +66,16 @@ FREEZE_ENV = {"EPCTL_HEARTBEAT_TIMEOUT_S": "15", "EPCTL_JOB_LEASE_S": "600"}
 
 
 def one_loss(coordinator: StackCoordinator, mode: str, engines: int, tokens: list[list[float]],
-             expected: list[list[float]]) -> dict[str, Any]:  # fmt: skip
+             expected: list[list[float]], engine: EngineConfig = ENGINE) -> dict[str, Any]:  # fmt: skip
     name = f"chaos-{mode}-{uuid.uuid4().hex[:6]}"
-    coordinator.create_deployment(name, on_engine_loss=mode, max_dp_size=max(engines, 4))
+    coordinator.create_deployment(
+        name, on_engine_loss=mode, max_dp_size=max(engines, 4), engine=engine.model_dump()
+    )
     job = coordinator.wait_job(coordinator.scale(engines, name), timeout_s=180)
     assert job["state"] == "succeeded", job["error"]
     members = coordinator.members(job)
     victim, survivors = members[-1], members[:-1]
-    generation = coordinator.deployment(name)["generation"]
+    generation, coverage = (coordinator.deployment(name)[k] for k in ("generation", "coverage"))
     client = SteadyClient([m["url"] for m in survivors], tokens, expected, streams=2, period_s=0.01).start()
     try:
         client.wait_serving()
@@ -104,7 +113,11 @@ def one_loss(coordinator: StackCoordinator, mode: str, engines: int, tokens: lis
         coordinator.api.patch(f"/v1/deployments/{name}", json={"on_engine_loss": "none"})
         stop_local_agents(coordinator.data_dir)  # this deployment's engines (the only ones running)
     first = jobs[0] if jobs else {}
+    shrink = next((j for j in jobs if j["state"] == "succeeded"), {})
+    results = shrink.get("engine_results") or []
     return {
+        "redundant": engine.num_redundant_experts,
+        "covered_before": bool((coverage or {}).get("covered")),
         "detect_s": detected_at - killed_at,
         "serving_s": serving_at - killed_at,
         "full_size_s": full_at - killed_at if full_at is not None else None,
@@ -113,8 +126,23 @@ def one_loss(coordinator: StackCoordinator, mode: str, engines: int, tokens: lis
         "job_detect_ms": first.get("time_to_detect_ms"),
         "job_serving_ms": first.get("time_to_serving_ms"),
         "self_heal_jobs": len(jobs),
+        # The shrink onto the survivors: what its weights cost (0 loaded and 0 received: covered).
+        "heal_bytes_loaded": sum(r.get("bytes_loaded", 0) for r in results),
+        "heal_bytes_received": sum(r.get("bytes_received", 0) for r in results),
+        "heal_bytes_resident": sum(r.get("bytes_resident", 0) for r in results),
+        "heal_prepare_ms": phase_ms(shrink, "preparing"),
+        "heal_source": (shrink.get("placement") or {}).get("source"),
         "timeline": [timeline(job, killed_at) for job in jobs],
     }
+
+
+def phase_ms(job: dict[str, Any], phase: str) -> float | None:
+    """How long the job spent in `phase` (its per-phase start and end)."""
+    span = (job.get("phases") or {}).get(phase) or {}
+    if not span.get("started_at") or not span.get("ended_at"):
+        return None
+    started, ended = (datetime.fromisoformat(span[k]).timestamp() for k in ("started_at", "ended_at"))
+    return round((ended - started) * 1000.0, 1)
 
 
 def one_coordinator_kill(coordinator: StackCoordinator, engines: int, tokens: list[list[float]],
@@ -370,15 +398,34 @@ def main() -> int:
         "--coordinator-down", type=float, nargs="*", default=[], metavar="S",
         help="the coordinator gone for S seconds (each S given is one run)",
     )  # fmt: skip
+    parser.add_argument(
+        "--redundant", default="0",
+        help="redundant expert slots of the losses' deployments, comma-separated: one set of runs each "
+        "(enough for two replicas of every expert: the loss is covered)",
+    )  # fmt: skip
+    parser.add_argument("--hidden-size", type=int, default=ENGINE.hidden_size, help="of the losses' engines")
+    parser.add_argument("--intermediate-size", type=int, default=ENGINE.intermediate_size)
     parser.add_argument("--name", default="chaos", help="results file name")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
+    sized = ENGINE.model_copy(
+        update={"hidden_size": args.hidden_size, "intermediate_size": args.intermediate_size}
+    )
+    # One set of runs per (redundancy, mode): "shrink r=8" beside "shrink r=0" (the names stay the modes'
+    # where only the default redundancy runs).
+    engines_by: dict[str, tuple[str, EngineConfig]] = {}
+    for redundant in args.redundant.split(","):
+        engine = sized.model_copy(update={"num_redundant_experts": int(redundant)})
+        for mode in modes:
+            engines_by[f"{mode} r={redundant}" if args.redundant != "0" else mode] = (mode, engine)
     report = Report(args.name, parameters={**vars(args), "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S})
     data = scratch_dir("chaos")
     coordinator = StackCoordinator(f"sqlite:///{data / 'coordinator.db'}", data / "data")
     tokens = torch.randn(4, ENGINE.hidden_size, generator=torch.Generator().manual_seed(7))
     expected = moe.reference_forward(ENGINE, tokens).tolist()
-    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    loss_tokens = torch.randn(4, sized.hidden_size, generator=torch.Generator().manual_seed(7))
+    loss_expected = moe.reference_forward(sized, loss_tokens).tolist()
+    runs: dict[str, list[dict[str, Any]]] = {key: [] for key in engines_by}
     kills: list[dict[str, Any]] = []
     freezes: list[dict[str, Any]] = []
     downs: list[dict[str, Any]] = []
@@ -386,11 +433,13 @@ def main() -> int:
     try:
         coordinator.start(ready_timeout_s=120, EPCTL_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_TIMEOUT_S))
         for rep in range(args.reps):
-            for mode in modes:
-                result = one_loss(coordinator, mode, args.engines, tokens.tolist(), expected)
-                runs[mode].append(result)
+            for key, (mode, engine) in engines_by.items():
+                result = one_loss(
+                    coordinator, mode, args.engines, loss_tokens.tolist(), loss_expected, engine
+                )
+                runs[key].append(result)
                 brief = {k: v for k, v in result.items() if k != "timeline"}
-                print(f"{mode} #{rep + 1}: {brief}", flush=True)
+                print(f"{key} #{rep + 1}: {brief}", flush=True)
         for rep in range(args.coordinator_kills):
             kills.append(one_coordinator_kill(coordinator, args.engines, tokens.tolist(), expected))
             print(f"coordinator kill #{rep + 1}: {kills[-1]}", flush=True)
@@ -421,6 +470,10 @@ def main() -> int:
         "job_detect_ms",
         "job_serving_ms",
         "self_heal_jobs",
+        "heal_prepare_ms",
+        "heal_bytes_loaded",
+        "heal_bytes_received",
+        "heal_bytes_resident",
     ]
     rows = []
     for mode, results in runs.items():
@@ -534,6 +587,16 @@ def main() -> int:
             "s",
             why=f"heartbeat timeout {HEARTBEAT_TIMEOUT_S} s included",
         )
+    for mode, results in runs.items():
+        covered = [r for r in results if r["covered_before"]]
+        if covered:
+            report.target(
+                f"{mode}: weight bytes loaded or received by the shrink onto the survivors (worst run)",
+                max(r["heal_bytes_loaded"] + r["heal_bytes_received"] for r in covered),
+                0,
+                "bytes",
+                why="issue 38: a covered loss re-forms the group from the replicas already resident",
+            )
     for mode, results in runs.items():
         missed = sum(1 for r in results if r["full_size_s"] is None)
         if missed:

@@ -35,6 +35,7 @@ from engine_agent.protocol import (
     StoreAddress,
 )
 from engine_agent.reconfig import CleanupWorker, ExecutorHooks, ReconfigExecutor
+from engine_agent.resident import ResidentWeights
 from engine_agent.serving import ActiveGeneration, PausedAt
 from engine_agent.settings import AgentSettings
 from engine_agent.transfer import available_backends
@@ -129,6 +130,7 @@ class Agent:
         self.metrics = AgentMetrics(self.engine)
         self.data_reach = DataReach(settings.heartbeat_s, self._data_peers)
         self.cleanup = CleanupWorker(on_failure=self._on_cleanup_failure)
+        self.resident = ResidentWeights()  # the rows of a generation that broke, until the next serves
         self.executor = ReconfigExecutor(
             engine_id=self.engine_id,
             engine=self.engine,
@@ -139,6 +141,7 @@ class Agent:
             hooks=ExecutorHooks(on_pause=self._on_pause, on_bytes=self.metrics.bytes_transferred.inc),
             default_pause_lease_s=settings.pause_lease_s,
             data_host=self.data_host,
+            resident=self.resident,
         )
         self._executor = self.executor
         self._last_contact = time.monotonic()  # the last heartbeat a coordinator answered
@@ -187,6 +190,7 @@ class Agent:
         early = self._early if self._early and self._early.generation == active.generation else None
         self._broken = early or BrokenGroup(active.generation)  # the early probe's names, if it ran
         self._broken_last_step_at = self.engine.counters.last_step_at
+        self.resident.keep(active)  # a self-heal re-forms the group from these rows (`resident`)
         self._beat_now.set()
         others = self._others(active)
 
@@ -241,6 +245,7 @@ class Agent:
             cleanup=self.cleanup.status(),
             cuda_graphs=step_graphs.summary(active.graphs) if active else None,
             device_memory=self._device_memory(),
+            resident=self.resident.rows() if active is None else None,
         )
 
     def _device_memory(self) -> DeviceMemory | None:

@@ -18,6 +18,17 @@ from engine_agent.protocol.reconfig import (
 )
 
 
+class ResidentRows(BaseModel):
+    """The expert rows an idle engine still holds from the generation that broke under it: what a
+    self-heal shrink re-forms the group from, instead of loading them again."""
+
+    generation: int = Field(description="the broken generation whose weights these are")
+    rank: int = Field(description="this engine's rank in that generation")
+    placements: list[list[list[int]]] = Field(
+        description="that generation's placement, per MoE layer; row `rank` is what this engine holds"
+    )
+
+
 class AgentInfo(BaseModel):
     protocol_version: int = PROTOCOL_VERSION
     engine_id: str
@@ -55,6 +66,9 @@ class AgentInfo(BaseModel):
     cleanup: CleanupStatus
     cuda_graphs: GraphCapture | None = Field(None, description="the serving generation's step graphs")
     device_memory: DeviceMemory | None = Field(None, description="GPU engines: the device allocator")
+    resident: ResidentRows | None = Field(
+        None, description="idle engines: the expert rows kept from the generation that broke under them"
+    )
 
 
 class AgentRegistration(BaseModel):

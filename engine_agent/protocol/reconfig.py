@@ -239,8 +239,13 @@ class ReconfigStatus(BaseModel):
     step: str | None = Field(None, description="what prepare (or commit) is doing now")
     steps_done: int = 0
     steps_total: int = 0
-    bytes_moved: int = 0
+    bytes_moved: int = Field(0, description="weight bytes staged so far, from any source")
     bytes_total: int = 0
+    bytes_loaded: int = Field(0, description="of `bytes_moved`: loaded from the checkpoint")
+    bytes_received: int = Field(0, description="of `bytes_moved`: received over the weight channel")
+    bytes_resident: int = Field(
+        0, description="of `bytes_moved`: copied from weights this engine already held (its old rows)"
+    )
     transfer_backend: TransferBackend | None = Field(
         None, description="the weight channel's backend; null when no engine had weights to send"
     )

@@ -46,6 +46,7 @@ from engine_agent.reconfig.prepare import Builder
 from engine_agent.reconfig.steps import steps_for
 from engine_agent.reconfig.validate import validate
 from engine_agent.reconfig.window import CommitWindow
+from engine_agent.resident import ResidentWeights
 from engine_agent.serving import PausedAt, ServingEngine
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class ReconfigExecutor:
         hooks: ExecutorHooks | None = None,
         default_pause_lease_s: float = 10.0,
         data_host: str = "127.0.0.1",
+        resident: ResidentWeights | None = None,
     ) -> None:
         self.board = StatusBoard()
         self.site = Site(
@@ -76,6 +78,7 @@ class ReconfigExecutor:
             hooks=hooks or ExecutorHooks(),
             board=self.board,
             data_host=data_host,
+            resident=resident or ResidentWeights(),
         )
         self.faults = FaultSwitches(cleanup)
         self.builder = Builder(self.site, self.faults)

@@ -26,6 +26,7 @@ from engine_agent.protocol import (
 )
 from engine_agent.reconfig.cleanup import CleanupWorker
 from engine_agent.reconfig.steps import ROLES, RoleSteps, Step, StepPlan
+from engine_agent.resident import ResidentWeights
 from engine_agent.serving import ActiveGeneration, ServingEngine
 from engine_agent.step_graphs import StepGraphs
 from engine_agent.transfer import WeightChannel
@@ -195,3 +196,4 @@ class Site:
     hooks: ExecutorHooks
     board: StatusBoard
     data_host: str = "127.0.0.1"  # where this engine's groups and weight channel bind (its data address)
+    resident: ResidentWeights = field(default_factory=ResidentWeights)  # a broken generation's rows

@@ -193,31 +193,40 @@ class Builder:
         )
 
     def _transfer(self, job: Job) -> None:
-        """Fill the staged buffers: local copies for experts held already, the checkpoint (recompute from
-        the seed) for experts no old engine holds, the weight channel for the rest."""
+        """Fill the staged buffers: local copies for experts held already (by the old generation, or by
+        one that broke under this engine), the checkpoint (recompute from the seed) for experts no old
+        engine holds, the weight channel for the rest; the status counts bytes by source."""
         request, site = job.request, self.site
         me, active = site.engine_id, site.engine.active
         if job.steps.in_old:
             self._check_old_placement(job)
         held = dict(active.weights) if job.steps.in_old and active else {}
+        # A joiner that served a generation which broke still holds its rows: what it holds of its new
+        # rows is copied here, not loaded again (a self-heal shrink then loads and receives nothing).
+        local = held if job.steps.in_old else site.resident.weights()
         plan = self._transfer_plan(job)
         expert_bytes = moe.expert_nbytes(site.config)
         moved = 0
 
-        def progress(nbytes: int) -> None:
+        def progress(nbytes: int, source: str) -> None:
             site.hooks.on_bytes(nbytes)
-            site.board.update(job, bytes_moved=job.status.bytes_moved + nbytes)
+            status = job.status
+            site.board.update(
+                job, bytes_moved=status.bytes_moved + nbytes, **{source: getattr(status, source) + nbytes}
+            )
 
         remote = {item.logical_expert for item in plan if item.dst == me and item.src is not None}
         for expert, buffer in job.staged.items():
             if expert in remote:
                 continue
-            if expert in held:
-                buffer.copy_(held[expert])
+            if expert in local:
+                buffer.copy_(local[expert])
+                source = "bytes_resident"
             else:
                 buffer.copy_(moe.expert_weights(site.config, expert, site.device))
+                source = "bytes_loaded"
             moved += expert_bytes
-            progress(expert_bytes)
+            progress(expert_bytes, source)
         if job.channel is None:  # nothing to receive or send (`_open_channel`)
             log.info("job %s: staged %d experts locally, no weight channel", request.job_id, len(job.staged))
             self._build_views(job)
@@ -226,7 +235,7 @@ class Builder:
 
         def on_channel_progress(received: int) -> None:
             nonlocal received_so_far
-            progress(received - received_so_far)
+            progress(received - received_so_far, "bytes_received")
             received_so_far = received
 
         stats = job.channel.transfer(
@@ -236,7 +245,7 @@ class Builder:
             on_progress=on_channel_progress,
         )
         if stats.bytes_received > received_so_far:
-            progress(stats.bytes_received - received_so_far)
+            progress(stats.bytes_received - received_so_far, "bytes_received")
         # Nobody tears its end down while a peer may still be connecting to it or reading from it.
         self._barrier(job, "xfer_done", job.participants, request.timeouts.transfer_s)
         job.channel.close()

@@ -106,6 +106,7 @@ class CommitWindow:
             new = job.new_generation(standby["ep"])
             retired = site.engine.switch(new, views=job.views)
             job.staged, job.stacks, job.views, job.graphs = {}, {}, None, None
+            site.resident.drop()  # a broken generation's rows: the new one serves from its copies
         else:
             retired = site.engine.leave(fail_queued=False)  # a leaver drained its queue before the pause
         switch_ms = (time.monotonic() - started) * 1000.0
@@ -328,6 +329,7 @@ class CommitWindow:
         assert paused is not None
         job.standby.take_all()  # the engine serves from the group now: no roll-back may destroy it
         job.staged, job.stacks, job.views, job.graphs = {}, {}, None, None
+        site.resident.drop()
         job.paused_monotonic = paused.monotonic
         job.paused = True
         with site.board.lock:

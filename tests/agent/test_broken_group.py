@@ -54,3 +54,33 @@ def test_a_stalled_peer_breaks_the_generation_at_the_serving_deadline(spawn_agen
         agents[2].process.send_signal(signal.SIGCONT)
     # Thawed, it finds its group broken too: no member serves the old generation any more.
     wait_until(lambda: left_their_group(agents), timeout_s=60, what="the thawed engine idle", interval_s=0.2)
+
+
+# Every expert on two engines: the loss of any one leaves every expert served.
+COVERED = [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 4, 5], [2, 3, 6, 7]]
+
+
+class CoveringDriver(Driver):
+    """Places as `COVERED` (its first rows, for fewer engines)."""
+
+    def plan(self, new_members: list[AgentProcess]) -> list[list[int]]:
+        return COVERED[: len(new_members)]
+
+
+def test_the_survivors_re_form_from_the_rows_they_kept(spawn_agents: Spawn) -> None:
+    agents = spawn_agents(4)
+    driver = CoveringDriver(timeouts=LONG)
+    driver.reconfigure(agents)
+    agents[3].process.kill()
+    wait_until(lambda: left_their_group(agents[:3]), timeout_s=60, what="every survivor idle", interval_s=0.2)
+    kept = [a.info().resident for a in agents[:3]]
+    assert [(r.generation, r.rank, r.placements) for r in kept if r] == [(1, i, [COVERED]) for i in range(3)]
+    # The new generation's rows are the ones they hold: nothing loads from the checkpoint or the network.
+    driver.members, driver.placement = [], []
+    outcome = driver.reconfigure(agents[:3])
+    for engine_id, status in outcome.statuses.items():
+        loaded = (status.bytes_loaded, status.bytes_received, status.transfer_backend)
+        assert loaded == (0, 0, None), engine_id
+        assert status.bytes_resident == status.bytes_moved == status.bytes_total > 0, engine_id
+    assert_serves_reference(agents[:3])
+    assert all(a.info().resident is None for a in agents[:3])  # dropped once the new generation serves

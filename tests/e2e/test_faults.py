@@ -21,17 +21,19 @@ from typing import Any
 from app.launchers.local import LocalLauncher
 from tests.support.e2e import Stack
 from tests.support.invariants import assert_recovered
-from tests.support.stack import agent_info
+from tests.support.stack import ENGINE, agent_info
 from tests.support.waiting import wait_until
 
 
 @contextlib.contextmanager
-def own_deployment(stack: Stack, on_engine_loss: str) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+def own_deployment(
+    stack: Stack, on_engine_loss: str, size: int = 2, **fields: Any
+) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     coordinator = stack.coordinator
     name = f"faults-{uuid.uuid4().hex[:6]}"
-    coordinator.create_deployment(name, on_engine_loss=on_engine_loss)
+    coordinator.create_deployment(name, on_engine_loss=on_engine_loss, **fields)
     try:
-        job = stack.scale_to(2, name)
+        job = stack.scale_to(size, name)
         assert job["state"] == "succeeded", job["error"]
         yield name, coordinator.members(job)
     finally:
@@ -86,3 +88,42 @@ def test_a_deployment_that_lost_an_engine_heals_by_itself(stack: Stack) -> None:
         (incident,) = coordinator.api.get("/v1/incidents", params={"deployment": name}).json()["data"]
         assert incident["reason"] in ("members-missing", "engine-unreachable"), incident
         assert members[1]["engine_id"] in incident["engines"] and incident["state"] == "resolved", incident
+
+
+def test_a_covered_loss_serves_from_what_the_survivors_hold(stack: Stack) -> None:
+    """Three engines, every expert on two of them (redundant slots, coverage placement): SIGKILL of
+    rank 2, and the self-heal shrink re-forms the group on the two survivors from the rows they kept:
+    not one weight byte loads from the checkpoint or crosses the network, and the outputs are exact."""
+    coordinator = stack.coordinator
+    covered = ENGINE.model_copy(update={"num_redundant_experts": ENGINE.num_logical_experts})
+    with own_deployment(stack, "shrink", 3, engine=covered.model_dump()) as (name, members):
+        before = coordinator.deployment(name)
+        assert before["coverage"]["covered"], before["coverage"]
+        os.kill(int(agent_info(members[2]["url"])["pid"]), signal.SIGKILL)
+
+        def shrunk() -> dict[str, Any] | None:
+            deployment = coordinator.deployment(name)
+            whole = deployment["status"] == "ready" and deployment["active_job_id"] is None
+            return deployment if whole and deployment["generation"] > before["generation"] else None
+
+        wait_until(
+            shrunk,
+            timeout_s=120,
+            what=f"deployment {name} to serve on the survivors",
+            interval_s=0.3,
+            describe=lambda: f"{coordinator.deployment(name)}\n{coordinator.engines(name)}",
+        )
+        jobs = coordinator.api.get("/v1/reconfigurations", params={"deployment": name, "limit": 10}).json()[
+            "data"
+        ]
+        (heal, *_) = [j for j in jobs if j["requested_by"] == "self-heal" and j["state"] == "succeeded"]
+        assert heal["to_dp_size"] == 2 and heal["time_to_serving_ms"] is not None, heal
+        plan = heal["placement"]
+        assert (plan["copies_moved"], plan["bytes_moved"], plan["source"]) == (0, 0, "resident"), plan
+        for result in heal["engine_results"]:
+            moved = (result["bytes_loaded"], result["bytes_received"], result["transfer_backend"])
+            assert moved == (0, 0, None), result
+            assert result["bytes_resident"] == result["bytes_moved"] > 0, result
+        serving = [e["url"] for e in coordinator.engines(name) if e["state"] == "serving"]
+        assert len(serving) == 2
+        stack.assert_outputs_correct(serving)

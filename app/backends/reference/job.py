@@ -175,6 +175,10 @@ class JobRun:
                     "generation": status.generation if status else None,  # the job's (its target)
                     "step": status.step if status else None,
                     "bytes_moved": status.bytes_moved if status else 0,
+                    # by source: a covered self-heal loads and receives nothing (`resident`)
+                    "bytes_loaded": status.bytes_loaded if status else 0,
+                    "bytes_received": status.bytes_received if status else 0,
+                    "bytes_resident": status.bytes_resident if status else 0,
                     "transfer_backend": status.transfer_backend.value
                     if status and status.transfer_backend
                     else None,

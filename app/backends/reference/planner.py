@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from app.backends.reference.resident import kept_placement, resident_rows
 from app.core.faults import EngineFault
 from engine_agent.protocol import (
     AgentInfo,
@@ -235,12 +236,21 @@ def plan_placement(
         and all(len(p) == len(old) > 0 for p in old_placements)
         and len({len(slots) for p in old_placements for slots in p}) == 1
     )
+    previous: Placements | None = old_placements if usable else None
+    origin = [old_rank.get(info.engine_id) for info in new] if usable else None
+    # Nobody serves (the group broke): the rows the new members kept from it are the old rows.
+    resident = resident_rows(deployment.generation, new, layers) if not old else None
+    if resident is not None:
+        previous, origin = resident
+        kept = kept_placement(previous, origin, deployment.num_logical_experts)
+        if kept is not None:
+            return [], kept, load, *_kept_record(kept, load, domains, new)
     layer_plan = rebalance_layers(
         load,
         deployment.num_redundant_experts,
         len(new),
-        previous=old_placements if usable else None,
-        origin=[old_rank.get(info.engine_id) for info in new] if usable else None,
+        previous=previous,
+        origin=origin,
         num_logical=deployment.num_logical_experts,
         domains=domains,
     )
@@ -252,11 +262,36 @@ def plan_placement(
         "balance": round(float(layer_plan.balance.min()), 4),
         "fresh_balance": round(float(layer_plan.fresh_balance.min()), 4),
     }
+    if resident is not None:
+        stats["source"] = "resident"  # planned from the survivors' rows; what they lack loads
     coverage: dict[str, object] = {}
     if layer_plan.coverage is not None:
         coverage = layer_plan.coverage.record([info.engine_id for info in new], domains)
     old_lists = [[list(s) for s in p] for p in old_placements]
     return old_lists, layer_plan.to_lists(), load, stats, coverage
+
+
+def _kept_record(
+    kept: Placements, load: list[list[int]], domains: list[str], new: Sequence[AgentInfo]
+) -> tuple[dict[str, object], dict[str, object]]:
+    """(stats, coverage) of a placement kept as the survivors hold it: nothing moves."""
+    import numpy as np
+
+    from engine_agent.layer_coverage import coverage_of
+    from engine_agent.layer_placement import layer_balance, normalized_loads
+
+    array = np.asarray(kept, dtype=np.int64)
+    loads = normalized_loads(load, len(load[0]) if load else None)
+    stats: dict[str, object] = {
+        "layers": len(kept),
+        "copies_moved": 0,
+        "bytes_moved": 0,
+        "lower_bound": 0,
+        "balance": round(float(layer_balance(array, loads).min()), 4),
+        "source": "resident",  # the survivors' rows as they are: a covered loss
+    }
+    coverage = coverage_of(array, loads.shape[1], domains).record([i.engine_id for i in new], domains)
+    return stats, coverage
 
 
 def _member(info: AgentInfo) -> Member:

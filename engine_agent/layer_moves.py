@@ -15,6 +15,9 @@ from engine_agent.layer_fresh import BoolArray, FloatArray, IntArray, held_pairs
 
 __all__ = ["BoolArray", "FloatArray", "IntArray", "held_pairs", "incremental"]
 
+# Added to the score of a trade that does not lower the peak: beyond any valid score (copies count
+# a few times the heavy rank's load), finite so that 0 x it stays 0.
+_INVALID = 1e300
 # Where an extra replica goes, only this many of the heaviest ranks are weighed (the next bounds the rest).
 PEAK_RANKS = 8
 
@@ -306,7 +309,7 @@ def _swap_down(
     kept_t = np.ascontiguousarray(kept.transpose(0, 2, 1))
     # Whether each slot's replica was there before (a trade that moves a copy away saves one).
     kept_slot = kept[np.arange(num_layers)[:, None, None], np.arange(world)[None, :, None], placement]
-    scores = np.empty((num_layers, per_rank, world, per_rank))
+    scores = np.empty((num_layers, per_rank, world * per_rank))
     peaks = np.empty_like(scores)
     invalid = np.empty(scores.shape, dtype=bool)
     for _ in range(4 * world * per_rank):
@@ -323,29 +326,31 @@ def _swap_down(
         theirs = placement[active].reshape(size, -1)  # [A, W * S]
         weight = weights[active]
         w_mine = weight[row[:, None], mine]
-        w_theirs = np.take_along_axis(weight, theirs, axis=1).reshape(size, world, per_rank)
+        w_theirs = np.take_along_axis(weight, theirs, axis=1)  # [A, W * S]
         # a -> r: a copy unless r kept a; one saved if a was a copy on the heavy rank.
         to_r = (~kept_t[active[:, None], mine]).astype(np.float64) - (~kept_slot[active, heavy])[:, :, None]
         to_r *= per_copy
-        to_r[held_t[active[:, None], mine]] = np.inf  # [A, S, W]
+        np.copyto(to_r, np.inf, where=held_t[active[:, None], mine])  # [A, S, W]
         # b -> heavy: a copy unless the heavy rank kept b; one saved if b was a copy on r.
-        heavy_kept = np.take_along_axis(kept[active, heavy], theirs, axis=1).reshape(size, world, per_rank)
-        to_h = (~heavy_kept).astype(np.float64) - ~kept_slot[active]
-        to_h *= per_copy
-        to_h[np.take_along_axis(held[active, heavy], theirs, axis=1).reshape(size, world, per_rank)] = np.inf
-        delta = np.subtract(w_mine[:, :, None, None], w_theirs[:, None, :, :], out=scores[:size])
-        peak = np.add(loads_now[:, None, :, None], delta, out=peaks[:size])  # r after the trade
-        top4 = top[:, None, None, None]
-        np.subtract(top4, delta, out=delta)  # the heavy rank after the trade
+        heavy_kept = np.take_along_axis(kept[active, heavy], theirs, axis=1)
+        to_h = (~heavy_kept).astype(np.float64) - ~kept_slot[active].reshape(size, -1)
+        to_h *= per_copy[:, :, 0]
+        np.copyto(to_h, np.inf, where=np.take_along_axis(held[active, heavy], theirs, axis=1))  # [A, W * S]
+        # [A, S, W * S] (a, then r and b): the long last axis keeps numpy's inner loops long.
+        delta = np.subtract(w_mine[:, :, None], w_theirs[:, None, :], out=scores[:size])
+        peak = np.add(np.repeat(loads_now, per_rank, axis=1)[:, None, :], delta, out=peaks[:size])  # r after
+        top3 = top[:, None, None]
+        np.subtract(top3, delta, out=delta)  # the heavy rank after the trade
         np.maximum(delta, peak, out=peak)
-        # A trade must lower the heavy rank and leave r below where the heavy rank was.
-        np.greater_equal(peak, top4, out=invalid[:size])
-        score = np.add(to_r[:, :, :, None], to_h[:, None, :, :], out=scores[:size])
+        # A trade must lower the heavy rank and leave r below where the heavy rank was: the others get
+        # _INVALID added (a multiply and an add cost far less than a masked assignment).
+        np.greater_equal(peak, top3, out=invalid[:size])
+        score = np.add(np.repeat(to_r, per_rank, axis=2), to_h[:, None, :], out=scores[:size])
         score += peak
-        score[invalid[:size]] = np.inf
+        score += np.multiply(invalid[:size], _INVALID, out=peaks[:size])
         flat = score.reshape(size, -1)
         best = flat.argmin(axis=1)
-        found = np.isfinite(flat[row, best])
+        found = flat[row, best] < _INVALID / 2
         stalled[active[~found]] = True
         a, r, b = np.unravel_index(best[found], (per_rank, world, per_rank))
         lay = active[found]

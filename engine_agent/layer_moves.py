@@ -28,7 +28,7 @@ def _trim_ranks(kept: BoolArray, weights: FloatArray, per_rank: int) -> BoolArra
         return kept.copy()
     order = np.argsort(-weights, axis=1, kind="stable")[:, None, :]
     by_weight = np.take_along_axis(kept, order, axis=2)
-    by_weight &= np.cumsum(by_weight, axis=2) <= per_rank
+    by_weight &= np.cumsum(by_weight, axis=2, dtype=np.int32) <= per_rank
     out = np.zeros_like(kept)
     np.put_along_axis(out, np.broadcast_to(order, kept.shape), by_weight, axis=2)
     return out
@@ -46,7 +46,7 @@ def _keep(kept: BoolArray, counts: IntArray, weights: FloatArray, per_rank: int)
     rank_load = (sub * weights[idx][:, None, :]).sum(axis=2)
     lightest = np.argsort(rank_load, axis=1, kind="stable")[:, :, None]
     by_load = np.take_along_axis(sub, lightest, axis=1)
-    by_load &= np.cumsum(by_load, axis=1) <= counts[idx][:, None, :]
+    by_load &= np.cumsum(by_load, axis=1, dtype=np.int32) <= counts[idx][:, None, :]
     trimmed = np.zeros_like(sub)
     np.put_along_axis(trimmed, np.broadcast_to(lightest, sub.shape), by_load, axis=1)
     keep[idx] = trimmed
@@ -76,17 +76,23 @@ def _make_room(held: BoolArray, loads: FloatArray, per_rank: int) -> None:
     twice keeps its shortfall (the caller takes another way for it)."""
     world = held.shape[1]
     total = world * per_rank
+    counts = held.sum(axis=1)
+    # The held pairs (a few per rank, not every (rank, expert)), found once: a move changes one
+    # pair's expert in place.
+    all_lay, all_rank, all_expert = np.nonzero(held)
+    where = np.full(held.shape[0], -1, dtype=np.int64)  # a layer's row among those still short
     for _ in range(total):
-        counts = held.sum(axis=1)
         short = (counts == 0).sum(axis=1) - (total - counts.sum(axis=1))
         layers = np.flatnonzero(short > 0)
         if layers.size == 0:
             return
-        h, c, load = held[layers], counts[layers], loads[layers]
+        c, load = counts[layers], loads[layers]
         num, num_logical = layers.size, load.shape[1]
         per_replica = load / np.maximum(c, 1)
-        # Over the held pairs only (a few per rank), not every (rank, expert).
-        lay, rank, expert = np.nonzero(h)
+        where[:] = -1
+        where[layers] = np.arange(num)
+        mine = np.flatnonzero(where[all_lay] >= 0)
+        lay, rank, expert = where[all_lay[mine]], all_rank[mine], all_expert[mine]
         weight = per_replica[lay, expert]
         rank_load = np.bincount(lay * world + rank, weights=weight, minlength=num * world).reshape(num, world)
         pair_load = rank_load[lay, rank]
@@ -107,8 +113,12 @@ def _make_room(held: BoolArray, loads: FloatArray, per_rank: int) -> None:
             return
         at = layers[found]
         pick = best[found]
-        held[at, rank[pick], expert[pick]] = False
-        held[at, rank[pick], orphan[found]] = True
+        gone, coming = expert[pick], orphan[found]
+        held[at, rank[pick], gone] = False
+        held[at, rank[pick], coming] = True
+        counts[at, gone] -= 1
+        counts[at, coming] += 1
+        all_expert[mine[pick]] = coming
 
 
 def _fill(held: BoolArray, loads: FloatArray, per_rank: int, unit: IntArray | None = None) -> IntArray:

@@ -336,16 +336,16 @@ def _swap_down(
         theirs = placement[active].reshape(size, -1)  # [A, W * S]
         weight = weights[active]
         w_mine = weight[row[:, None], mine]
-        w_theirs = np.take_along_axis(weight, theirs, axis=1)  # [A, W * S]
+        w_theirs = weight[row[:, None], theirs]  # [A, W * S]
         # a -> r: a copy unless r kept a; one saved if a was a copy on the heavy rank.
         to_r = (~kept_t[active[:, None], mine]).astype(np.float64) - (~kept_slot[active, heavy])[:, :, None]
         to_r *= per_copy
         np.copyto(to_r, np.inf, where=held_t[active[:, None], mine])  # [A, S, W]
         # b -> heavy: a copy unless the heavy rank kept b; one saved if b was a copy on r.
-        heavy_kept = np.take_along_axis(kept[active, heavy], theirs, axis=1)
+        heavy_kept = kept[active[:, None], heavy[:, None], theirs]
         to_h = (~heavy_kept).astype(np.float64) - ~kept_slot[active].reshape(size, -1)
         to_h *= per_copy[:, :, 0]
-        np.copyto(to_h, np.inf, where=np.take_along_axis(held[active, heavy], theirs, axis=1))  # [A, W * S]
+        np.copyto(to_h, np.inf, where=held[active[:, None], heavy[:, None], theirs])  # [A, W * S]
         # [A, S, W * S] (a, then r and b): the long last axis keeps numpy's inner loops long.
         delta = np.subtract(w_mine[:, :, None], w_theirs[:, None, :], out=scores[:size])
         peak = np.add(np.repeat(loads_now, per_rank, axis=1)[:, None, :], delta, out=peaks[:size])  # r after

@@ -7,7 +7,7 @@ import pytest
 
 from engine_agent.layer_cover import _other_holders_peak
 from engine_agent.layer_fresh import held_pairs
-from engine_agent.layer_moves import _swap_down
+from engine_agent.layer_trades import swap_down
 
 INF = float("inf")
 
@@ -37,14 +37,14 @@ def test_the_other_holders_peak_is_the_heaviest_other_slot_of_the_same_expert(
 def swapped(
     placement: list[list[int]], loads: list[float], target: float, kept: list[list[int]] | None = None
 ) -> tuple[list[list[int]], bool]:
-    """One layer through `_swap_down`: (its sorted placement, whether it stayed over target)."""
+    """One layer through `swap_down`: (its sorted placement, whether it stayed over target)."""
     layout = np.array([placement], dtype=np.int64)
     num_logical = len(loads)
     weights = np.array([loads])
     held = held_pairs(layout, num_logical)
     was = layout if kept is None else np.array([kept], dtype=np.int64)
     rank_load = (held * weights[:, None, :]).sum(axis=2)
-    over = _swap_down(layout, rank_load, held, held_pairs(was, num_logical), weights, np.array([target]))
+    over = swap_down(layout, rank_load, held, held_pairs(was, num_logical), weights, np.array([target]))
     return np.sort(layout[0], axis=1).tolist(), bool(over[0])
 
 

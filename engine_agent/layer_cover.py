@@ -237,18 +237,25 @@ def _best_pair_trade(
 
 
 def _other_holders_peak(slots: IntArray, loads_at: FloatArray, num_logical: int) -> FloatArray:
-    """[A, W*S]: the heaviest load among the other holders of each slot's expert (-inf: none)."""
+    """[A, W*S]: the heaviest load among the other holders of each slot's expert (-inf: none). Only
+    the slots whose expert fills two or more slots of the layer are weighed (a few of them)."""
     size = slots.shape[0]
-    index = (np.broadcast_to(np.arange(size)[:, None], slots.shape), slots)
+    key = np.arange(size)[:, None] * num_logical + slots
+    many = np.bincount(key.ravel(), minlength=size * num_logical)[key] >= 2
+    peak = np.full(slots.shape, -np.inf)
+    row, column = np.nonzero(many)
+    index = (row, slots[row, column])
+    load = loads_at[row, column]
     first = np.full((size, num_logical), -np.inf)
-    np.maximum.at(first, index, loads_at)
+    np.maximum.at(first, index, load)
     top = first[index]
-    at_top = loads_at == top
+    at_top = load == top
     ties = np.zeros((size, num_logical), dtype=np.int64)
     np.add.at(ties, index, at_top.astype(np.int64))
     second = np.full((size, num_logical), -np.inf)
-    np.maximum.at(second, index, np.where(at_top, -np.inf, loads_at))
-    return np.where(at_top & (ties[index] == 1), second[index], top)
+    np.maximum.at(second, index, np.where(at_top, -np.inf, load))
+    peak[row, column] = np.where(at_top & (ties[index] == 1), second[index], top)
+    return peak
 
 
 def _convert(

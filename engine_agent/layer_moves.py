@@ -1,5 +1,6 @@
 """The moves behind `layer_placement.rebalance_layers`: a placement built from the previous one (keep,
-make room, fill, swap down), each vectorised over layers. The fresh placement is `layer_fresh`.
+make room, fill, swap down), each vectorised over layers. The fresh placement is `layer_fresh`, the
+swap-down `layer_trades`.
 
 Shapes as in `layer_placement`: `loads[layer, expert]`, `placement[layer, rank, slot]`,
 `held[layer, rank, expert]` (the rank holds at least one replica of the expert).
@@ -12,6 +13,7 @@ import numpy as np
 from engine_agent.layer_cover import cover
 from engine_agent.layer_coverage import per_unit_counts
 from engine_agent.layer_fresh import BoolArray, FloatArray, IntArray, held_pairs, swap_in
+from engine_agent.layer_trades import swap_down
 
 __all__ = ["BoolArray", "FloatArray", "IntArray", "held_pairs", "incremental"]
 
@@ -25,7 +27,7 @@ def _trim_ranks(kept: BoolArray, weights: FloatArray, per_rank: int) -> BoolArra
         return kept.copy()
     order = np.argsort(-weights, axis=1, kind="stable")[:, None, :]
     by_weight = np.take_along_axis(kept, order, axis=2)
-    by_weight &= np.cumsum(by_weight, axis=2) <= per_rank
+    by_weight &= np.cumsum(by_weight, axis=2, dtype=np.int32) <= per_rank
     out = np.zeros_like(kept)
     np.put_along_axis(out, np.broadcast_to(order, kept.shape), by_weight, axis=2)
     return out
@@ -43,7 +45,7 @@ def _keep(kept: BoolArray, counts: IntArray, weights: FloatArray, per_rank: int)
     rank_load = (sub * weights[idx][:, None, :]).sum(axis=2)
     lightest = np.argsort(rank_load, axis=1, kind="stable")[:, :, None]
     by_load = np.take_along_axis(sub, lightest, axis=1)
-    by_load &= np.cumsum(by_load, axis=1) <= counts[idx][:, None, :]
+    by_load &= np.cumsum(by_load, axis=1, dtype=np.int32) <= counts[idx][:, None, :]
     trimmed = np.zeros_like(sub)
     np.put_along_axis(trimmed, np.broadcast_to(lightest, sub.shape), by_load, axis=1)
     keep[idx] = trimmed
@@ -73,17 +75,23 @@ def _make_room(held: BoolArray, loads: FloatArray, per_rank: int) -> None:
     twice keeps its shortfall (the caller takes another way for it)."""
     world = held.shape[1]
     total = world * per_rank
+    counts = held.sum(axis=1)
+    # The held pairs (a few per rank, not every (rank, expert)), found once: a move changes one
+    # pair's expert in place.
+    all_lay, all_rank, all_expert = np.nonzero(held)
+    where = np.full(held.shape[0], -1, dtype=np.int64)  # a layer's row among those still short
     for _ in range(total):
-        counts = held.sum(axis=1)
         short = (counts == 0).sum(axis=1) - (total - counts.sum(axis=1))
         layers = np.flatnonzero(short > 0)
         if layers.size == 0:
             return
-        h, c, load = held[layers], counts[layers], loads[layers]
+        c, load = counts[layers], loads[layers]
         num, num_logical = layers.size, load.shape[1]
         per_replica = load / np.maximum(c, 1)
-        # Over the held pairs only (a few per rank), not every (rank, expert).
-        lay, rank, expert = np.nonzero(h)
+        where[:] = -1
+        where[layers] = np.arange(num)
+        mine = np.flatnonzero(where[all_lay] >= 0)
+        lay, rank, expert = where[all_lay[mine]], all_rank[mine], all_expert[mine]
         weight = per_replica[lay, expert]
         rank_load = np.bincount(lay * world + rank, weights=weight, minlength=num * world).reshape(num, world)
         pair_load = rank_load[lay, rank]
@@ -104,8 +112,12 @@ def _make_room(held: BoolArray, loads: FloatArray, per_rank: int) -> None:
             return
         at = layers[found]
         pick = best[found]
-        held[at, rank[pick], expert[pick]] = False
-        held[at, rank[pick], orphan[found]] = True
+        gone, coming = expert[pick], orphan[found]
+        held[at, rank[pick], gone] = False
+        held[at, rank[pick], coming] = True
+        counts[at, gone] -= 1
+        counts[at, coming] += 1
+        all_expert[mine[pick]] = coming
 
 
 def _fill(held: BoolArray, loads: FloatArray, per_rank: int, unit: IntArray | None = None) -> IntArray:
@@ -220,7 +232,7 @@ def incremental(
     weights = loads / np.maximum(counts, 1)
     rank_load = (held * weights[:, None, :]).sum(axis=2)
     target = np.where(unfit, np.inf, target)  # nothing to swap where slots are empty
-    unfit |= _swap_down(placement, rank_load, held, kept, weights, target)
+    unfit |= swap_down(placement, rank_load, held, kept, weights, target)
     fit = np.flatnonzero(~unfit)
     if unit is not None and fit.size:
         placement[fit] = cover(placement[fit], loads[fit], kept[fit], target[fit], unit)
@@ -282,86 +294,3 @@ def _place_missing(
         held[at, r, e] = True
         if in_unit is not None and unit is not None:
             in_unit[at, unit[r], e] += 1
-
-
-def _swap_down(
-    placement: IntArray,
-    rank_load: FloatArray,
-    held: BoolArray,
-    kept: BoolArray,
-    weights: FloatArray,
-    target: FloatArray,
-) -> BoolArray:
-    """In place: while a layer's heaviest rank is over target, trade one of its replicas for a lighter
-    one of another rank, choosing the trade that adds the fewest copies, then the lowest new maximum.
-
-    Every (replica a of the heavy rank, rank r, replica b of r) is weighed at once; the score is
-    copies(a -> r) + copies(b -> heavy), each a [a, r] or [r, b] table (inf where the receiver holds it
-    already), plus the new maximum. The tables read `held` and `kept` by (expert, rank) rows, kept in
-    that order here, and the four-dimensional scores reuse two buffers (fresh large temporaries cost
-    more than the arithmetic)."""
-    num_layers, world, per_rank = placement.shape
-    stalled = np.zeros(num_layers, dtype=bool)
-    held_t = np.ascontiguousarray(held.transpose(0, 2, 1))  # [layer, expert, rank]
-    kept_t = np.ascontiguousarray(kept.transpose(0, 2, 1))
-    # Whether each slot's replica was there before (a trade that moves a copy away saves one).
-    kept_slot = kept[np.arange(num_layers)[:, None, None], np.arange(world)[None, :, None], placement]
-    scores = np.empty((num_layers, per_rank, world, per_rank))
-    peaks = np.empty_like(scores)
-    invalid = np.empty(scores.shape, dtype=bool)
-    for _ in range(4 * world * per_rank):
-        active = np.flatnonzero((rank_load.max(axis=1) > target) & ~stalled)
-        if active.size == 0:
-            break
-        size = active.size
-        row = np.arange(size)
-        loads_now = rank_load[active]
-        heavy = loads_now.argmax(axis=1)
-        top = loads_now[row, heavy]
-        per_copy = (top * 4 + 1)[:, None, None]  # one copy outweighs any difference of peaks
-        mine = placement[active, heavy]  # [A, S]
-        theirs = placement[active].reshape(size, -1)  # [A, W * S]
-        weight = weights[active]
-        w_mine = weight[row[:, None], mine]
-        w_theirs = np.take_along_axis(weight, theirs, axis=1).reshape(size, world, per_rank)
-        # a -> r: a copy unless r kept a; one saved if a was a copy on the heavy rank.
-        to_r = (~kept_t[active[:, None], mine]).astype(np.float64) - (~kept_slot[active, heavy])[:, :, None]
-        to_r *= per_copy
-        to_r[held_t[active[:, None], mine]] = np.inf  # [A, S, W]
-        # b -> heavy: a copy unless the heavy rank kept b; one saved if b was a copy on r.
-        heavy_kept = np.take_along_axis(kept[active, heavy], theirs, axis=1).reshape(size, world, per_rank)
-        to_h = (~heavy_kept).astype(np.float64) - ~kept_slot[active]
-        to_h *= per_copy
-        to_h[np.take_along_axis(held[active, heavy], theirs, axis=1).reshape(size, world, per_rank)] = np.inf
-        delta = np.subtract(w_mine[:, :, None, None], w_theirs[:, None, :, :], out=scores[:size])
-        peak = np.add(loads_now[:, None, :, None], delta, out=peaks[:size])  # r after the trade
-        top4 = top[:, None, None, None]
-        np.subtract(top4, delta, out=delta)  # the heavy rank after the trade
-        np.maximum(delta, peak, out=peak)
-        # A trade must lower the heavy rank and leave r below where the heavy rank was.
-        np.greater_equal(peak, top4, out=invalid[:size])
-        score = np.add(to_r[:, :, :, None], to_h[:, None, :, :], out=scores[:size])
-        score += peak
-        score[invalid[:size]] = np.inf
-        flat = score.reshape(size, -1)
-        best = flat.argmin(axis=1)
-        found = np.isfinite(flat[row, best])
-        stalled[active[~found]] = True
-        a, r, b = np.unravel_index(best[found], (per_rank, world, per_rank))
-        lay = active[found]
-        h = heavy[found]
-        ea = placement[lay, h, a]
-        eb = placement[lay, r, b]
-        placement[lay, h, a] = eb
-        placement[lay, r, b] = ea
-        for pairs, rank_of, expert_of in ((held, 1, 2), (held_t, 2, 1)):
-            index: list[IntArray] = [lay, lay, lay]
-            for gone_rank, gone, stays in ((h, ea, False), (r, eb, False), (h, eb, True), (r, ea, True)):
-                index[rank_of], index[expert_of] = gone_rank, gone
-                pairs[tuple(index)] = stays
-        kept_slot[lay, h, a] = kept[lay, h, eb]
-        kept_slot[lay, r, b] = kept[lay, r, ea]
-        d = weights[lay, ea] - weights[lay, eb]
-        rank_load[lay, h] -= d
-        rank_load[lay, r] += d
-    return rank_load.max(axis=1) > target

@@ -11,6 +11,16 @@ Why the configuration looks as it does:
 - `timeout server` above the longest commit window: requests that arrive inside the window are held by
   the engines (they wait for the resume) and answered after it; `timeout queue` and each slot's `maxconn`
   make a burst wait at the front door rather than fail.
+- No engine ready (a broken group re-forming after a kill): HAProxy 2.6 answers 503 at once when no
+  server is usable (`assign_server`: `tot_weight` 0 is SRV_STATUS_NOSRV, never queued), and queues a
+  request only when usable servers are all full. So each backend keeps a `backup` server, `hold`, that
+  is always usable and full: `maxconn 1`, pointing at a frontend of this same HAProxy that sends the
+  request back into the backend, where (the one slot taken by that very request) it waits in the
+  backend's queue. `option allbackups` makes leastconn pass over a full backup (else the first backup is
+  chosen full or not, and requests wait in its own queue, which no other server takes from). The moment
+  the keeper sets a slot `ready`, HAProxy hands it the queue (`pendconn_grab_from_px`). A request waits
+  at most `timeout queue` for an engine, then is answered 503 (the one that took the `hold` slot 504:
+  its 503 must not start the outer request's retries, each of which would wait as long again).
 """
 
 from __future__ import annotations
@@ -18,11 +28,14 @@ from __future__ import annotations
 import asyncio
 import socket
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 from app.frontdoor.requestlog import LOG_FORMAT
 
 SLOTS = 32
+HOLD_SERVER = "hold"  # the backup server that makes requests wait while no engine is ready
+QUEUE_TIMEOUT_S = 10  # the longest a request waits at the front door for an engine (`timeout queue`)
 
 
 @dataclass(frozen=True)
@@ -31,10 +44,14 @@ class DoorConfig:
     bind_host: str
     bind_port: int
     slots: int = SLOTS
+    hold_socket: str | None = None  # where the `hold` frontend listens (None: beside the admin socket)
 
     @property
     def backend(self) -> str:
         return backend_name(self.deployment)
+
+    def hold_path(self, admin_socket: str) -> str:
+        return self.hold_socket or str(PurePosixPath(admin_socket).parent / f"hold-{self.deployment}.sock")
 
 
 def backend_name(deployment: str) -> str:
@@ -48,8 +65,12 @@ def render_config(
     server_timeout_s: float = 120.0,
     socket_mode: str = "600",
     request_log: str | None = None,
+    queue_timeout_s: int = QUEUE_TIMEOUT_S,
+    hold: bool = True,
 ) -> str:
-    """`socket_mode` 660 where the coordinator reaches the socket as another user (docker-compose).
+    """`hold`: requests wait (at most `queue_timeout_s`) while no engine is ready, rather than meet
+    HAProxy's immediate 503. `socket_mode` 660 where the coordinator reaches the socket as another user
+    (docker-compose).
     `request_log`: a Unix datagram socket the keeper binds, to which HAProxy logs every request
     (`app.frontdoor.requestlog`)."""
     logging = [f"    log {request_log} len 1024 local0 info"] if request_log else []
@@ -67,21 +88,35 @@ def render_config(
         "    timeout connect 1s",
         "    timeout client 120s",
         f"    timeout server {int(server_timeout_s)}s",
-        "    timeout queue 30s",
+        f"    timeout queue {int(queue_timeout_s)}s",
         "    retries 3",
         "    retry-on conn-failure empty-response 503",
         "    option redispatch 1",
         "",
     ]
     for door in doors:
+        hold_path = door.hold_path(socket_path)
         lines += [
             f"frontend fd_{door.deployment}",
             f"    bind {door.bind_host}:{door.bind_port}",
             f"    default_backend {door.backend}",
             "",
+        ]
+        if hold:
+            lines += [
+                f"frontend hold_{door.deployment}",
+                f"    bind unix@{hold_path} mode 600",
+                "    http-request set-log-level silent",  # its client's own request is logged
+                "    http-after-response set-status 504 if { status 503 }",
+                f"    default_backend {door.backend}",
+                "",
+            ]
+        lines += [
             f"backend {door.backend}",
             "    balance leastconn",
+            *(["    option allbackups"] if hold else []),
             f"    server-template e 1-{door.slots} 127.0.0.1:1 disabled maxconn 64",
+            *([f"    server {HOLD_SERVER} unix@{hold_path} backup maxconn 1"] if hold else []),
             "",
         ]
     return "\n".join(lines)

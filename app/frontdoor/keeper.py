@@ -19,7 +19,7 @@ from typing import Any
 from app.api.database import Database
 from app.core.errors import NotFoundError
 from app.frontdoor import service
-from app.frontdoor.haproxy import HaproxyError, RuntimeApi, host_port
+from app.frontdoor.haproxy import HOLD_SERVER, HaproxyError, RuntimeApi, host_port
 from app.frontdoor.models import EndpointSetPublic
 from app.frontdoor.requestlog import RequestLog, held_in_window
 from app.frontdoor.rules import EndpointState
@@ -144,6 +144,7 @@ class HaproxyKeeper:
     async def _take_over(self, feed: EndpointSetPublic) -> None:
         """The slots as HAProxy has them: a slot serving a listed engine's address stays that engine's."""
         servers = await self.api.servers(self.backend)
+        servers.pop(HOLD_SERVER, None)  # HAProxy's own, never an engine's (`haproxy.render_config`)
         self.slot_names = sorted(servers, key=lambda name: (len(name), name))
         by_address = {host_port(e.address): e.engine_id for e in feed.endpoints}
         self.slots.clear()

@@ -15,10 +15,10 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from app.frontdoor.haproxy import DoorConfig, render_config
+from app.frontdoor.haproxy import QUEUE_TIMEOUT_S, DoorConfig, render_config
 
 SOCKET_PATH_MAX = 100  # a Unix socket path must fit 108 bytes
 
@@ -84,7 +84,16 @@ class RunningDoor:
             process.wait(grace_s)
 
 
-def start_front_door(directory: Path, door: DoorConfig, ready_timeout_s: float = 10.0) -> RunningDoor:
+def start_front_door(
+    directory: Path,
+    door: DoorConfig,
+    ready_timeout_s: float = 10.0,
+    *,
+    hold: bool = True,
+    queue_timeout_s: int = QUEUE_TIMEOUT_S,
+) -> RunningDoor:
+    """`hold`, `queue_timeout_s`: whether and how long requests wait while no engine is ready
+    (`haproxy.render_config`)."""
     directory.mkdir(parents=True, exist_ok=True)
     socket_path = socket_path_for(directory)
     request_log = socket_path_for(directory, "requests.sock")
@@ -99,7 +108,13 @@ def start_front_door(directory: Path, door: DoorConfig, ready_timeout_s: float =
     if binary is None:
         raise FrontDoorUnavailable("haproxy is not installed (apt-get install haproxy)")
     Path(socket_path).unlink(missing_ok=True)
-    config_path.write_text(render_config(socket_path, [door], request_log=request_log))
+    if door.hold_socket is None:  # beside the admin socket, as short (a Unix socket path must fit 108 bytes)
+        door = replace(door, hold_socket=socket_path_for(directory, "hold.sock"))
+    config_path.write_text(
+        render_config(
+            socket_path, [door], request_log=request_log, hold=hold, queue_timeout_s=queue_timeout_s
+        )
+    )
     log_path = directory / "haproxy.log"
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(

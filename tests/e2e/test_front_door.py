@@ -24,7 +24,7 @@ from engine_agent import moe
 from engine_agent.protocol import EngineConfig
 from tests.frontdoor.conftest import require_haproxy
 from tests.support.processes import clean_environment, epctl_command, free_port, spawn
-from tests.support.stack import SteadyClient
+from tests.support.stack import SteadyClient, failures_around
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.processes
@@ -332,19 +332,6 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
             up.kill()
 
 
-def _failures_around(samples: list[Any], fault_at: float, served_again_at: float, what: str) -> None:
-    """Every failed request was in flight at the fault or sent after it, before the survivors served
-    again; none after."""
-    failures = [s for s in samples if not s.ok]
-    print(f"front door through {what}: {len(samples)} requests, {len(failures)} failed")
-    if failures:
-        first, last = min(f.sent_at for f in failures), max(f.done_at for f in failures)
-        print(f"  failures from {first - fault_at:+.3f} s to {last - fault_at:+.3f} s after the fault")
-        print(f"  errors: {sorted({str(f.error)[:80] for f in failures})[:4]}")
-    assert all(fault_at <= f.done_at and f.sent_at <= served_again_at for f in failures), failures
-    assert not [s for s in samples if not s.ok and s.sent_at > served_again_at]
-
-
 def test_a_frozen_engine_is_taken_out_of_the_front_door_once_fenced_and_the_survivors_serve(
     deployed: Deployed,
 ) -> None:
@@ -378,7 +365,7 @@ def test_a_frozen_engine_is_taken_out_of_the_front_door_once_fenced_and_the_surv
     samples = client.stop()
     watcher.stop()
 
-    _failures_around(samples, frozen_at, served_again_at, "a SIGSTOP")
+    failures_around(samples, frozen_at, served_again_at, "a SIGSTOP")
     states = [(v["resourceVersion"], _states(v).get(victim["id"])) for v in while_frozen]
     first_out = next(i for i, (_, state) in enumerate(states) if state != "ready")
     reason = next(e["reason"] for e in while_frozen[first_out]["endpoints"] if e["engine_id"] == victim["id"])
@@ -416,5 +403,5 @@ def test_an_engine_killed_is_taken_out_of_the_front_door_and_clients_are_served_
     samples = client.stop()
 
     print(f"the killed engine: {_states(out).get(victim['id'], 'not listed')}")
-    _failures_around(samples, killed_at, served_again_at, "a SIGKILL")
+    failures_around(samples, killed_at, served_again_at, "a SIGKILL")
     assert victim["id"] not in _ready(healed), healed

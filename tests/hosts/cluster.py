@@ -30,8 +30,11 @@ class HostsCoordinator(StackCoordinator):
     def url(self) -> str:
         return f"http://{CONTROL_ROOT}:{self.port}"
 
+    front_doors = ""  # EPCTL_FRONT_DOORS, kept through restarts (a front door in the root namespace)
+
     def environment(self, **extra: str) -> dict[str, str]:
-        return super().environment(**{"EPCTL_HOST": CONTROL_ROOT, **extra})
+        doors = {"EPCTL_FRONT_DOORS": self.front_doors} if self.front_doors else {}
+        return super().environment(**{"EPCTL_HOST": CONTROL_ROOT, **doors, **extra})
 
     def restart(self, **env: str) -> None:
         """SIGKILL (the engines outlive it), start again on the same port (the new one adopts them);

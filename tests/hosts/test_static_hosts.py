@@ -14,6 +14,8 @@ host's namespace, sending to the engine(s) of that host over the host's own cont
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,14 +24,18 @@ from typing import Any
 import pytest
 import torch
 
+from app.frontdoor.haproxy import DoorConfig
+from app.frontdoor.launch import RunningDoor, haproxy_binary, start_front_door
 from engine_agent import moe
+from tests.frontdoor.conftest import require_haproxy
 from tests.hosts.cluster import HostAgent, HostClient, HostsCoordinator, registered, start_host_agents
 from tests.support.databases import sqlite_database
 from tests.support.e2e import Stack
 from tests.support.invariants import assert_recovered
 from tests.support.jobs import bring_to_size
 from tests.support.netns import Host, Hosts
-from tests.support.stack import ENGINE
+from tests.support.processes import free_port
+from tests.support.stack import ENGINE, SteadyClient, failures_around
 from tests.support.waiting import wait_until
 
 HOSTS = 4
@@ -42,6 +48,7 @@ class Cluster:
     stack: Stack
     agents: dict[str, HostAgent]  # by engine id
     workdir: Path
+    door: RunningDoor | None  # the deployment's front door (None: HAProxy not installed)
 
     @property
     def coordinator(self) -> HostsCoordinator:
@@ -79,6 +86,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     hosts = Hosts.build(HOSTS)
     coordinator = HostsCoordinator(sqlite_database(tmp, migrated=True), tmp / "data")
     agents: list[HostAgent] = []
+    door = _front_door(tmp)  # in the root namespace, beside the coordinator; it reaches every host's engine
+    if door is not None:
+        spec = {"deployment": "demo", "url": door.url, "socket": door.socket_path, "poll_s": 0.05}
+        coordinator.front_doors = json.dumps([spec])
     try:
         coordinator.start(ready_timeout_s=60.0)
         coordinator.create_deployment("demo", launcher="static", on_engine_loss="replace")
@@ -96,12 +107,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             tokens=tokens.tolist(),
             expected=moe.reference_forward(ENGINE, tokens).tolist(),
         )
-        yield Cluster(hosts, stack, {a.engine_id: a for a in agents}, tmp)
+        yield Cluster(hosts, stack, {a.engine_id: a for a in agents}, tmp, door)
     finally:
         for agent in agents:
             agent.child.kill()
         coordinator.close()
+        if door is not None:
+            door.stop()
         hosts.close()
+
+
+def _front_door(tmp: Path) -> RunningDoor | None:
+    """HAProxy as the deployment's front door, where it is installed (the tests that need it skip)."""
+    if haproxy_binary() is None:
+        return None
+    return start_front_door(tmp / "front-door", DoorConfig("demo", "127.0.0.1", free_port()))
 
 
 def stop_all(clients: list[HostClient]) -> list[Any]:
@@ -239,6 +259,70 @@ def test_a_cut_data_link_re_forms_on_the_rest_then_grows_back(cluster: Cluster) 
         what="replace to grow the deployment back to 4 once the link is back",
         describe=lambda: str(coordinator.deployment()),
     )
+    assert_recovered(cluster.stack, "demo")
+
+
+def test_a_cut_data_link_through_the_front_door_takes_the_cut_side_out_and_serves_the_rest(
+    cluster: Cluster,
+) -> None:
+    """Four engines on four hosts behind the front door (HAProxy in the root namespace), a client sending
+    only to it; one host's data link cut. The cut engine is `out` (fenced) in the feed from the first
+    version that does not list it `ready`, never `ready` again while cut; requests fail only from the
+    cut until the other three serve again (the group breaks with the link: its collective fails), none
+    after; once the link is back the deployment grows back to 4 and the front door serves all four."""
+    require_haproxy()
+    assert cluster.door is not None
+    coordinator = cluster.coordinator
+    cluster.size_to(4)
+    api = coordinator.api
+
+    def feed() -> dict[str, Any]:
+        found: dict[str, Any] = api.get("/v1/deployments/demo/endpoints").json()
+        return found
+
+    def states() -> dict[str, str]:
+        return {e["engine_id"]: e["state"] for e in feed()["endpoints"]}
+
+    wait_until(
+        lambda: (
+            sorted(s for s in states().values() if s == "ready") == ["ready"] * 4
+            and feed()["front_door"]["applied_version"] == feed()["resourceVersion"]
+        ),
+        timeout_s=60,
+        what="the front door serving the four engines",
+    )
+    client = SteadyClient(
+        [cluster.door.url], cluster.stack.tokens, cluster.stack.expected, streams=2, period_s=0.02
+    ).start()
+    client.wait_serving(count=20, timeout_s=60)
+    cut = cluster.members()[3]
+    seen: list[str] = []
+    with cluster.hosts.cut_off([cut.host], "data"):
+        cut_at = time.time()
+
+        def out_and_three_serving() -> bool:
+            seen.append(states().get(cut.engine_id, "gone"))
+            return registered(coordinator)[cut.engine_id]["state"] == "fenced" and len(cluster.members()) == 3
+
+        wait_until(
+            out_and_three_serving, timeout_s=90, what=f"{cut.engine_id} fenced and the other three serving"
+        )
+        client.wait_serving(count=50, timeout_s=60)  # served on the three
+        served_again_at = time.time()
+        seen.append(states().get(cut.engine_id, "gone"))
+    wait_until(
+        lambda: coordinator.deployment()["current_dp_size"] == 4 and len(cluster.members()) == 4,
+        timeout_s=120,
+        what="replace to grow the deployment back to 4 once the link is back",
+    )
+    client.wait_serving(count=20, timeout_s=60)
+    samples = client.stop()
+
+    failures_around(samples, cut_at, served_again_at, "a cut data link")
+    print(f"the cut engine in the feed while cut: {seen[:3]} ... {seen[-3:]}")
+    assert_exact(samples)
+    first_out = next(i for i, state in enumerate(seen) if state != "ready")
+    assert all(state in ("out", "gone") for state in seen[first_out:]), seen
     assert_recovered(cluster.stack, "demo")
 
 

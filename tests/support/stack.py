@@ -247,3 +247,16 @@ class SteadyClient:
             ),
             default=0.0,
         )
+
+
+def failures_around(samples: list[Sample], fault_at: float, served_again_at: float, what: str) -> None:
+    """Every failed request was in flight at the fault or sent after it, before the survivors served
+    again; none after."""
+    failures = [s for s in samples if not s.ok]
+    print(f"front door through {what}: {len(samples)} requests, {len(failures)} failed")
+    if failures:
+        first, last = min(f.sent_at for f in failures), max(f.done_at for f in failures)
+        print(f"  failures from {first - fault_at:+.3f} s to {last - fault_at:+.3f} s after the fault")
+        print(f"  errors: {sorted({str(f.error)[:80] for f in failures})[:4]}")
+    assert all(fault_at <= f.done_at and f.sent_at <= served_again_at for f in failures), failures
+    assert not [s for s in samples if not s.ok and s.sent_at > served_again_at]

@@ -219,12 +219,16 @@ class CommGroup:
         started = time.monotonic()
         give_up = started + deadline_s
         spin_until = started + POLL_SPIN_S
+        slow_told = self.on_slow is None
         while not done():
             now = time.monotonic()
             if self.abandoned.is_set():
                 raise GroupAbandoned(f"{what}: the group was given up ({self.abandon_reason})")
             if now > give_up:
                 raise CollectiveTimeout(f"{what}: not done within {deadline_s:g} s")
+            if not slow_told and now - started >= self.slow_after_s and self.on_slow is not None:
+                slow_told = True  # as the CPU wait does: who stalled is known by the deadline
+                self.on_slow()
             if now > spin_until:
                 time.sleep(POLL_SLEEP_S)
 

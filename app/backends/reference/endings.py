@@ -21,7 +21,7 @@ from typing import Any
 from sqlmodel import Session
 
 from app.backends.base import JobCancelled, JobFailure
-from app.backends.reference.fanout import Fanout, silent_deadline
+from app.backends.reference.fanout import Fanout
 from app.backends.reference.front_door import commit_observed, new_rank_set, rank_set_restored
 from app.backends.reference.job import JobRun
 from app.backends.reference.launching import launch_spec
@@ -87,9 +87,10 @@ class Endings:
     async def fail_and_degrade(self, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:
         """Part of the engines switched, part did not: the deployment is degraded, the job failed,
         and the job shows which engine is on which generation."""
-        infos = await fanout.fleet.each(
-            run.participant_clients(), lambda c: c.info(timeout_s=silent_deadline(run, c))
-        )
+        # An engine silent in this job is not asked again (a frozen one would hold the end): unreachable.
+        answering = [c for c in run.participant_clients() if c.engine_id not in run.silent]
+        infos: dict[str, object] = {c.engine_id: None for c in run.participant_clients()}
+        infos.update(await fanout.fleet.each(answering, lambda c: c.info()))
         generations = {
             eid: (
                 {"generation": i.generation, "state": i.state.value, "rank": i.rank}

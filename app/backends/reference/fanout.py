@@ -243,9 +243,10 @@ class Fanout:
                 await asyncio.sleep(settings.agent_poll_interval_s)
 
     async def read_statuses(self, run: JobRun, clients: Sequence[AgentClient]) -> None:
-        """Each reachable agent's status of this job, into `run.statuses` (an engine silent in this
-        job is asked with a health check's deadline: a frozen one must not hold the job's end)."""
-        results = await self.fleet.each(clients, lambda c: c.reconfig(timeout_s=silent_deadline(run, c)))
+        """Each reachable agent's status of this job, into `run.statuses`. An engine silent in this job
+        is not asked again: a frozen one would hold the job's end for a call's deadline."""
+        asked = [c for c in clients if c.engine_id not in run.silent]
+        results = await self.fleet.each(asked, lambda c: c.reconfig())
         for engine_id, result in results.items():
             if isinstance(result, ReconfigStatus) and result.job_id == run.job_id:
                 run.statuses[engine_id] = result
@@ -290,11 +291,6 @@ class Fanout:
             for engine_id, result in results.items():
                 if not isinstance(result, ReconfigStatus) or not _active(result):
                     left.pop(engine_id, None)
-
-
-def silent_deadline(run: JobRun, client: AgentClient) -> float | None:
-    """A call's deadline for `client` in this job: short for an engine silent in it already."""
-    return HEALTH_CHECK_S if client.engine_id in run.silent else None
 
 
 def _active(status: ReconfigStatus) -> bool:

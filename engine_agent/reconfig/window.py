@@ -33,7 +33,7 @@ from engine_agent.reconfig.faults import FaultSwitches
 from engine_agent.reconfig.job import Job, Site
 from engine_agent.reconfig.prepare import Builder
 from engine_agent.reconfig.steps import Step
-from engine_agent.reconfig.window_peers import resume_or_leave, watch
+from engine_agent.reconfig.window_peers import resume_or_leave, unwatch, watch
 from engine_agent.serving import ActiveGeneration, ArmedSwitch, PausedAt
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class CommitWindow:
                 took = self.builder.run(job, job.plan.window)
             finally:
                 if group is not None:
-                    group.on_slow = None
+                    unwatch(group)
             interval.warmup_ms = took.pop(Step.warm_up, 0.0)
             interval.capture_ms = took.pop(Step.capture_graphs, 0.0)
             interval.blocking_prepare_ms = sum(took.values())

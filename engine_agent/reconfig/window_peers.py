@@ -20,12 +20,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from engine_agent.groups import CommGroup
+from engine_agent.groups import SLOW_AFTER_S, CommGroup
 from engine_agent.peer_check import BrokenGroup, check_peers
 from engine_agent.reconfig.job import Job
 from engine_agent.serving import ServingEngine
 
 log = logging.getLogger(__name__)
+
+# A window collective waits this long before the peers are asked: no step waits on a live peer's answer
+# to `/healthz` (1 s at most), so asking early costs nothing and ends a frozen peer's window sooner.
+WINDOW_SLOW_AFTER_S = 0.5
 
 
 def watch(job: Job, group: CommGroup, on_found: Callable[[int, list[str]], None]) -> None:
@@ -53,6 +57,13 @@ def watch(job: Job, group: CommGroup, on_found: Callable[[int, list[str]], None]
         check_peers(request.generation, others, found)
 
     group.on_slow = slow
+    group.slow_after_s = WINDOW_SLOW_AFTER_S
+
+
+def unwatch(group: CommGroup) -> None:
+    """The window's steps are over: the group (serving next, or destroyed) is no longer watched."""
+    group.on_slow = None
+    group.slow_after_s = SLOW_AFTER_S
 
 
 def resume_or_leave(job: Job, engine: ServingEngine) -> None:

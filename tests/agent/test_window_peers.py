@@ -15,11 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from engine_agent.groups import CommGroup
+from engine_agent.groups import SLOW_AFTER_S, CommGroup
 from engine_agent.protocol import ReconfigPhase, ReconfigStatus, Role, Strategy, WarmupPolicy
 from engine_agent.reconfig.job import Job
 from engine_agent.reconfig.steps import steps_for
-from engine_agent.reconfig.window_peers import resume_or_leave, watch
+from engine_agent.reconfig.window_peers import WINDOW_SLOW_AFTER_S, resume_or_leave, unwatch, watch
 from tests.agent.test_reconfig_tables import request
 from tests.support.waiting import wait_until
 
@@ -93,7 +93,7 @@ def test_a_peer_that_does_not_answer_inside_the_window_gives_the_group_up_and_is
     job, group = window_job({"b": frozen_url, "c": live_url}), new_group()
     named: list[tuple[int, list[str]]] = []
     watch(job, group, lambda generation, ids: named.append((generation, ids)))
-    assert group.on_slow is not None
+    assert group.on_slow is not None and group.slow_after_s == WINDOW_SLOW_AFTER_S  # asked early
     group.on_slow()  # the warm-up's collective waited longer than a step could
     wait_until(group.abandoned.is_set, timeout_s=30, what="the window's group given up")
     assert job.unresponsive == ["b"]
@@ -116,7 +116,8 @@ def test_a_probe_that_answers_after_the_window_ended_changes_nothing(frozen_url:
     slow = group.on_slow
     assert slow is not None
     slow()
-    group.on_slow = None  # the window's step finished meanwhile (the serving loop owns the group now)
+    unwatch(group)  # the window's step finished meanwhile (the serving loop owns the group now)
+    assert (group.on_slow, group.slow_after_s) == (None, SLOW_AFTER_S)
     probes_done()
     assert not group.abandoned.is_set() and job.unresponsive == []
 

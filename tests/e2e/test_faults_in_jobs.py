@@ -497,7 +497,7 @@ def test_a_staying_engine_frozen_in_the_commit_window_is_fenced_and_the_survivor
         assert job["state"] in ("rolled_back", "failed"), job
         heals = [
             j
-            for j in coordinator.api.get("/v1/jobs", params={"deployment": name}).json()["data"]
+            for j in coordinator.api.get("/v1/reconfigurations", params={"deployment": name}).json()["data"]
             if j["requested_by"] == "self-heal" and j["created_at"] > job["created_at"]
         ]
         fenced = f"{frozen['id']} (stalled: named by every survivor)"

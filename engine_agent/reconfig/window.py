@@ -33,7 +33,7 @@ from engine_agent.reconfig.faults import FaultSwitches
 from engine_agent.reconfig.job import Job, Site
 from engine_agent.reconfig.prepare import Builder
 from engine_agent.reconfig.steps import Step
-from engine_agent.reconfig.window_peers import resume_or_leave, unwatch, watch
+from engine_agent.reconfig.window_peers import refuse_if_given_up, resume_or_leave, unwatch, watch
 from engine_agent.serving import ActiveGeneration, ArmedSwitch, PausedAt
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,7 @@ class CommitWindow:
                 f"switch to generation {request.generation} came after the pause lease ran out; refused, "
                 f"serving generation {request.old_generation}",
             )
+        refuse_if_given_up(job, self.roll_back)  # a peer gave this window up: no switch into it
         if self.faults.take_fail_next_switch():
             raise ReconfigError("injected-failure", "switch failed (fault injection)")
         started = time.monotonic()

@@ -17,9 +17,17 @@ import torch
 
 from engine_agent.groups import SLOW_AFTER_S, CommGroup
 from engine_agent.protocol import ReconfigPhase, ReconfigStatus, Role, Strategy, WarmupPolicy
+from engine_agent.reconfig.errors import ReconfigError
 from engine_agent.reconfig.job import Job
 from engine_agent.reconfig.steps import steps_for
-from engine_agent.reconfig.window_peers import WINDOW_SLOW_AFTER_S, resume_or_leave, unwatch, watch
+from engine_agent.reconfig.window_peers import (
+    GIVEN_UP_KEY,
+    WINDOW_SLOW_AFTER_S,
+    refuse_if_given_up,
+    resume_or_leave,
+    unwatch,
+    watch,
+)
 from tests.agent.test_reconfig_tables import request
 from tests.support.waiting import wait_until
 
@@ -153,3 +161,43 @@ def test_the_way_back_does_not_resume_a_generation_whose_member_did_not_answer(
     job.unresponsive = unresponsive
     resume_or_leave(job, engine)  # type: ignore[arg-type]
     assert engine.calls == calls
+
+
+class Store:
+    """The job's rendezvous store, as far as the window asks it."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.keys[key] = value.encode()
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.keys for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.keys[key]
+
+
+def test_a_window_a_peer_gave_up_is_not_switched_into(frozen_url: str) -> None:
+    """A member frozen in the window and thawed within its lease: its warm-up may complete from what the
+    others sent before they gave the group up; the switch must go back instead, naming why."""
+    holder, thawed = window_job({"b": frozen_url}), window_job({})
+    store = Store()
+    holder.store = thawed.store = store  # type: ignore[assignment]
+    group = new_group()
+    watch(holder, group, lambda generation, ids: None)
+    assert group.on_slow is not None
+    group.on_slow()
+    wait_until(lambda: store.check([GIVEN_UP_KEY]), timeout_s=30, what="the window given up on the store")
+    rolled_back: list[Job] = []
+    thawed.paused_monotonic = time.monotonic() - 5.0  # stopped for seconds (it was frozen)
+    with pytest.raises(ReconfigError) as refused:
+        refuse_if_given_up(thawed, rolled_back.append)
+    assert refused.value.type == "window-given-up" and "b" in str(refused.value) and rolled_back == [thawed]
+    thawed.paused_monotonic = time.monotonic()  # a window of a few ms: the store is not even asked
+    refuse_if_given_up(thawed, rolled_back.append)
+    fresh = window_job({})
+    fresh.store, fresh.paused_monotonic = Store(), time.monotonic() - 5.0  # type: ignore[assignment]
+    refuse_if_given_up(fresh, rolled_back.append)  # nobody gave it up: the switch goes on
+    assert rolled_back == [thawed]

@@ -419,8 +419,9 @@ WINDOW_FREEZE_S = 20.0
 
 
 class ReadyWatch:
-    """Polls the deployment every 0.5 s: every time it reads `ready` with fewer engines serving its
-    generation than its size (the same record read before and after the engines, so no switch races it)."""
+    """Polls the deployment every 0.5 s: every time it reads `ready` with fewer engines serving (or paused
+    at a commit boundary) on its generation than its size (the same record read before and after the
+    engines, so no switch races it)."""
 
     def __init__(self, stack: Stack, name: str) -> None:
         self.stack, self.name = stack, name
@@ -439,15 +440,18 @@ class ReadyWatch:
                 keys = ("status", "generation", "current_dp_size")
                 if any(before[k] != after[k] for k in keys) or after["status"] != "ready":
                     continue
-                serving = [
+                serving = [  # paused at a commit boundary counts, as the judge counts it
                     e
                     for e in engines
-                    if e["state"] == "serving"
+                    if e["state"] in ("serving", "paused")
                     and e["generation"] == after["generation"]
                     and e["dp_rank"] is not None
                 ]
                 if len(serving) < after["current_dp_size"]:
-                    self.wrong.append((after, len(serving)))
+                    seen = {k: after[k] for k in keys}
+                    self.wrong.append(
+                        ({**seen, "engines": [(e["id"], e["state"]) for e in engines]}, len(serving))
+                    )
 
     def stop(self) -> list[tuple[dict[str, Any], int]]:
         self._stop.set()

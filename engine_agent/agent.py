@@ -138,7 +138,11 @@ class Agent:
             platform=settings.platform,
             device=self.device,
             cleanup=self.cleanup,
-            hooks=ExecutorHooks(on_pause=self._on_pause, on_bytes=self.metrics.bytes_transferred.inc),
+            hooks=ExecutorHooks(
+                on_pause=self._on_pause,
+                on_bytes=self.metrics.bytes_transferred.inc,
+                on_unresponsive=self._on_unresponsive,
+            ),
             default_pause_lease_s=settings.pause_lease_s,
             data_host=self.data_host,
             resident=self.resident,
@@ -175,6 +179,11 @@ class Agent:
             self._early = broken
 
         check_peers(active.generation, self._others(active), found)
+
+    def _on_unresponsive(self, generation: int, engine_ids: list[str]) -> None:
+        """Members of `generation` did not answer inside the commit window: named at once when it
+        breaks (the window leaves it rather than resume it: `reconfig.window_peers`)."""
+        self._early = BrokenGroup(generation, engine_ids)
 
     def _others(self, active: ActiveGeneration) -> list[tuple[str, str]]:
         return [

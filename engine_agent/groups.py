@@ -63,6 +63,7 @@ class GroupAbandoned(CollectiveTimeout):
     """The group was given up (broken, as a peer or this engine found): its collectives end at once."""
 
 
+SLOW_AFTER_S = 2.0  # a serving collective this slow (far above any step): who stalled is asked
 WAIT_SLICE_S = 0.05  # a CPU collective is waited in slices of this: an abandoned group is left within one
 POLL_SPIN_S = 0.005  # a GPU operation's completion is polled without a pause this long, then every
 POLL_SLEEP_S = 0.0002  # this
@@ -139,7 +140,7 @@ class CommGroup:
     # Called once when a serving collective has waited `slow_after_s` (far above any step): the
     # engine starts finding out who stalled, so the evidence is there by the serving deadline.
     on_slow: Callable[[], None] | None = field(default=None, repr=False)
-    slow_after_s: float = 2.0
+    slow_after_s: float = SLOW_AFTER_S
 
     def abandon(self, reason: str) -> bool:
         """Give the group up: a collective waiting on it (or started later) raises GroupAbandoned
@@ -219,12 +220,16 @@ class CommGroup:
         started = time.monotonic()
         give_up = started + deadline_s
         spin_until = started + POLL_SPIN_S
+        slow_told = self.on_slow is None
         while not done():
             now = time.monotonic()
             if self.abandoned.is_set():
                 raise GroupAbandoned(f"{what}: the group was given up ({self.abandon_reason})")
             if now > give_up:
                 raise CollectiveTimeout(f"{what}: not done within {deadline_s:g} s")
+            if not slow_told and now - started >= self.slow_after_s and self.on_slow is not None:
+                slow_told = True  # as the CPU wait does: who stalled is known by the deadline
+                self.on_slow()
             if now > spin_until:
                 time.sleep(POLL_SLEEP_S)
 

@@ -63,6 +63,7 @@ class Job:
     worker: threading.Thread | None = None
     commit_armed: bool = False  # engine-agreed commit: this engine's loop is armed for the new generation
     at_boundary: bool = False  # engine-agreed commit: the boundary came; no way back but the window's own
+    unresponsive: list[str] = field(default_factory=list)  # peers that did not answer inside the window
 
     @property
     def steps(self) -> RoleSteps:
@@ -116,6 +117,9 @@ class ExecutorHooks:
 
     on_pause: Callable[[float], None] = lambda pause_ms: None
     on_bytes: Callable[[int], None] = lambda nbytes: None
+    # Members of a generation that did not answer inside the commit window (`window_peers`): the agent
+    # names them when that generation breaks.
+    on_unresponsive: Callable[[int, list[str]], None] = lambda generation, engine_ids: None
 
 
 class StatusBoard:

@@ -33,6 +33,7 @@ from engine_agent.reconfig.faults import FaultSwitches
 from engine_agent.reconfig.job import Job, Site
 from engine_agent.reconfig.prepare import Builder
 from engine_agent.reconfig.steps import Step
+from engine_agent.reconfig.window_peers import refuse_if_given_up, resume_or_leave, unwatch, watch
 from engine_agent.serving import ActiveGeneration, ArmedSwitch, PausedAt
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,14 @@ class CommitWindow:
         site.board.update(job, pause=reported)
         if job.plan.window:
             site.board.count_steps(job, job.plan.window)
-            took = self.builder.run(job, job.plan.window)
+            group = job.standby.get("ep")
+            if group is not None:  # a frozen peer ends the window, not the collective deadline
+                watch(job, group, site.hooks.on_unresponsive)
+            try:
+                took = self.builder.run(job, job.plan.window)
+            finally:
+                if group is not None:
+                    unwatch(group)
             interval.warmup_ms = took.pop(Step.warm_up, 0.0)
             interval.capture_ms = took.pop(Step.capture_graphs, 0.0)
             interval.blocking_prepare_ms = sum(took.values())
@@ -97,6 +105,7 @@ class CommitWindow:
                 f"switch to generation {request.generation} came after the pause lease ran out; refused, "
                 f"serving generation {request.old_generation}",
             )
+        refuse_if_given_up(job, self.roll_back)  # a peer gave this window up: no switch into it
         if self.faults.take_fail_next_switch():
             raise ReconfigError("injected-failure", "switch failed (fault injection)")
         started = time.monotonic()
@@ -319,7 +328,7 @@ class CommitWindow:
             # again, or the members that resumed would wait on this one in their next step.
             self.cancel_peer_lease()
             if engine.state == AgentState.paused:
-                engine.resume()
+                resume_or_leave(job, engine)  # not onto a generation whose member froze
         job.paused = False
 
     def _after_armed_switch(self, job: Job, switched: ArmedSwitch) -> None:

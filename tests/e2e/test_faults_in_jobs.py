@@ -406,3 +406,66 @@ def test_a_coordinator_killed_in_a_scale_job_reconciles_it_at_once_on_restart(
     finally:
         client.stop()
     assert_no_wrong_answer(client)
+
+
+# A staying engine frozen inside the commit window: the window ends at the pause lease (the healthy
+# members find the frozen one unresponsive while their warm-up waits on it, give the window up and leave
+# the old generation too, which cannot step without it), the job ends, the frozen one is fenced on the
+# survivors' evidence and a self-heal job re-forms the group on them. Generous bounds for a loaded
+# 2-core host; without the evidence the job waited out two collective deadlines and the frozen engine
+# was written off at its heartbeat timeout, never fenced.
+WINDOW_FREEZE_S = 20.0
+
+
+def test_a_staying_engine_frozen_in_the_commit_window_is_fenced_and_the_survivors_serve_while_it_is_frozen(
+    faulted: Faulted,
+) -> None:
+    """Issue 34: SIGSTOP of rank 1 (staying) inside the window (rank 0 holds the new group's deferred
+    warm-up open, then lets it go), kept frozen: the job ends, the frozen engine is fenced on the
+    survivors' evidence (not written off at its heartbeat timeout) and the survivors serve a generation
+    of their own, all while it is still frozen."""
+    stack, name = faulted.stack, faulted.name
+    coordinator = stack.coordinator
+    engines = members(stack, name)
+    holder, frozen, leaver = engines
+    frozen_pid = int(agent_info(frozen["url"])["pid"])
+    generation = coordinator.deployment(name)["generation"]
+    inject(holder["url"], hang_prepare_at_step="warm_up")
+    client = start_client(stack, [holder["url"], leaver["url"]])  # the survivors keep their URLs
+    try:
+        client.wait_serving()
+        job_id = coordinator.scale(SIZE - 1, name, warmup_policy="deferred")
+        wait_agent_step(holder["url"], job_id, "warm_up")
+        os.kill(frozen_pid, signal.SIGSTOP)
+        try:
+            inject(holder["url"], release_hang=True)
+            job = coordinator.wait_job(job_id, timeout_s=WINDOW_FREEZE_S)
+            still_frozen = is_stopped(frozen_pid)
+
+            def serving_again() -> bool:
+                return any(s.ok and (s.generation or 0) > generation for s in list(client.samples))
+
+            wait_until(serving_again, timeout_s=SERVE_AGAIN_S, what="the survivors serving a new generation")
+            fate = {e["id"]: e["state"] for e in coordinator.engines(name)}.get(frozen["id"])
+            # Still frozen, or written off and stopped by the coordinator once fenced past its grace (the
+            # heartbeat timeout, 5 s here): never thawed by this test before the survivors served.
+            frozen_meanwhile = is_stopped(frozen_pid) or fate == "left"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(frozen_pid, signal.SIGCONT)
+        assert still_frozen, "the job ended only once the engine was running again"
+        assert frozen_meanwhile, "the survivors served again only once the engine was running again"
+        assert job["state"] in ("rolled_back", "failed"), job
+        heals = [
+            j
+            for j in coordinator.api.get("/v1/reconfigurations", params={"deployment": name}).json()["data"]
+            if j["requested_by"] == "self-heal" and j["created_at"] > job["created_at"]
+        ]
+        fenced = f"{frozen['id']} (stalled: named by every survivor)"
+        # Without the evidence it was written off at its heartbeat timeout: "(silent N s)".
+        assert heals and all(fenced in (h["reason"] or "") for h in heals), [h["reason"] for h in heals]
+        assert_thawed_engine_fenced(frozen["url"], abandoned=int(job["to_generation"]))
+        assert_recovered(stack, name)
+    finally:
+        client.stop()
+    assert_no_wrong_answer(client)

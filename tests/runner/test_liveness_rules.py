@@ -22,9 +22,9 @@ from tests.runner.liveness_views import NOW, RULES, ago, engine, job, members, v
 NO_CONFIRM = replace(RULES, health_confirm_s=0.0)
 
 
-def survivor(name: str = "e0", **kw: Any) -> EngineSeen:
+def survivor(name: str = "e0", *, heard: float = 1.0, **kw: Any) -> EngineSeen:
     """A member that left its broken group (idle, on no generation) and heartbeats."""
-    return engine(name, "idle", heard=1.0, **kw)
+    return engine(name, "idle", heard=heard, **kw)
 
 
 # --- silence and what the coordinator hears ---------------------------------------------------------------
@@ -275,10 +275,39 @@ def test_no_fence_without_the_evidence(named: bool, heard: float) -> None:
     assert verdict(view(named_by_survivor(named=named, heard=heard))).fate("e1") is None
 
 
+def test_a_member_named_by_every_survivor_inside_a_job_is_fenced_not_left_for_its_timeout() -> None:
+    """Issue 34: frozen inside a job (in prepare, or in the commit window), the survivors named it when
+    their group broke; the job ends at its own deadlines, but the evidence is judged now, before its
+    heartbeat timeout would write it off and stop it. Nothing else is decided while the job runs."""
+    running = job("j1", "committing", by="operator", ended=1)
+    found = verdict(view(named_by_survivor(), active=running))
+    assert found.fate("e1") is Fate.stalled
+    assert found.job is None and found.action == NoJob(f"{why.JOB_OWNS_IT} (j1)")
+    silent_too = verdict(view(named_by_survivor(heard=20.0), active=running))
+    assert silent_too.fate("e1") is Fate.stalled  # fenced, not lost
+
+
 def test_no_verdict_until_every_member_spoke() -> None:
-    """A third member left without saying so (no report yet): not every member spoke."""
-    engines = [*named_by_survivor(), survivor("e2")]
+    """A third member left without saying so, not heard since the first report (its report may be on
+    its way): not every member spoke."""
+    engines = [*named_by_survivor(), survivor("e2", heard=3.0)]
     assert verdict(view(engines, size=3)).fate("e1") is None
+
+
+def test_a_member_that_left_before_the_group_broke_is_no_witness() -> None:
+    """Issue 34: a leaver switched at a commit window's boundary, the window a frozen member held open
+    failed, and the member that went back reported the old generation broken, naming the frozen one.
+    The leaver, idle and heard since that report with no break to report, was not in the group when it
+    broke: the frozen one is fenced on the one survivor's evidence (it used to wait for its heartbeat
+    timeout and be written off and stopped)."""
+    engines = [*named_by_survivor(), survivor("e2", heard=1.0)]
+    found = verdict(view(engines, size=3))
+    assert found.fate("e1") is Fate.stalled
+    assert found.job is not None and found.job.target == 2  # the new generation on e0 and the leaver
+    # ... but not one that last heartbeat before the report, nor one that reported another break
+    assert verdict(view([*named_by_survivor(), survivor("e2", heard=3.0)], size=3)).fate("e1") is None
+    other_break = survivor("e2", broken_generation=1, broken_reported_at=ago(1), unresponsive_peers=())
+    assert verdict(view([*named_by_survivor(), other_break], size=3)).fate("e1") is None
 
 
 # --- the status from the engines --------------------------------------------------------------------------

@@ -55,6 +55,10 @@ def clean_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     a child sees only the settings its test chose."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EPCTL_") and k != "DATABASE_URL"}
     env["PYTHONUNBUFFERED"] = "1"
+    # Every child runs this checkout's code, agents too: the coordinator's launcher starts the console
+    # script `epctl-agent` of the shared environment, whose editable install points at the main checkout
+    # (run from a worktree, the agents ran main's code).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(extra or {})
     return env
 

@@ -87,7 +87,10 @@ class Endings:
     async def fail_and_degrade(self, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:
         """Part of the engines switched, part did not: the deployment is degraded, the job failed,
         and the job shows which engine is on which generation."""
-        infos = await fanout.fleet.each(run.participant_clients(), lambda c: c.info())
+        # An engine silent in this job is not asked again (a frozen one would hold the end): unreachable.
+        answering = [c for c in run.participant_clients() if c.engine_id not in run.silent]
+        infos: dict[str, object] = {c.engine_id: None for c in run.participant_clients()}
+        infos.update(await fanout.fleet.each(answering, lambda c: c.info()))
         generations = {
             eid: (
                 {"generation": i.generation, "state": i.state.value, "rank": i.rank}

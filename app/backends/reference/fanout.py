@@ -243,8 +243,10 @@ class Fanout:
                 await asyncio.sleep(settings.agent_poll_interval_s)
 
     async def read_statuses(self, run: JobRun, clients: Sequence[AgentClient]) -> None:
-        """Each reachable agent's status of this job, into `run.statuses`."""
-        results = await self.fleet.each(clients, lambda c: c.reconfig())
+        """Each reachable agent's status of this job, into `run.statuses`. An engine silent in this job
+        is not asked again: a frozen one would hold the job's end for a call's deadline."""
+        asked = [c for c in clients if c.engine_id not in run.silent]
+        results = await self.fleet.each(asked, lambda c: c.reconfig())
         for engine_id, result in results.items():
             if isinstance(result, ReconfigStatus) and result.job_id == run.job_id:
                 run.statuses[engine_id] = result

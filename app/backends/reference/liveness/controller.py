@@ -37,7 +37,7 @@ from app.core.clock import utc_now
 from app.deployments.agent_keys import agent_keys_of
 from app.deployments.models import Deployment
 from app.jobs.async_record import WorkerSessions
-from app.launchers.base import Launcher
+from app.launchers.base import EngineHandle, Launcher
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class Liveness:
         self.deaf_at: datetime | None = None
         self.broken_since: dict[str, datetime] = {}
         self._adoption: asyncio.Task[list[Adoption]] | None = None
+        self._stopping: set[asyncio.Task[None]] = set()  # written-off engines being stopped
 
     async def tick(self) -> Pass:
         """One pass over every reference deployment."""
@@ -118,21 +119,22 @@ class Liveness:
                     self.broken_since.pop(view.id, None)
                 else:
                     self.broken_since[view.id] = verdict.broken_since
-            await self._release(acted)
+            self._release(acted)
         if deaf:
             self.deaf_at = now
         return found
 
-    async def _release(self, acted: Acted) -> None:
-        """Stop the engines written off (a frozen one never returns), through their launchers."""
+    def _release(self, acted: Acted) -> None:
+        """Stop the engines written off (a frozen one never returns), through their launchers, in the
+        background: a stop waits out its grace (SIGTERM, then SIGKILL), and the runner's tick, which
+        claims the self-heal job this same pass asked for, must not wait for it (3 s, issue 34)."""
         for launcher_name, handles in acted.released.items():
             launcher = self.launchers.get(launcher_name)
             if launcher is None:
                 continue
-            try:
-                await launcher.release_lost(handles)
-            except Exception:
-                log.exception("stopping lost engines %s failed", [h.engine_id for h in handles])
+            task = asyncio.create_task(_stop_lost(launcher, handles), name="stop-lost-engines")
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
 
     # --- adoption ------------------------------------------------------------------------------------
 
@@ -195,3 +197,10 @@ def _keys(session: Session, views: list[DeploymentView]) -> dict[str, list[str]]
         deployment = session.get(Deployment, view.id)
         found[view.id] = list(agent_keys_of(deployment)) if deployment is not None else []
     return found
+
+
+async def _stop_lost(launcher: Launcher, handles: list[EngineHandle]) -> None:
+    try:
+        await launcher.release_lost(handles)
+    except Exception:
+        log.exception("stopping lost engines %s failed", [h.engine_id for h in handles])

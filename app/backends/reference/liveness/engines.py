@@ -4,7 +4,8 @@
   each reports, in its next heartbeats, the generation that broke and which other members did not answer
   its health probe (`engine_agent.peer_check`). A member every other member named, and not heard from
   since the first report, is frozen: it is fenced within about a second of the serving deadline, not at
-  its heartbeat timeout. Fenced is not dead: it is not stopped, and one that comes back (heartbeats
+  its heartbeat timeout (a member that left the generation before it broke, as a leaver inside a commit
+  window, has nothing to say). Fenced is not dead: it is not stopped, and one that comes back (heartbeats
   again, idle) within the grace is re-admitted by the grow-back; a thawed engine can never serve the
   fenced generation (every other member left its group, and generations are never reused).
 - A member whose **peers vouch** for it: every other member of its generation heartbeats, serves it with
@@ -19,6 +20,7 @@ from datetime import datetime
 
 from app.backends.reference.liveness.health import serves
 from app.backends.reference.liveness.view import EngineSeen
+from app.deployments.engines.models import EngineState
 
 
 def stalled_members(
@@ -30,9 +32,22 @@ def stalled_members(
     if not reporters:
         return []
     still_on = [e for e in engines if serves(e, generation) and e.broken_generation != generation]
-    if len(reporters) + len(still_on) < size:
-        return []  # not every member spoke yet (or some left otherwise): no verdict
     first_report = min(e.broken_reported_at for e in reporters if e.broken_reported_at is not None)
+    # Off the generation before it broke (a leaver that switched inside a commit window the frozen member
+    # held open, issue 34): idle on another generation and heard since the first report with no break
+    # to report (a member of the group when it broke says so in its first heartbeat after), it was no
+    # member to speak.
+    departed = [
+        e
+        for e in engines
+        if e.state == EngineState.idle.value
+        and e.generation != generation
+        and e.broken_generation != generation
+        and e.last_heartbeat_at is not None
+        and e.last_heartbeat_at >= first_report
+    ]
+    if len(reporters) + len(still_on) + len(departed) < size:
+        return []  # not every member spoke yet (or some left otherwise): no verdict
     found = []
     for engine in still_on:
         others = [e for e in reporters if e.id != engine.id]

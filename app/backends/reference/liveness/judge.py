@@ -16,7 +16,9 @@ ones decided:
               confirmation time (an unreachable member needs none: its timeout confirmed it);
 6. `heal`     at most one self-heal job, by `on_engine_loss` (`heal`).
 
-A deployment a job runs is the job's to judge: only silence is (an engine marked lost, announced), and
+A deployment a job runs is the job's to judge: only `stalled` is (a member frozen inside the job, a commit
+window's included, is fenced on the survivors' evidence rather than written off and stopped at its
+heartbeat timeout while the job ends), silence (an engine marked lost, announced), and
 `serving_in_a_job` (the deployment is never `ready` while fewer of its engines serve than it says:
 `degraded members-missing` once that stayed so for the confirmation time); no job is asked
 (`verdict.JOB_OWNS_IT`).
@@ -53,7 +55,8 @@ def judge(view: DeploymentView, now: datetime, rules: Rules) -> Verdict:
     if not owned and view.current_dp_size > 0:
         answers(board)
         gone(board)
-        stalled(board)
+    if view.current_dp_size > 0:
+        stalled(board)  # in a job too: evidence, ahead of the silence that would write it off
     silence(board)
     if owned and view.current_dp_size > 0:
         serving_in_a_job(board)

@@ -42,10 +42,10 @@ from app.frontdoor.keeper import front_door_keepers
 from app.frontdoor.router import router as endpoints_router
 from app.frontdoor.settings import load_front_doors
 from app.jobs.active import active_job_ids
+from app.jobs.deletion import delete_deployment
 from app.jobs.event_hub import JobLogHub
 from app.jobs.events_router import router as events_router
 from app.jobs.router import router as jobs_router
-from app.jobs.service import delete_deployment
 from app.launchers.registry import cluster_launchers
 from app.metrics_db import refresh as refresh_metrics
 from app.runner.lifespan import run_jobs

@@ -1,7 +1,7 @@
 """Deployment CRUD, HTTP-free (the API, the CLI, the runner and tests call these).
 
 Deployments know nothing of jobs: a deployment's active job and its deletion with its job history are
-`app.jobs.service`'s (`active_job_id`, `delete_deployment`)."""
+`app.jobs` (`active.active_job_id`, `deletion.delete_deployment`)."""
 
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def _check_ray_update(
 
 def delete_deployment_rows(session: Session, deployment: Deployment) -> None:
     """Delete the deployment and its engines, and commit. The caller removes what refers to it first
-    (its job history: `app.jobs.service.delete_deployment`, which also refuses while a job is active).
+    (its job history: `app.jobs.deletion.delete_deployment`, which also refuses while a job is active).
     Raises `IntegrityError` if something still refers to it."""
     session.execute(sa.delete(Engine).where(col(Engine.deployment_id) == deployment.id))
     # Its front door and its rank-set feed's versions (`app.frontdoor`, above this floor: by table name).

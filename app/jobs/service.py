@@ -1,5 +1,5 @@
-"""Reconfiguration jobs: create (validated, idempotent), read, cancel; a deployment's active job and
-the deletion of a deployment with its job history. HTTP-free. Listing: `app.jobs.listing`.
+"""Reconfiguration jobs: create (validated, idempotent), read, cancel; a deployment's active job. HTTP-free.
+Listing: `app.jobs.listing`; deleting a deployment with its job history: `app.jobs.deletion`.
 
 State changes after creation go through `app.jobs.transitions.transition` / `append_event` only.
 """
@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -21,7 +20,7 @@ from app.deployments.coverage import domain_of, shrink_breaks_coverage
 from app.deployments.engines.models import SERVING_STATES, Engine, refuses_key
 from app.deployments.engines.service import available_engines
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend, LauncherKind
-from app.deployments.service import delete_deployment_rows, get_deployment
+from app.deployments.service import get_deployment
 from app.jobs.active import active_job_id
 from app.jobs.cleanup import check_no_unresolved_cleanup
 from app.jobs.idempotency import IdempotencyKey, TakenOver, claim_key, complete_key, forget_key, request_hash
@@ -413,33 +412,6 @@ def cancel_job(session: Session, *, job_id: str, requester: str | None = None) -
             state=state.value,
         )
     raise ConflictError(f"reconfiguration {job_id} keeps changing state; retry", code="not-cancellable")
-
-
-# --- delete a deployment with its history -------------------------------------------------------------
-
-
-def delete_deployment(session: Session, *, ref: str) -> None:
-    """Only when idle (no active job). Removes its job history, then its engines and itself."""
-    deployment = get_deployment(session, ref=ref)
-    active = active_job_id(session, deployment_id=deployment.id)
-    if active is not None:
-        raise ConflictError(
-            f"deployment {deployment.name!r} has an active reconfiguration {active}; cancel it or wait",
-            code="deployment-busy",
-            active_job_id=active,
-        )
-    job_ids = select(ReconfigurationJob.id).where(ReconfigurationJob.deployment_id == deployment.id)
-    session.execute(sa.delete(JobEvent).where(col(JobEvent.job_id).in_(job_ids)))
-    session.execute(
-        sa.delete(ReconfigurationJob).where(col(ReconfigurationJob.deployment_id) == deployment.id)
-    )
-    try:
-        delete_deployment_rows(session, deployment)  # commits
-    except IntegrityError:  # a job was created between our check and the delete
-        session.rollback()
-        raise ConflictError(
-            f"deployment {deployment.name!r} became busy while deleting", code="deployment-busy"
-        ) from None
 
 
 def link_incident(session: Session, *, job_id: str, incident_id: str) -> None:

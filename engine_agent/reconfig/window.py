@@ -33,7 +33,7 @@ from engine_agent.reconfig.faults import FaultSwitches
 from engine_agent.reconfig.job import Job, Site
 from engine_agent.reconfig.prepare import Builder
 from engine_agent.reconfig.steps import Step
-from engine_agent.reconfig.window_peers import refuse_if_given_up, resume_or_leave, unwatch, watch
+from engine_agent.reconfig.window_peers import refuse_if_given_up, resume_or_leave, watching
 from engine_agent.serving import ActiveGeneration, ArmedSwitch, PausedAt
 
 log = logging.getLogger(__name__)
@@ -73,14 +73,8 @@ class CommitWindow:
         site.board.update(job, pause=reported)
         if job.plan.window:
             site.board.count_steps(job, job.plan.window)
-            group = job.standby.get("ep")
-            if group is not None:  # a frozen peer ends the window, not the collective deadline
-                watch(job, group, site.hooks.on_unresponsive)
-            try:
+            with watching(job, site.hooks.on_unresponsive):  # a frozen peer ends it, not the deadline
                 took = self.builder.run(job, job.plan.window)
-            finally:
-                if group is not None:
-                    unwatch(group)
             interval.warmup_ms = took.pop(Step.warm_up, 0.0)
             interval.capture_ms = took.pop(Step.capture_graphs, 0.0)
             interval.blocking_prepare_ms = sum(took.values())

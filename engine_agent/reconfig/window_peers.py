@@ -20,9 +20,10 @@ generation they resumed has the frozen member too, so its first step waited on i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from engine_agent.groups import SLOW_AFTER_S, CommGroup
 from engine_agent.peer_check import BrokenGroup, check_peers
@@ -75,6 +76,19 @@ def unwatch(group: CommGroup) -> None:
     """The window's steps are over: the group (serving next, or destroyed) is no longer watched."""
     group.on_slow = None
     group.slow_after_s = SLOW_AFTER_S
+
+
+@contextlib.contextmanager
+def watching(job: Job, on_found: Callable[[int, list[str]], None]) -> Iterator[None]:
+    """`watch` the job's new group (if it has one) while the window's steps run, `unwatch` after."""
+    group = job.standby.get("ep")
+    if group is not None:
+        watch(job, group, on_found)
+    try:
+        yield
+    finally:
+        if group is not None:
+            unwatch(group)
 
 
 def given_up(job: Job) -> str | None:

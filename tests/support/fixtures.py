@@ -27,6 +27,7 @@ from sqlmodel import Session
 from app.core.config import Settings
 from app.core.db import make_engine
 from app.main import create_app
+from tests.support import processes
 from tests.support.agent_zygote import Zygote
 from tests.support.databases import (
     SharedPostgresSchema,
@@ -35,7 +36,6 @@ from tests.support.databases import (
     remove_sqlite_template,
     sqlite_database,
 )
-from tests.support import processes
 from tests.support.processes import ADMIN_TOKEN, AGENT_KEY
 
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -137,7 +137,8 @@ class _SessionZygote:
 
     def get(self) -> Zygote:
         if self.zygote is None:
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "EPCTL_AGENT_KEY": AGENT_KEY}
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+            env["EPCTL_AGENT_KEY"] = AGENT_KEY
             self.zygote = Zygote(self._factory.mktemp("agent-zygote"), env)
         return self.zygote
 
@@ -148,7 +149,7 @@ class _SessionZygote:
 @pytest.fixture(scope="session", autouse=True)
 def _session_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_SessionZygote]:
     """Every coordinator and `epctl up` the harness starts forks its local agents from the session's
-    zygote (`processes.agent_zygote_socket`); it starts with the first of them (never in an in-process run)."""
+    zygote (`processes.agent_zygote_socket`); it starts with the first of them (never in-process only)."""
     session = _SessionZygote(tmp_path_factory)
     processes.agent_zygote_socket = session.socket_path
     yield session

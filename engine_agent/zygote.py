@@ -8,7 +8,7 @@ over this process's, so `ps` and the launcher's pid check see the engine), and i
 `engine_agent.main.main(args)` exactly as `epctl-agent` does; only the imports are shared. This parent
 runs nothing but imports (no thread, no torch op, no event loop), so a fork is as clean as a fresh start.
 
-One JSON line per connection: {"op": "spawn", "args", "argv", "env", "cwd", "log"} -> {"pid"};
+One JSON line per connection: {"op": "spawn", "args", "argv", "env", "cwd", "log", "umask"} -> {"pid"};
 {"op": "status", "pid"} -> {"returncode"} (null while it runs; this parent reaps its children).
 The parent exits once the process that started it is gone.
 """
@@ -98,6 +98,7 @@ def _run_agent(request: Mapping[str, Any], main: Callable[[list[str]], int | Non
     code: int = 1
     try:
         os.setsid()
+        os.umask(int(request.get("umask", 0o022)))
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 1)
         os.dup2(log, 2)

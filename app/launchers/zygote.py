@@ -81,6 +81,16 @@ def _exists(pid: int) -> bool:
     return True
 
 
+def current_umask() -> int:
+    """This process's umask, read without changing it (procfs); else set and put back."""
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        lines = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in lines if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 def spawn(
     socket_path: str,
     args: Sequence[str],
@@ -93,8 +103,10 @@ def spawn(
     """Fork an agent running `epctl-agent args` (shown as `argv`) with this environment, working
     directory and log (appended). OSError when no zygote answers: start a fresh interpreter instead."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.touch()  # created here, so it has our mode, as a fresh interpreter's log would
     request = {
         "op": "spawn",
+        "umask": current_umask(),  # what the agent writes (its ready file) is as private as ours
         "args": list(args),
         "argv": list(argv),
         "env": dict(env),

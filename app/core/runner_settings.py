@@ -113,6 +113,11 @@ class RunnerSettings(BaseSettings):
         description="local agents' data address (store, collectives, weights); default their control one",
     )
     local_agent_command: str = Field("", description="the agent command for the local launcher (epctl-agent)")
+    local_agent_zygote: str = Field(
+        "",
+        description="the socket of an agent zygote (`python -m engine_agent.zygote SOCKET`): local agents "
+        "are forked from it instead of importing torch each; none answering, a fresh interpreter starts",
+    )
     local_agent_orphan_grace_s: float | None = Field(
         None,
         gt=0,

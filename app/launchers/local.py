@@ -31,6 +31,8 @@ from app.launchers import readiness
 from app.launchers.agent_args import deployment_agent_args
 from app.launchers.base import EngineHandle, Launcher, LaunchError, LaunchSpec
 from app.launchers.processes import ProcessRecords, is_alive, start_detached
+from app.launchers.zygote import ForkedProcess
+from app.launchers.zygote import spawn as zygote_spawn
 from engine_agent.environment import engine_environment
 
 PIDS_FILE = "local-agents.json"
@@ -178,13 +180,16 @@ class LocalLauncher(Launcher):
         orphan_grace_s: float | None = None,
         host: str = "127.0.0.1",
         data_host: str | None = None,
+        zygote: str | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
+        # An agent zygote's socket (`engine_agent/zygote.py`): agents forked from it skip importing torch.
+        self.zygote = zygote or None
         self.host, self.data_host = host, data_host  # the agents' control and data addresses
         self.orphan_grace_s = orphan_grace_s
         self.executable = list(executable) if executable else None  # default: epctl-agent
         self.ready_timeout_s = ready_timeout_s
-        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._processes: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
         self._lock = asyncio.Lock()
         self._records = ProcessRecords(self.state_dir / PIDS_FILE)
 
@@ -300,7 +305,7 @@ class LocalLauncher(Launcher):
             host=self.host,
             data_host=self.data_host,
         )
-        process = start_detached(command, env=agent_environment(spec), log_path=log_path)
+        process = self._spawn(command, agent_environment(spec), log_path)
         self._processes[engine_id] = process
         self._records.set(
             engine_id,
@@ -313,6 +318,19 @@ class LocalLauncher(Launcher):
             },
         )
         return engine_id, ready_file
+
+    def _spawn(
+        self, command: list[str], env: dict[str, str], log_path: Path
+    ) -> subprocess.Popen[bytes] | ForkedProcess:
+        """Forked from the zygote where one is set and answers (only the default agent: another command
+        is not what it imported), else a fresh interpreter: a zygote gone costs time, never a launch."""
+        if self.zygote and self.executable is None:
+            args = command[len(agent_executable()) :]
+            with contextlib.suppress(OSError):
+                return zygote_spawn(
+                    self.zygote, args, argv=["epctl-agent", *args], env=env, cwd=Path.cwd(), log_path=log_path
+                )
+        return start_detached(command, env=env, log_path=log_path)
 
     async def _wait_ready(self, engine_id: str, ready_file: Path, timeout_s: float) -> EngineHandle:
         """Until the agent writes its ready file; how long is `app.launchers.readiness`'s rule (the

@@ -89,6 +89,7 @@ def build_runner(
                 orphan_grace_s=runner_settings.local_agent_orphan_grace_s,
                 host=runner_settings.local_agent_host,
                 data_host=runner_settings.local_agent_data_host,
+                zygote=runner_settings.local_agent_zygote or None,
             ),
             "static": StaticLauncher(),
             **(extra_launchers or {}),

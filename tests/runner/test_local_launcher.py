@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import sys
 import textwrap
 from pathlib import Path
 
+import httpx
 import pytest
 
 from app.launchers.base import LaunchError, LaunchSpec
 from app.launchers.local import LocalLauncher
 from engine_agent.protocol import EngineConfig
+from tests.support.agent_zygote import Zygote
 
 SPEC = LaunchSpec(deployment="demo", engine=EngineConfig(num_logical_experts=8, hidden_size=32))
 
@@ -77,3 +81,35 @@ def test_stop_all_names_only_the_agents_it_stopped(tmp_path: Path) -> None:
     assert after_restart.stop_all() == [running.engine_id]
     assert after_restart.records() == {}
     launcher._processes[running.engine_id].wait(timeout=10)
+
+
+@pytest.mark.processes
+def test_agents_forked_from_a_zygote_are_recorded_named_stopped_and_a_gone_zygote_costs_no_launch(
+    tmp_path: Path, agent_zygote: Zygote
+) -> None:
+    """With a zygote (`engine_agent/zygote.py`), the launcher's agents are forked from it, not fresh
+    interpreters: the zygote is their parent, their command line names the engine (so a later `epctl
+    down`, with only the records to go by, stops them), their log is theirs; with no zygote answering
+    the launcher starts a fresh interpreter instead."""
+    launcher = LocalLauncher(tmp_path / "state", zygote=agent_zygote.socket_path)
+    gone = LocalLauncher(tmp_path / "state", zygote=str(tmp_path / "no-zygote.sock"))
+    spec = dataclasses.replace(SPEC, agent_key="k" * 32)
+
+    async def go() -> None:
+        [forked] = await launcher.ensure_engines(spec, 1, [], deadline_s=60)
+        [fresh] = await gone.ensure_engines(spec, 1, [], deadline_s=120)
+        assert forked.pid is not None and fresh.pid is not None
+        assert _parent(forked.pid) == agent_zygote.process.pid and _parent(fresh.pid) == os.getpid()
+        assert forked.engine_id.encode() in Path(f"/proc/{forked.pid}/cmdline").read_bytes()
+        assert httpx.get(f"{forked.url}/healthz", timeout=10).status_code == 200
+        log = Path(launcher.records()[forked.engine_id]["log"])
+        after_restart = LocalLauncher(tmp_path / "state")  # `epctl down`: only the records to go by
+        assert sorted(after_restart.stop_all()) == sorted([forked.engine_id, fresh.engine_id])
+        assert launcher._processes[forked.engine_id].wait(timeout=10) is not None
+        assert after_restart.records() == {} and forked.url in log.read_text()  # its output, its log
+
+    asyncio.run(go())
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])

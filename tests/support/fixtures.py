@@ -27,6 +27,7 @@ from sqlmodel import Session
 from app.core.config import Settings
 from app.core.db import make_engine
 from app.main import create_app
+from tests.support import processes
 from tests.support.agent_zygote import Zygote
 from tests.support.databases import (
     SharedPostgresSchema,
@@ -127,10 +128,37 @@ def token_headers(client: TestClient, role: str, name: str | None = None) -> dic
     return {"Authorization": f"Bearer {response.json()['token']}"}
 
 
+class _SessionZygote:
+    """The session's one agent zygote, started on first use."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self._factory = tmp_path_factory
+        self.zygote: Zygote | None = None
+
+    def get(self) -> Zygote:
+        if self.zygote is None:
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+            env["EPCTL_AGENT_KEY"] = AGENT_KEY
+            self.zygote = Zygote(self._factory.mktemp("agent-zygote"), env)
+        return self.zygote
+
+    def socket_path(self) -> str:
+        return self.get().socket_path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_SessionZygote]:
+    """Every coordinator and `epctl up` the harness starts forks its local agents from the session's
+    zygote (`processes.agent_zygote_socket`); it starts with the first of them (never in-process only)."""
+    session = _SessionZygote(tmp_path_factory)
+    processes.agent_zygote_socket = session.socket_path
+    yield session
+    processes.agent_zygote_socket = None
+    if session.zygote is not None:
+        session.zygote.close()
+
+
 @pytest.fixture(scope="session")
-def agent_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
+def agent_zygote(_session_zygote: _SessionZygote) -> Zygote:
     """One warmed interpreter per session that test agents are forked from (tests/support/agent_zygote.py)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "EPCTL_AGENT_KEY": AGENT_KEY}
-    zygote = Zygote(tmp_path_factory.mktemp("agent-zygote"), env)
-    yield zygote
-    zygote.close()
+    return _session_zygote.get()

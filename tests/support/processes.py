@@ -50,15 +50,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Where the suite's agent zygote listens, asked on a child's first start (the zygote starts then; the
+# session fixture in tests/support/fixtures.py sets it): every coordinator and `epctl up` this harness
+# starts is given it, so their local launchers fork agents from it instead of importing torch each.
+agent_zygote_socket: Callable[[], str] | None = None
+ZYGOTE_SETTING = "EPCTL_RUNNER_LOCAL_AGENT_ZYGOTE"
+
+
 def clean_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment without any coordinator setting (EPCTL_*, DATABASE_URL), plus `extra`:
-    a child sees only the settings its test chose."""
+    a child sees only the settings its test chose (and the suite's agent zygote, unless `extra` names
+    another or "")."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EPCTL_") and k != "DATABASE_URL"}
     env["PYTHONUNBUFFERED"] = "1"
     # Every child runs this checkout's code, agents too: the coordinator's launcher starts the console
     # script `epctl-agent` of the shared environment, whose editable install points at the main checkout
     # (run from a worktree, the agents ran main's code).
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if agent_zygote_socket is not None and ZYGOTE_SETTING not in (extra or {}):
+        env[ZYGOTE_SETTING] = agent_zygote_socket()
     env.update(extra or {})
     return env
 

@@ -34,7 +34,11 @@ def serve(path: str) -> None:
     import engine_agent.main  # torch and every module an agent imports, once
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    mask = os.umask(0o077)  # the socket is this user's alone: whoever connects may start a process as us
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(mask)
     listener.listen(64)
     listener.settimeout(0.05)  # also how soon an exited child is reaped
     exited: dict[int, int] = {}

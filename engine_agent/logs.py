@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +37,36 @@ FOREIGN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "nixl")
 # One INFO line per HTTP call would drown everything else (the coordinator calls its agents often);
 # Alembic says which dialect it uses at every start.
 QUIET_LOGGERS = ("httpx", "httpcore", "alembic")
+
+# Access-log lines of calls that answer every few seconds per engine, kept out of the log when they
+# succeed: at 2,048 engines a coordinator answers ~700 heartbeats a second (issue 37). Failures stay.
+ROUTINE_CALLS = (
+    ("POST", re.compile(r"/v1/engines/[^/?]+/heartbeat")),
+    ("GET", re.compile(r"/(healthz|readyz|livez)")),
+)
+
+
+def is_routine_access(method: str, path: str, status: int) -> bool:
+    """Whether an access-log line is a routine call that succeeded (dropped) rather than news (kept)."""
+    if status >= 400:
+        return False
+    bare = path.split("?", 1)[0]
+    return any(method == m and pattern.fullmatch(bare) for m, pattern in ROUTINE_CALLS)
+
+
+class RoutineAccessFilter(logging.Filter):
+    """Drops uvicorn's access-log records of routine calls that succeeded (`is_routine_access`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not isinstance(args, tuple) or len(args) != 5:  # uvicorn's (client, method, path, http, status)
+            return True
+        _, method, path, _, status = args
+        try:
+            return not is_routine_access(str(method), str(path), int(status))
+        except (TypeError, ValueError):
+            return True
+
 
 _context: ContextVar[dict[str, str]] = ContextVar("epctl_log_context", default={})  # noqa: B039 (never mutated)
 _process_fields: dict[str, str] = {}
@@ -127,3 +158,7 @@ def configure_logging(
     for name in FOREIGN_LOGGERS:
         for own in logging.getLogger(name).handlers:
             own.setFormatter(chosen)
+    access = logging.getLogger("uvicorn.access")
+    for old_filter in [f for f in access.filters if isinstance(f, RoutineAccessFilter)]:
+        access.removeFilter(old_filter)
+    access.addFilter(RoutineAccessFilter())

@@ -31,6 +31,7 @@ from app.backends.registry import builtin_backends
 from app.coordinators import service as coordinators
 from app.core.errors import DomainError
 from app.core.runner_settings import RunnerSettings
+from app.core.wake import Bell
 from app.jobs.async_record import WorkerSessions
 from app.jobs.service import cancel_job
 from app.launchers.base import Launcher
@@ -80,6 +81,7 @@ class JobRunner:
             ]
         )
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._bell = Bell()  # news a periodic task must judge now (`app.core.wake`)
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -103,6 +105,7 @@ class JobRunner:
         for a deployment with a member that does not answer)."""
         if not self.settings.enabled:
             return
+        self._bell.start()
         self._loop_task = asyncio.create_task(self._loop(), name="job-runner")
         await self.backends.start()
 
@@ -111,6 +114,7 @@ class JobRunner:
         released: a successor, an HA peer or the next start, reconciles them at once). With `end_jobs`
         (its engines are about to be stopped too: `epctl up`), end them first (`_end_jobs`)."""
         self._stopping = True
+        self._bell.close()
         await self.backends.stop()  # nothing starts a new job (self-healing) while they end
         if end_jobs:
             await self._end_jobs()
@@ -161,7 +165,7 @@ class JobRunner:
         pending_id = await self.record.run_in_session(self.leases.claim_pending)
         if pending_id is not None:
             self._spawn(pending_id, self.backends.run)
-        await self.scheduled.tick()
+        await self.scheduled.tick(woken=self._bell.take())
 
     async def _loop(self) -> None:
         while not self._stopping:
@@ -171,7 +175,7 @@ class JobRunner:
                 raise
             except Exception:
                 log.exception("job runner tick failed")
-            await asyncio.sleep(self.settings.poll_interval_s)
+            await self._bell.wait(self.settings.poll_interval_s)
 
     def _spawn(self, job_id: str, work: Callable[[str], Awaitable[None]]) -> None:
         async def guarded() -> None:

@@ -9,14 +9,15 @@
   outbox events no delivery needs, Idempotency-Key records) pruned by age (`app.retention.prune_all`,
   settings `EPCTL_RETENTION_*`).
 
-A task that fails is logged and tried again at its next interval; it never stops the loop.
+A task that fails is logged and tried again at its next interval; it never stops the loop. A task news woke
+(`app.core.wake`: a heartbeat reporting a broken group wakes the liveness pass) runs at the next turn.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from app.backends.base import Periodic
@@ -33,11 +34,11 @@ class Scheduled:
     def __init__(self, tasks: Sequence[Periodic]) -> None:
         self.tasks = list(tasks)
 
-    async def tick(self) -> None:
-        """Run every task that is due, one after another."""
+    async def tick(self, woken: Collection[str] = ()) -> None:
+        """Run every task that is due, or that news woke (`app.core.wake`), one after another."""
         for task in self.tasks:
             now = time.monotonic()
-            if not task.due(now):
+            if not task.due(now) and task.name not in woken:
                 continue
             task.last_run = now
             try:

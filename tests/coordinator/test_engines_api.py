@@ -135,3 +135,21 @@ def test_a_heartbeat_answers_the_record_and_renews_it_in_full(client: TestClient
     assert client.delete("/v1/engines/e0").status_code == 204
     left = client.post("/v1/engines/e0/heartbeat", json=beat)
     assert left.status_code == 409 and left.json()["code"] == "engine-left"
+
+
+def test_the_first_heartbeat_reporting_a_broken_group_wakes_the_liveness_pass(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: the deployment must not read `ready` until the pass comes round; a repeat of the same
+    break, or a steady heartbeat, wakes nothing (every heartbeat of a broken member repeats it)."""
+    rung: list[str] = []
+    monkeypatch.setattr("app.core.wake.ring", rung.append)
+    _deployment(client)
+    client.post("/v1/engines", json=_registration())
+    steady = {"state": "serving", "generation": 2, "rank": 0, "world_size": 2}
+    broken = {"state": "idle", "generation": 0, "rank": None, "world_size": 0, "broken_generation": 2}
+    for beat, expected in [(steady, []), (broken, ["liveness"]), (broken, ["liveness"])]:
+        assert client.post("/v1/engines/e0/heartbeat", json=beat).status_code == 200
+        assert rung == expected
+    assert client.post("/v1/engines/e0/heartbeat", json={**broken, "broken_generation": 3}).status_code == 200
+    assert rung == ["liveness", "liveness"]

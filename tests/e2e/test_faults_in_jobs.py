@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -417,13 +418,62 @@ def test_a_coordinator_killed_in_a_scale_job_reconciles_it_at_once_on_restart(
 WINDOW_FREEZE_S = 20.0
 
 
+class ReadyWatch:
+    """Polls the deployment every 0.5 s: every time it reads `ready` with fewer engines serving (or paused
+    at a commit boundary) on its generation than it says, min(its size, the shrink's target): a leaver
+    drained at the shrink's boundary is the design, a member whose group broke is not serving. The same
+    record is read before and after the engines, so no switch races it; the status may lag the engines'
+    record by the liveness pass a reported break wakes (`app.core.wake`), so only two reads in a row
+    count (the pass's own interval, a second, spans two polls: issue 34)."""
+
+    def __init__(self, stack: Stack, name: str, target: int) -> None:
+        self.stack, self.name, self.target = stack, name, target
+        self.wrong: list[tuple[dict[str, Any], int]] = []
+        self.lagged: list[tuple[dict[str, Any], int]] = []  # every wrong read, a lone one included
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        coordinator = self.stack.coordinator
+        last: tuple[dict[str, Any], int] | None = None
+        while not self._stop.wait(0.5):
+            seen: tuple[dict[str, Any], int] | None = None
+            with contextlib.suppress(httpx.HTTPError):
+                before = coordinator.deployment(self.name)
+                engines = coordinator.engines(self.name)
+                after = coordinator.deployment(self.name)
+                keys = ("status", "generation", "current_dp_size")
+                if all(before[k] == after[k] for k in keys) and after["status"] == "ready":
+                    serving = [  # paused at a commit boundary counts, as the judge counts it
+                        e
+                        for e in engines
+                        if e["state"] in ("serving", "paused")
+                        and e["generation"] == after["generation"]
+                        and e["dp_rank"] is not None
+                    ]
+                    if len(serving) < min(after["current_dp_size"], self.target):
+                        state = {k: after[k] for k in keys}
+                        seen = ({**state, "engines": [(e["id"], e["state"]) for e in engines]}, len(serving))
+            if seen is not None:
+                self.lagged.append(seen)
+            if seen is not None and last is not None:
+                self.wrong.append(seen)
+            last = seen
+
+    def stop(self) -> list[tuple[dict[str, Any], int]]:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return self.wrong
+
+
 def test_a_staying_engine_frozen_in_the_commit_window_is_fenced_and_the_survivors_serve_while_it_is_frozen(
     faulted: Faulted,
 ) -> None:
     """Issue 34: SIGSTOP of rank 1 (staying) inside the window (rank 0 holds the new group's deferred
     warm-up open, then lets it go), kept frozen: the job ends, the frozen engine is fenced on the
     survivors' evidence (not written off at its heartbeat timeout) and the survivors serve a generation
-    of their own, all while it is still frozen."""
+    of their own, all while it is still frozen; polling never reads `ready` with fewer serving."""
     stack, name = faulted.stack, faulted.name
     coordinator = stack.coordinator
     engines = members(stack, name)
@@ -432,6 +482,7 @@ def test_a_staying_engine_frozen_in_the_commit_window_is_fenced_and_the_survivor
     generation = coordinator.deployment(name)["generation"]
     inject(holder["url"], hang_prepare_at_step="warm_up")
     client = start_client(stack, [holder["url"], leaver["url"]])  # the survivors keep their URLs
+    watch = ReadyWatch(stack, name, target=SIZE - 1)
     try:
         client.wait_serving()
         job_id = coordinator.scale(SIZE - 1, name, warmup_policy="deferred")
@@ -468,4 +519,6 @@ def test_a_staying_engine_frozen_in_the_commit_window_is_fenced_and_the_survivor
         assert_recovered(stack, name)
     finally:
         client.stop()
+        wrong = watch.stop()
+    assert wrong == [], (wrong[:3], watch.lagged[:6])
     assert_no_wrong_answer(client)

@@ -164,6 +164,13 @@ IN_A_JOB = job("j1", "preparing", by="api", ended=1, to_generation=2, to_dp_size
             None,
             id="mid-switch-either-generation",
         ),
+        pytest.param(  # a shrink's leaver drained at the boundary by design: 2 of min(3, 2) serve
+            [engine("e0", "paused", 0), engine("e1", "paused", 1), survivor("e2")],
+            3.0,
+            "ready",
+            None,
+            id="the-leaver-drained-at-the-boundary",
+        ),
         pytest.param(
             [survivor(), engine("e1", rank=1), survivor("e2")],
             None,

@@ -17,6 +17,7 @@ from app.backends.reference.liveness.controller import Liveness
 from app.backends.reference.liveness.view import Rules
 from app.backends.reference.record import JobRecord
 from app.backends.reference.recovery import Recovery
+from app.core.wake import LIVENESS
 from app.deployments.models import EngineBackend
 from app.launchers.base import DeletedDeployment, EnginesToRestart
 
@@ -81,7 +82,7 @@ class ReferenceBackend(Backend):
     def periodic(self) -> Sequence[Periodic]:
         context = self.context
         return [
-            Periodic("liveness", context.settings.heartbeat_check_interval_s, self.liveness.tick),
+            Periodic(LIVENESS, context.settings.heartbeat_check_interval_s, self.liveness.tick),
             Periodic("incident-probe", INCIDENT_PROBE_INTERVAL_S, self.incident_probes.tick),
             Periodic(
                 "cleanup",

@@ -6,6 +6,7 @@ from sqlmodel import Session
 from app.api.deps import DatabaseDep, EngineAgent, Reader
 from app.api.params import DeploymentFilterQuery, EngineIdPath
 from app.coordinators import service as coordinators
+from app.core import wake
 from app.core.problems import problem_responses
 from app.deployments.engines import service
 from app.deployments.engines.models import (
@@ -83,18 +84,23 @@ async def heartbeat(
     """The engine's own truth (state, generation, rank, a broken group). The answer lists every live
     coordinator sharing the database: the agent fails over to another when this one dies."""
 
-    def work(session: Session) -> EngineHeartbeatAnswer:
+    def work(session: Session) -> tuple[EngineHeartbeatAnswer, bool]:
         # One statement for a heartbeat that only renews the record (issue 37: 700 heartbeats a second),
         # the whole record's path for any other; the live coordinators are read at most once a second.
         row = service.record_steady_heartbeat(session, engine_id=engine_id, heartbeat=body)
         if row is not None:
             live = coordinators.live_urls_recent(session)
-            return EngineHeartbeatAnswer.of(row, deployment=row.deployment or "", coordinators=live)
+            return EngineHeartbeatAnswer.of(row, deployment=row.deployment or "", coordinators=live), False
         engine = service.record_heartbeat(session, engine_id=engine_id, heartbeat=body)
         public = _public(session, engine)
-        return EngineHeartbeatAnswer.of(public, coordinators=coordinators.live_urls_recent(session))
+        answer = EngineHeartbeatAnswer.of(public, coordinators=coordinators.live_urls_recent(session))
+        return answer, service.reported_break_now(engine)
 
-    return await db.run(work)
+    answer, broke = await db.run(work)
+    if broke:
+        # The deployment must not read `ready` until the liveness pass comes round (issue 34).
+        wake.ring(wake.LIVENESS)
+    return answer
 
 
 @router.delete(

@@ -142,6 +142,12 @@ def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartb
     return engine
 
 
+def reported_break_now(engine: Engine) -> bool:
+    """The heartbeat `record_heartbeat` just wrote was the first to report its group broken (the report
+    time is set to this heartbeat's only when the broken generation is news)."""
+    return engine.broken_generation is not None and engine.broken_reported_at == engine.last_heartbeat_at
+
+
 def record_steady_heartbeat(
     session: Session, *, engine_id: str, heartbeat: AgentHeartbeat
 ) -> Row[Any] | None:

@@ -62,10 +62,9 @@ class RoutineAccessFilter(logging.Filter):
         if not isinstance(args, tuple) or len(args) != 5:  # uvicorn's (client, method, path, http, status)
             return True
         _, method, path, _, status = args
-        try:
-            return not is_routine_access(str(method), str(path), int(status))
-        except (TypeError, ValueError):
+        if not isinstance(status, int):
             return True
+        return not is_routine_access(str(method), str(path), status)
 
 
 _context: ContextVar[dict[str, str]] = ContextVar("epctl_log_context", default={})  # noqa: B039 (never mutated)

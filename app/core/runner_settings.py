@@ -116,7 +116,8 @@ class RunnerSettings(BaseSettings):
     local_agent_zygote: str = Field(
         "",
         description="the socket of an agent zygote (`python -m engine_agent.zygote SOCKET`): local agents "
-        "are forked from it instead of importing torch each; none answering, a fresh interpreter starts",
+        "are forked from it instead of importing torch each; none answering, a fresh interpreter starts. "
+        "A forked agent holds the zygote's environment: start the zygote with no secrets in it",
     )
     local_agent_orphan_grace_s: float | None = Field(
         None,

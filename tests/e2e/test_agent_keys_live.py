@@ -131,6 +131,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             "EPCTL_ADMIN_TOKEN": ADMIN,
             "EPCTL_SECRET_KEY": SECRET_KEY,
             "AWS_SECRET_ACCESS_KEY": HOST_SECRET,
+            # Fresh interpreters, not the suite's zygote: these tests read each agent's environment from
+            # /proc/PID/environ, which for a forked agent shows the zygote's (see engine-failures.md).
+            "EPCTL_RUNNER_LOCAL_AGENT_ZYGOTE": "",
         }
     )
     argv = [*epctl_command(), "up", "--port", str(port), "--data-dir", str(tmp / "data")]

@@ -34,7 +34,7 @@ import pytest
 from app.launchers.local import LocalLauncher
 from tests.support.e2e import Stack
 from tests.support.invariants import assert_recovered
-from tests.support.stack import SteadyClient, agent_http, agent_info
+from tests.support.stack import StackCoordinator, SteadyClient, agent_http, agent_info
 from tests.support.waiting import wait_until
 
 SIZE = 3  # from three to two: rank 0 and rank 1 stay, rank 2 leaves
@@ -246,17 +246,17 @@ def test_a_staying_engine_frozen_in_prepare_rolls_the_job_back_and_the_survivors
         os.kill(frozen_pid, signal.SIGSTOP)
         try:
             job = coordinator.wait_job(job_id, timeout_s=PREPARE_FREEZE_S)
-            still_frozen = is_stopped(frozen_pid)
+            still_frozen = never_thawed(coordinator, name, frozen["id"], frozen_pid)
 
             def serving_again() -> bool:
                 return any(s.ok and (s.generation or 0) > generation for s in list(client.samples))
 
             wait_until(serving_again, timeout_s=SERVE_AGAIN_S, what="the survivors serving a new generation")
-            frozen_meanwhile = is_stopped(frozen_pid) or not Path(f"/proc/{frozen_pid}").exists()
+            frozen_meanwhile = never_thawed(coordinator, name, frozen["id"], frozen_pid)
         finally:
             with contextlib.suppress(ProcessLookupError):  # written off and stopped meanwhile
                 os.kill(frozen_pid, signal.SIGCONT)
-        assert still_frozen, "the job ended only once the engine was running again"
+        assert still_frozen, "the job ended only once the engine was running again (thawed)"
         assert frozen_meanwhile, "the survivors served again only once the engine was running again"
         assert (job["state"], job["downtime_ms"]) == ("rolled_back", 0.0), job
         assert (job["error"]["engine_id"], job["error"]["type"]) == (frozen["id"], "deadline-exceeded"), job
@@ -314,6 +314,15 @@ def test_a_joiner_frozen_in_prepare_costs_the_clients_nothing_and_the_job_gives_
     finally:
         client.stop()
     assert_no_wrong_answer(client)
+
+
+def never_thawed(coordinator: StackCoordinator, name: str, engine_id: str, pid: int) -> bool:
+    """Not thawed by the test: still stopped, or written off by the coordinator once fenced past its grace
+    (the heartbeat timeout, 5 s here; its launcher's stop sends SIGTERM then SIGCONT, so the process may
+    be running its way out), or gone."""
+    if is_stopped(pid) or not Path(f"/proc/{pid}").exists():
+        return True
+    return {e["id"]: e["state"] for e in coordinator.engines(name)}.get(engine_id) == "left"
 
 
 def is_stopped(pid: int) -> bool:
@@ -491,20 +500,17 @@ def test_a_staying_engine_frozen_in_the_commit_window_is_fenced_and_the_survivor
         try:
             inject(holder["url"], release_hang=True)
             job = coordinator.wait_job(job_id, timeout_s=WINDOW_FREEZE_S)
-            still_frozen = is_stopped(frozen_pid)
+            still_frozen = never_thawed(coordinator, name, frozen["id"], frozen_pid)
 
             def serving_again() -> bool:
                 return any(s.ok and (s.generation or 0) > generation for s in list(client.samples))
 
             wait_until(serving_again, timeout_s=SERVE_AGAIN_S, what="the survivors serving a new generation")
-            fate = {e["id"]: e["state"] for e in coordinator.engines(name)}.get(frozen["id"])
-            # Still frozen, or written off and stopped by the coordinator once fenced past its grace (the
-            # heartbeat timeout, 5 s here): never thawed by this test before the survivors served.
-            frozen_meanwhile = is_stopped(frozen_pid) or fate == "left"
+            frozen_meanwhile = never_thawed(coordinator, name, frozen["id"], frozen_pid)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(frozen_pid, signal.SIGCONT)
-        assert still_frozen, "the job ended only once the engine was running again"
+        assert still_frozen, "the job ended only once the engine was running again (thawed)"
         assert frozen_meanwhile, "the survivors served again only once the engine was running again"
         assert job["state"] in ("rolled_back", "failed"), job
         heals = [

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,8 +136,11 @@ class _SessionZygote:
 
     def get(self) -> Zygote:
         if self.zygote is None:
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-            env["EPCTL_AGENT_KEY"] = AGENT_KEY
+            # Every forked agent holds this environment (and /proc/PID/environ shows it): no coordinator
+            # setting or secret of this process, only what a test agent needs.
+            env = processes.clean_environment({processes.ZYGOTE_SETTING: ""})  # "": not the zygote itself
+            del env[processes.ZYGOTE_SETTING]
+            env |= {"OMP_NUM_THREADS": "1", "EPCTL_AGENT_KEY": AGENT_KEY}
             self.zygote = Zygote(self._factory.mktemp("agent-zygote"), env)
         return self.zygote
 

@@ -25,6 +25,7 @@ from engine_agent.groups import GroupAbandoned, start_store_server
 from engine_agent.netif import interface_of
 from engine_agent.peer_check import BrokenGroup, DataReach, check_peers
 from engine_agent.peers import notify_peers
+from engine_agent.pids import pid_exists
 from engine_agent.protocol import (
     AgentHeartbeat,
     AgentInfo,
@@ -351,7 +352,7 @@ class Agent:
         orphaned_at: float | None = None
         while not self._stop.wait(0.5):
             if orphaned_at is None:
-                if _pid_alive(parent) and (not started_under_parent or os.getppid() == parent):
+                if pid_exists(parent) and (not started_under_parent or os.getppid() == parent):
                     continue
                 orphaned_at = time.monotonic()
                 log.warning("launcher (pid %s) gone; exiting unless a coordinator adopts this engine", parent)

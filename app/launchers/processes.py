@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine_agent.pids import pid_exists
+
 
 def start_detached(
     command: Sequence[str], *, env: Mapping[str, str], log_path: Path
@@ -35,12 +37,8 @@ def start_detached(
 
 def is_alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie child of ours is reaped and counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_exists(pid):
         return False
-    except PermissionError:
-        return True
     # A zombie child still answers kill(0); reap it if it is ours.
     with contextlib.suppress(ChildProcessError):
         done, _ = os.waitpid(pid, os.WNOHANG)

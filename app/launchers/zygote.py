@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine_agent.pids import pid_exists
+
 ASK_TIMEOUT_S = 30.0
 
 
@@ -47,7 +49,7 @@ class ForkedProcess:
             try:
                 code = ask(self.socket_path, {"op": "status", "pid": self.pid})["returncode"]
             except OSError:  # the zygote is gone (its children live on): ask the process itself
-                code = None if _exists(self.pid) else -1
+                code = None if pid_exists(self.pid) else -1
             self.returncode = None if code is None else int(code)
         return self.returncode
 
@@ -69,16 +71,6 @@ class ForkedProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def current_umask() -> int:

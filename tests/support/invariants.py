@@ -15,13 +15,13 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from app.launchers.local import LocalLauncher
+from engine_agent.pids import is_running
 from tests.support.e2e import Stack
 from tests.support.stack import agent_http
 from tests.support.waiting import wait_until
@@ -41,21 +41,6 @@ class Live:
     world_size: int
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (killed, not yet reaped by its launcher) is not alive.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return False
-
-
 def live_agents(stack: Stack, name: str) -> tuple[dict[str, Live], list[str]]:
     """Every agent of the deployment that answers (registered ones and every process the local
     launcher started for it), and the launcher's live processes no agent answers for (frozen ones)."""
@@ -66,7 +51,7 @@ def live_agents(stack: Stack, name: str) -> tuple[dict[str, Live], list[str]]:
     launched = {
         engine_id: entry
         for engine_id, entry in records.items()
-        if entry.get("deployment") == name and isinstance(entry.get("pid"), int) and _pid_alive(entry["pid"])
+        if entry.get("deployment") == name and isinstance(entry.get("pid"), int) and is_running(entry["pid"])
     }
     for engine_id, entry in launched.items():
         if entry.get("url"):

@@ -35,6 +35,8 @@ from app.frontdoor.requestlog import LOG_FORMAT
 
 SLOTS = 32
 HOLD_SERVER = "hold"  # the backup server that makes requests wait while no engine is ready
+PARKED = ("127.0.0.1", 1)  # where an unused slot points
+SLOT_MAXCONN = 64  # requests one engine is sent at once; more wait in the backend's queue
 QUEUE_TIMEOUT_S = 10  # the longest a request waits at the front door for an engine (`timeout queue`)
 
 
@@ -115,7 +117,7 @@ def render_config(
             f"backend {door.backend}",
             "    balance leastconn",
             *(["    option allbackups"] if hold else []),
-            f"    server-template e 1-{door.slots} 127.0.0.1:1 disabled maxconn 64",
+            f"    server-template e 1-{door.slots} {PARKED[0]}:{PARKED[1]} disabled maxconn {SLOT_MAXCONN}",
             *([f"    server {HOLD_SERVER} unix@{hold_path} backup maxconn 1"] if hold else []),
             "",
         ]
@@ -206,7 +208,26 @@ class RuntimeApi:
 
 
 def _harmless(part: str) -> bool:
-    return "no need to change" in part or part.startswith("IP changed from") or "port changed from" in part
+    return (
+        "no need to change" in part
+        or part.startswith("IP changed from")
+        or "port changed from" in part
+        or part.startswith("New server registered")  # `add server`
+    )
+
+
+def next_slot_name(names: list[str]) -> str:
+    """The slot after the highest `eN` (`e33` after `e1`..`e32`)."""
+    numbers = [int(name[1:]) for name in names if name.startswith("e") and name[1:].isdigit()]
+    return f"e{max(numbers, default=0) + 1}"
+
+
+def add_server_command(backend: str, name: str) -> str:
+    """A slot added at run time (HAProxy 2.6 `add server`), like the template's: parked, in
+    maintenance (a dynamic server starts so) until the keeper points it at an engine and sets it ready.
+    Its settings are those of `render_config`'s slots, written out: a dynamic server takes no
+    `default-server` line."""
+    return f"add server {backend}/{name} {PARKED[0]}:{PARKED[1]} maxconn {SLOT_MAXCONN} disabled"
 
 
 MAINT = 0x01

@@ -19,7 +19,15 @@ from typing import Any
 from app.api.database import Database
 from app.core.errors import NotFoundError
 from app.frontdoor import service
-from app.frontdoor.haproxy import HOLD_SERVER, HaproxyError, RuntimeApi, host_port
+from app.frontdoor.haproxy import (
+    HOLD_SERVER,
+    PARKED,
+    HaproxyError,
+    RuntimeApi,
+    add_server_command,
+    host_port,
+    next_slot_name,
+)
 from app.frontdoor.models import EndpointSetPublic
 from app.frontdoor.requestlog import RequestLog, held_in_window
 from app.frontdoor.rules import EndpointState
@@ -156,14 +164,19 @@ class HaproxyKeeper:
             elif server.state != "maint":
                 self.stale.add(name)
 
-    def _slot_for(self, engine_id: str) -> str:
+    def _slot_for(self, engine_id: str, added: list[str]) -> str:
+        """The engine's slot; a free one, else a new one (its `add server` appended to `added`): a
+        deployment larger than the slots HAProxy was started with grows its backend, no reload."""
         slot = self.slots.get(engine_id)
         if slot is not None:
             return slot
         taken = set(self.slots.values())
         free = next((name for name in self.slot_names if name not in taken), None)
         if free is None:
-            raise HaproxyError(f"backend {self.backend} has no free server slot for {engine_id}")
+            free = next_slot_name(self.slot_names)
+            added.append(add_server_command(self.backend, free))
+            self.slot_names.append(free)
+            self.addresses[free] = PARKED
         self.slots[engine_id] = free
         return free
 
@@ -171,6 +184,7 @@ class HaproxyKeeper:
         """One exchange: drains and removals first, then new addresses and readies."""
         listed = {e.engine_id for e in feed.endpoints}
         away: list[str] = []
+        added: list[str] = []
         towards: list[str] = []
         away += [f"set server {self.backend}/{slot} state maint" for slot in sorted(self.stale)]
         self.stale.clear()
@@ -182,7 +196,7 @@ class HaproxyKeeper:
                 if slot is not None:
                     away.append(f"set server {self.backend}/{slot} state maint")
                 continue
-            slot = self._slot_for(endpoint.engine_id)
+            slot = self._slot_for(endpoint.engine_id, added)
             if endpoint.state == EndpointState.draining:
                 away.append(f"set server {self.backend}/{slot} state drain")
                 continue
@@ -191,7 +205,7 @@ class HaproxyKeeper:
                 towards.append(f"set server {self.backend}/{slot} addr {host} port {port}")
                 self.addresses[slot] = (host, port)
             towards.append(f"set server {self.backend}/{slot} state ready")
-        await self.api.run(away + towards)
+        await self.api.run(away + added + towards)
 
 
 PUBLISH_EVERY_S = 0.25

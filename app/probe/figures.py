@@ -2,9 +2,13 @@
 
 Two figures, because a slow answer is not an outage:
 
-- the **outage**: for one target, a window between two good answers (a success within its deadline;
-  or the recorder's start / stop) in which a canary failed (an HTTP error, a refused connection, a
-  timeout) or went unanswered past its deadline (`deadline_s`: answered later, or never). The
+- the **outage**: for one target, a window between two answers (a success, within its deadline or
+  not; or the recorder's start / stop) in which a canary failed (an HTTP error, a refused connection,
+  a timeout) or went unanswered past its deadline (`deadline_s`: answered later, or never). A late
+  answer counts toward the outage from its deadline, and ends it: it was sent before the outage ended
+  and answered after, so the target served from that answer on (a window closed only by the next
+  answer *within* its deadline ran on past what clients saw: a front door that held every canary in
+  flight answers them all late at once, and the next one is sent only then). The
   deployment is out while every target is (a target that does not serve yet, or any more, counts as
   out, so joiners and leavers change nothing); `outage_ms` is the longest such stretch, with the phase
   it fell in. Its resolution is one interval.
@@ -84,13 +88,13 @@ def _bad_moments(samples: Sequence[CanarySample], deadline_s: float) -> list[flo
 def answer_windows(
     samples: Sequence[CanarySample], *, start: float, end: float, deadline_s: float
 ) -> list[Window]:
-    """The windows between consecutive good answers within [start, end], each marked whether it
-    shows an outage (a failure or a missed deadline inside it)."""
+    """The windows between consecutive answers (successes, late ones too) within [start, end], each
+    marked whether it shows an outage (a failure or a missed deadline inside it)."""
     if end < start:
         return []
-    good = sorted(s.done_at for s in samples if is_good(s, deadline_s) and start <= s.done_at <= end)
+    answered = sorted(s.done_at for s in samples if s.ok and start <= s.done_at <= end)
     bad = [t for t in _bad_moments(samples, deadline_s) if start <= t <= end]
-    edges = [start, *good, end]
+    edges = [start, *answered, end]
     windows: list[Window] = []
     f = 0
     for a, b in itertools.pairwise(edges):

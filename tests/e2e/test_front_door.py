@@ -405,3 +405,19 @@ def test_an_engine_killed_is_taken_out_of_the_front_door_and_clients_are_served_
     print(f"the killed engine: {_states(out).get(victim['id'], 'not listed')}")
     failures_around(samples, killed_at, served_again_at, "a SIGKILL")
     assert victim["id"] not in _ready(healed), healed
+
+    # One loss, one client outage: the incident's figure is what its self-heal jobs carry.
+    def measured() -> dict[str, Any] | None:
+        found = api.get("/v1/incidents", params={"deployment": "demo"}).json()["data"]
+        mine = [i for i in found if victim["id"] in i["engines"] and i["outage_evidence"] is not None]
+        return mine[0] if mine else None
+
+    incident = wait_until(measured, timeout_s=60, what="the incident's client outage")
+    jobs = [api.get(f"/v1/reconfigurations/{j}").json() for j in incident["recovery_job_ids"]]
+    print(
+        f"incident {incident['id']}: client outage {incident['client_outage_ms']} ms "
+        f"({incident['outage_evidence']}); recovery jobs "
+        f"{[(j['id'], j['client_outage_ms'], (j['probe'] or {}).get('through')) for j in jobs]}"
+    )
+    assert jobs and incident["client_outage_ms"] is not None, incident
+    assert all(j["client_outage_ms"] == incident["client_outage_ms"] for j in jobs), (incident, jobs)

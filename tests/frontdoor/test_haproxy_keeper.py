@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from typing import Any
@@ -15,6 +16,7 @@ from sqlmodel import Session
 
 from app.core.config import Settings
 from app.deployments.engines.models import Engine
+from app.frontdoor.haproxy import RuntimeApi, host_port
 from app.frontdoor.keeper import KEEPERS
 from app.frontdoor.launch import RunningDoor
 from app.frontdoor.models import EndpointSetPublic
@@ -156,3 +158,56 @@ def test_a_version_a_job_offers_is_applied_at_once_and_never_undone_by_an_older_
         time.sleep(0.5)  # the loop re-reads the older version every 0.05 s meanwhile
         assert keeper.applied == newer.resource_version
         assert set(_answers(haproxy, 8)) == {"s0"}
+
+
+def _slots(door: RunningDoor) -> dict[str, tuple[str, int, str]]:
+    """HAProxy's engine slots that are not in maintenance: name -> (address, port, state)."""
+    states = asyncio.run(RuntimeApi(door.socket_path).servers("ep_fd"))
+    return {
+        n: (s.host, s.port, s.state) for n, s in states.items() if n.startswith("e") and s.state != "maint"
+    }
+
+
+def test_a_deployment_larger_than_haproxys_slots_grows_its_backend_through_the_runtime_api(
+    settings: Settings,
+    db_engine: DbEngine,
+    haproxy: RunningDoor,
+    named_servers: list[NamedServer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HAProxy started with 4 slots, a generation of 40 engines (3 that answer, 37 listening nowhere:
+    nothing here checks their health): the keeper adds 36 slots (`add server`, no reload), each
+    pointing at its engine and ready; shrunk back to the 3, only they answer; and a restarted keeper
+    takes the added slots over as they are. 64 engines or more need no other configuration."""
+    size = 40
+    with Session(db_engine) as session:
+        deployment = static_deployment(session, "fd", engines=size, max_dp_size=64)
+        deployment.generation, deployment.current_dp_size = 1, size
+        session.add(deployment)
+        session.commit()
+    nowhere = [f"http://127.0.0.1:{port}" for port in range(2, size - len(named_servers) + 2)]
+    urls = [server.url for server in named_servers] + nowhere
+    for index, url in enumerate(urls):
+        _set_engine(db_engine, f"fd-engine-{index}", url=url, state="serving", dp_rank=index, generation=1)
+    expected = {host_port(url) for url in urls}
+    with TestClient(_app(settings, haproxy, monkeypatch), headers=ADMIN_HEADERS) as client:
+        _applied(client)
+        slots = _slots(haproxy)
+        assert len(slots) == size and {(h, p) for h, p, _ in slots.values()} == expected, slots
+        assert {state for _, _, state in slots.values()} == {"ready"}
+        for index in range(len(named_servers), size):
+            _set_engine(db_engine, f"fd-engine-{index}", state="left", dp_rank=None)
+        _applied(client)
+        assert set(_answers(haproxy, 12)) == {"s0", "s1", "s2"}
+        for index in range(len(named_servers), size):
+            _set_engine(db_engine, f"fd-engine-{index}", state="serving", dp_rank=index)
+        _applied(client)
+        assert len(_slots(haproxy)) == size
+    app = _app(settings, haproxy, monkeypatch)
+    with TestClient(app, headers=ADMIN_HEADERS) as client:
+        feed = _applied(client)
+        (keeper,) = app.state.front_door_keepers
+        wait_until(
+            lambda: keeper.applied == feed["resourceVersion"], timeout_s=30, what="the new keeper applies"
+        )
+        assert len(keeper.slots) == size and len(_slots(haproxy)) == size

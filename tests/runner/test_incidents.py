@@ -211,3 +211,41 @@ def test_a_relapse_while_a_loss_heals_continues_its_incident_and_an_operator_job
     assert job.state == JobState.succeeded
     degrade(stage)
     assert sorted(i.state for i in incidents(stage)) == ["open", "resolved"]
+
+
+def test_an_incident_measured_while_its_heal_records_its_probe_still_leaves_both_one_figure(
+    stage: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heal reads "no measured incident", the incident's probe decides and writes its figure onto
+    the heal, then the heal writes its own canaries' figure: the heal's second look after its write
+    puts the incident's back (before, the heal kept 0.0 against its incident's figure)."""
+    (heal_id,) = lose(stage, stage.serving[1].engine_id)
+    (incident,) = incidents(stage)
+    real = incident_outage.outage_for_job
+    reads: list[str] = []
+
+    def measured_right_after_the_first_read(session: Session, job_id: str) -> tuple[str, float] | None:
+        reads.append(job_id)
+        if len(reads) > 1:
+            return real(session, job_id)
+        with Session(stage.db) as other:  # the incident probe, on its own session
+            found_incident = other.get(Incident, incident.id)
+            assert found_incident is not None
+            evidence = incident_outage.outage_evidence(
+                other,
+                found_incident,
+                answered_at=incident.loss_at + timedelta(seconds=1.8),
+                canaries_failed=True,
+            )
+            found = outage.client_outage(evidence)
+            assert found is not None
+            incident_outage.record_client_outage(other, incident.id, found)
+        return None
+
+    monkeypatch.setattr(incident_outage, "outage_for_job", measured_right_after_the_first_read)
+    run = asyncio.run(stage.record.load(heal_id))
+    own = {"client_outage_ms": 0.0, "client_slowest_answer_ms": 5.0}
+    asyncio.run(stage.record.record_probe(run, own, "client outage 0.0 ms"))
+    (incident,) = incidents(stage)
+    assert incident.client_outage_ms == 1800.0 and len(reads) == 2
+    assert stage.job(heal_id).client_outage_ms == incident.client_outage_ms

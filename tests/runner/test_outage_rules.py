@@ -173,3 +173,46 @@ def test_a_relapse_right_after_a_recovery_is_the_same_incident(
     resolved_s_ago: float, operator_job: bool, same: bool
 ) -> None:
     assert same_loss(resolved_s_ago=resolved_s_ago, operator_job_since=operator_job, window_s=60.0) is same
+
+
+def held(sent: list[float], answered_at: float) -> list[CanarySample]:
+    """Canaries a front door held, answered together at `answered_at`."""
+    return [CanarySample("a", t, answered_at, True, 200) for t in sent]
+
+
+@pytest.mark.parametrize(
+    ("samples", "outage_ms"),
+    [
+        # Four canaries held from 1.0-1.15 (the recorder's most in flight: none sent meanwhile), all
+        # answered late at 2.4; the next one, sent only then, at 2.43. Clients had no answer from 0.91 to
+        # 2.4, not to 2.43 (the first answer within its deadline).
+        (
+            canaries(0.0, 1.0, ok=True) + held([1.0, 1.05, 1.1, 1.15], 2.4) + canaries(2.42, 3.0, ok=True),
+            1490.0,
+        ),
+        # The same, the held ones answered within the deadline: a slow answer, no outage.
+        (canaries(0.0, 1.0, ok=True) + held([1.0, 1.05, 1.1, 1.15], 1.9) + canaries(1.92, 3.0, ok=True), 0.0),
+        # 503s from 1.0 to 1.5; one canary sent at 1.4 held until 2.6 while the others are answered from
+        # 1.51 on: the outage is the 503s' (0.91 to 1.51), the late one's own is one answer's gap.
+        (
+            canaries(0.0, 1.0, ok=True)
+            + canaries(1.0, 1.5, ok=False)
+            + held([1.45], 2.6)
+            + canaries(1.5, 3.0, ok=True),
+            600.0,
+        ),
+        # A late answer inside a stretch of 503s splits it where clients got that answer.
+        (
+            canaries(0.0, 1.0, ok=True)
+            + canaries(1.0, 3.0, ok=False)
+            + held([1.0], 2.2)
+            + canaries(3.0, 4.0, ok=True),
+            1290.0,
+        ),
+    ],
+)
+def test_a_late_answer_counts_toward_the_outage_and_ends_it(
+    samples: list[CanarySample], outage_ms: float
+) -> None:
+    figures = probe_figures(samples, start=0.0, end=4.0, interval_s=0.05, deadline_s=1.0)
+    assert figures.outage_ms == pytest.approx(outage_ms, abs=1.0)

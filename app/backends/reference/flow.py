@@ -219,8 +219,7 @@ class Flow:
             f"{figures['canaries_failed']} failed, {figures['canaries_late']} late)"
             + (f"; could not reach {', '.join(sorted(unreachable))}" if unreachable else "")
         )
-        changes, message = await self.record.with_shared_outage(run, changes, message)
-        await self.record.note(run, "probe", message, changes=changes)
+        await self.record.record_probe(run, changes, message)
 
     async def end(self, rule: OnFailure, run: JobRun, fanout: Fanout, failure: JobFailure) -> None:
         if rule is OnFailure.roll_back:

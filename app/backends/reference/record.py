@@ -91,6 +91,26 @@ class JobRecord(FlowRecord[JobRun]):
         line = f"{message}; client outage {outage_ms:.1f} ms from the loss (incident {incident_id})"
         return {**changes, "client_outage_ms": outage_ms}, line
 
+    async def record_probe(self, run: JobRun, changes: dict[str, Any], message: str) -> None:
+        """The probe's figures onto the job (`with_shared_outage`), then a second look: an incident
+        measured between that read and this write put its figure on the job before ours landed, so
+        once ours is committed the job takes the incident's again. Either that look sees the incident
+        measured, or the incident's own write to its jobs comes after ours: job and incident agree."""
+        changes, message = await self.with_shared_outage(run, changes, message)
+        await self.note(run, "probe", message, changes=changes)
+        shared = await self.run_in_session(
+            lambda session: incident_outage.outage_for_job(session, run.job_id)
+        )
+        if shared is not None and shared[1] != changes.get("client_outage_ms"):
+            incident_id, outage_ms = shared
+            await self.note(
+                run,
+                "outage",
+                f"client outage {outage_ms:.1f} ms from the loss (incident {incident_id}, measured "
+                "while this job recorded its probe)",
+                changes={"client_outage_ms": outage_ms},
+            )
+
     async def note(
         self,
         run: JobRun,

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from engine_agent.coordinators import next_heartbeat_s, shed_retry_after_s
 from engine_agent.protocol import (
     LONG_POLL_HEADER,
     MAX_WAIT_S,
@@ -230,9 +231,31 @@ def _json(model: BaseModel | dict[str, Any], status: int = 200, long_poll: bool 
     return web.Response(body=body.encode(), status=status, content_type="application/json", headers=headers)
 
 
-def make_app(agent: LightAgent) -> web.Application:
+def key_gate(key: str) -> Any:
+    """Every route but `/healthz` needs `Authorization: Bearer <the agent key>`, compared as the real
+    agent does (`engine_agent.auth`: SHA-256 digests, `hmac.compare_digest`)."""
+    import hashlib
+    import hmac
+
+    digest = hashlib.sha256(key.encode()).digest()
+
+    @web.middleware
+    async def gate(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path != ROUTES["health"]:
+            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            offered = hashlib.sha256(given.encode()).digest()
+            if scheme.lower() != "bearer" or not hmac.compare_digest(offered, digest):
+                return _json({"status": 401, "code": "invalid-agent-key", "detail": "agent key"}, 401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return gate
+
+
+def make_app(agent: LightAgent, key: str = "") -> web.Application:
     """The agent's routes on aiohttp.web: far cheaper per request than FastAPI, so that many agents on
-    few cores measure the coordinator's fan-out rather than their own servers."""
+    few cores measure the coordinator's fan-out rather than their own servers. With `key` (the
+    environment's `EPCTL_AGENT_KEY`), every control call needs it, as on a real agent."""
 
     async def step(
         request: web.Request, model: type[ModelT], do: Callable[[ModelT], ReconfigStatus]
@@ -275,7 +298,7 @@ def make_app(agent: LightAgent) -> web.Application:
             InferResponse(outputs=body.tokens, generation=agent.generation, rank=agent.rank or 0, step=0)
         )
 
-    app = web.Application()
+    app = web.Application(middlewares=[key_gate(key)] if key else [])
     app.router.add_get(ROUTES["health"], health)
     app.router.add_get(ROUTES["info"], info)
     app.router.add_get(ROUTES["reconfig"], reconfig)
@@ -329,7 +352,10 @@ async def serve(args: argparse.Namespace) -> None:
         # The keep-alive outlasts the coordinator's idle-connection expiry (`app.agents.transport`), as a
         # real agent's does: a connection the coordinator reuses is never one being closed here.
         runner = web.AppRunner(
-            make_app(agent), access_log=None, handle_signals=False, keepalive_timeout=args.keep_alive_s
+            make_app(agent, os.environ.get("EPCTL_AGENT_KEY", "")),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=args.keep_alive_s,
         )
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -351,9 +377,11 @@ class Beats:
     heartbeat to its record)."""
 
     def __init__(self) -> None:
-        self.sent = self.ok = self.failed = self.reregistered = 0
+        self.sent = self.ok = self.failed = self.reregistered = self.shed = 0
         self.rtt_ms: list[float] = []
+        self.shed_ms: list[float] = []  # the round trips of the heartbeats shed (503 + Retry-After)
         self.last_ok: dict[str, float] = {}  # engine_id -> epoch seconds of its last answered heartbeat
+        self.last_heard: dict[str, float] = {}  # ... of its last heartbeat answered 200 or shed
 
     def snapshot(self, reset: bool) -> dict[str, Any]:
         out = {
@@ -361,12 +389,16 @@ class Beats:
             "ok": self.ok,
             "failed": self.failed,
             "reregistered": self.reregistered,
+            "shed": self.shed,
             "rtt_ms": self.rtt_ms,
+            "shed_ms": self.shed_ms,
             "last_ok": self.last_ok,
+            "last_heard": self.last_heard,
         }
         if reset:
-            self.sent = self.ok = self.failed = self.reregistered = 0
+            self.sent = self.ok = self.failed = self.reregistered = self.shed = 0
             self.rtt_ms = []
+            self.shed_ms = []
         return out
 
 
@@ -394,7 +426,16 @@ async def _beat(
                 elif response.status == 200:
                     beats.ok += 1
                     beats.rtt_ms.append((time.perf_counter() - started) * 1000.0)
-                    beats.last_ok[agent.engine_id] = time.time()
+                    beats.last_ok[agent.engine_id] = beats.last_heard[agent.engine_id] = time.time()
+                elif (
+                    wait := shed_retry_after_s(response.status, response.headers.get("Retry-After"))
+                ) is not None:
+                    # Shed by a saturated coordinator: heard, not recorded; the next one after Retry-After,
+                    # as the real agent does (`engine_agent.coordinators.next_heartbeat_s`).
+                    beats.shed += 1
+                    beats.shed_ms.append((time.perf_counter() - started) * 1000.0)
+                    beats.last_heard[agent.engine_id] = time.time()
+                    next_at = max(next_at, time.monotonic() + next_heartbeat_s(interval_s, wait))
                 else:
                     beats.failed += 1
         except Exception:  # any failure is a lost beat

@@ -186,7 +186,17 @@ def test_a_heartbeat_is_answered_at_once_while_the_queue_is_old_and_its_engine_h
         # The queue's head has waited 10 s (set, not waited for): the next heartbeat is shed at once...
         queued_at, turn = middleware.gate.waiting[0]
         middleware.gate.waiting[0] = (queued_at - 10.0, turn)
-        await middleware(request("POST", "/v1/engines/e2/heartbeat"), body(b"{}"), sender("shed"))
+        shed_one = asyncio.create_task(
+            middleware(request("POST", "/v1/engines/e2/heartbeat"), body(b"{}"), sender("shed"))
+        )
+        for _ in range(100):  # loop turns, not time: answered without waiting for a place
+            if "shed" in answers:
+                break
+            await asyncio.sleep(0)
+        if "shed" not in answers:  # it waits for a place like any request: release it, then fail
+            release.set()
+            await asyncio.gather(holder, waiter, shed_one)
+        assert "shed" in answers and not release.is_set()
         start = answers["shed"][0]
         assert start["status"] == 503 and (b"retry-after", b"5") in start["headers"]
         assert (b"connection", b"close") not in start["headers"]  # the body was read: keep the connection
@@ -202,7 +212,7 @@ def test_a_heartbeat_is_answered_at_once_while_the_queue_is_old_and_its_engine_h
             await asyncio.sleep(0)
         assert "job" not in answers and middleware.gate.waiting_count == 2
         release.set()
-        await asyncio.gather(holder, waiter, other)
+        await asyncio.gather(holder, waiter, other, shed_one)
         assert answers["young"][0]["status"] == 200 and answers["job"][0]["status"] == 200
         assert ran == ["/hold", hb, "/v1/reconfigurations"]
 

@@ -78,7 +78,8 @@ def test_a_heartbeat_shed_by_a_saturated_coordinator_counts_as_heard(
     """Issue 37: past saturation the coordinator answers heartbeats 503 at once (`app.core.shedding`);
     its own overload never writes off an engine that heartbeats."""
     shed_at = None if shed is None else ago(shed)
-    found = verdict(view([engine("e0", rank=0), engine("e1", rank=1, heard=recorded, shed_at=shed_at)]))
+    engines = [engine("e0", rank=0), engine("e1", rank=1, heard=recorded, shed_at=shed_at)]
+    found = verdict(view(engines, policy="none"))
     assert (found.fate("e1") is Fate.lost) is lost
 
 

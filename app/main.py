@@ -145,8 +145,12 @@ def _heard_shed(app: FastAPI, scope: dict[str, Any], engine_id: str) -> None:
     """A shed heartbeat counts as heard (`app.core.shedding`) when its token is one this coordinator has
     seen valid lately with the engines' permission: no database, no stranger keeping an engine alive."""
     cache: PrincipalCache | None = getattr(app.state, "principal_cache", None)
+    settings: Settings | None = getattr(app.state, "settings", None)
     secret = bearer_secret(scope)
-    principal = cache.get(hash_token(secret)) if cache is not None and secret else None
+    if cache is None or settings is None or not secret:
+        return
+    # Seen valid within the heartbeat timeout: shed heartbeats alone keep an engine heard that long.
+    principal = cache.seen(hash_token(secret), settings.heartbeat_timeout_s)
     if principal is not None and principal.can(Permission.engines):
         SHED_HEARTBEATS.record(engine_id, utc_now())
 

@@ -217,3 +217,25 @@ def test_a_heartbeat_is_answered_at_once_while_the_queue_is_old_and_its_engine_h
         assert ran == ["/hold", hb, "/v1/reconfigurations"]
 
     asyncio.run(scenario())
+
+
+def test_a_shed_heartbeat_counts_while_its_token_was_found_valid_within_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The authentication cache keeps a token 2 s; under saturation nothing may look it up again, so a
+    shed heartbeat asks whether it was found valid within the heartbeat timeout instead."""
+    from app.api import deps
+    from app.core.auth import Principal, TokenRole
+
+    clock = [100.0]
+    monkeypatch.setattr(deps.time, "monotonic", lambda: clock[0])
+    cache = deps.PrincipalCache(ttl_s=2.0)
+    agent = Principal(token_id="tok_1", name="agents", role=TokenRole.admin)
+    cache.put("h", agent)
+    clock[0] += 10.0
+    assert cache.get("h") is None  # past the cache's own time
+    assert cache.seen("h", within_s=15.0) == agent  # but found valid 10 s ago
+    assert cache.seen("h", within_s=5.0) is None
+    assert cache.seen("other", within_s=15.0) is None
+    cache.clear()  # a revoke through this coordinator
+    assert cache.seen("h", within_s=15.0) is None

@@ -8,7 +8,9 @@ engines (14 serving, 2 spare). Then two phases:
 - steady (`--steady-s`): heartbeats only. The coordinator's CPU (from /proc/<pid>/stat) over the phase
   divided by the heartbeats the agents had answered: CPU per heartbeat, and the share of one core the
   fleet's heartbeats take; each heartbeat's round trip is its heartbeat-to-record lag (the coordinator
-  answers once the heartbeat is committed).
+  answers once the heartbeat is committed). Past saturation the coordinator sheds heartbeats (503 with
+  Retry-After, `app.core.shedding`): counted apart (shed a second, shed share, the shed answer's time),
+  with the engines heard neither way within the heartbeat timeout (`unheard`: must be 0).
 - load: K deployments reconfigure at once (scale up 14 -> 15 and down 14 -> 13 alternately, engine-agreed
   commit), an SSE client follows each job's events (every sequence number, none missed), a webhook
   receives every event, autoscaler hooks post to other deployments, the dashboard's and the CLI's list
@@ -20,6 +22,8 @@ Then the database's size and write rate, and the slopes between the smallest and
 
     .venv/bin/python benchmarks/fleet.py                               # sqlite+postgres, 128 512 2048
     .venv/bin/python benchmarks/fleet.py --sizes 128 --databases sqlite --steady-s 20
+    .venv/bin/python benchmarks/fleet.py --sizes 2048 --databases sqlite --no-load-phase  # steady only
+    .venv/bin/python benchmarks/fleet.py --report-from A-partial.json B-partial.json   # one report of runs
     EPCTL_FLEET_PROFILE=1 .venv/bin/python benchmarks/fleet.py --sizes 2048 --databases sqlite
       (the coordinator samples its own stacks: benchmarks/results/tmp/fleet-profile-*.txt)
 

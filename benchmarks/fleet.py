@@ -541,7 +541,13 @@ def run_size(kind: str, engines: int, args: argparse.Namespace) -> dict[str, Any
             if not args.load_phase:  # the steady phase only (a saturated size within one hold)
                 cpu2 = cpu3 = cpu_s(pid)
                 w2, w3 = time.perf_counter(), time.perf_counter() + 1e-9
-                out = {"load": Load(), "jobs": {}, "job_ids": [], "heal_jobs": [], "detections": []}
+                out: dict[str, Any] = {
+                    "load": Load(),
+                    "jobs": {},
+                    "job_ids": [],
+                    "heal_jobs": [],
+                    "detections": [],
+                }
             if args.load_phase:
                 with webhook_receiver(webhook_load) as hook_url:
                     api.post("/v1/webhooks", json={"url": hook_url}).raise_for_status()

@@ -684,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for rows in rows_by_db.values():
         rows.sort(key=lambda r: r["engines"])
     if args.report_from:
-        report.command += "  (the report of runs stopped by their time limit)"
+        report.command += "  (one report of separate runs: each row's load and time are its own)"
         report.parameters["report_from"] = args.report_from
     for kind in [] if args.report_from else args.databases:
         for engines in sorted(args.sizes):

@@ -27,12 +27,15 @@ from app.backends.reference.cleanup_router import router as cleanup_router
 from app.backends.registry import builtin_backends
 from app.backends.vllm.lifespan import vllm_backend
 from app.backends.vllm.router import router as vllm_engine_router
+from app.core.auth import Permission
+from app.core.clock import utc_now
 from app.core.config import Settings, load_settings
 from app.core.db import alembic_config, make_engine, start_lock
 from app.core.limits import Limits, RequestLimits
 from app.core.private_files import keep_new_files_private
 from app.core.problems import install_problem_handlers, problem_responses
 from app.core.runner_settings import load_runner_settings
+from app.core.shedding import SHED_HEARTBEATS, bearer_secret, retry_after_s
 from app.dashboard.router import router as dashboard_router
 from app.deployments.companions import DeploymentCompanions
 from app.deployments.engines.router import router as engines_router
@@ -56,7 +59,7 @@ from app.scale.kube.status import KubernetesStatusErrors
 from app.scale.router import router as scale_router
 from app.sd.router import router as sd_router
 from app.tokens.router import router as tokens_router
-from app.tokens.service import ensure_first_admin
+from app.tokens.service import ensure_first_admin, hash_token
 from app.webhooks.delivery import delivery_worker
 from app.webhooks.router import router as webhooks_router
 from engine_agent.logs import configure_logging
@@ -138,6 +141,20 @@ async def _flush_refusals(refusals: RefusalLog) -> None:
         refusals.flush()
 
 
+def _heard_shed(app: FastAPI, scope: dict[str, Any], engine_id: str) -> None:
+    """A shed heartbeat counts as heard (`app.core.shedding`) when its token is one this coordinator has
+    seen valid lately with the engines' permission: no database, no stranger keeping an engine alive."""
+    cache: PrincipalCache | None = getattr(app.state, "principal_cache", None)
+    settings: Settings | None = getattr(app.state, "settings", None)
+    secret = bearer_secret(scope)
+    if cache is None or settings is None or not secret:
+        return
+    # Seen valid within the heartbeat timeout: shed heartbeats alone keep an engine heard that long.
+    principal = cache.seen(hash_token(secret), settings.heartbeat_timeout_s)
+    if principal is not None and principal.can(Permission.engines):
+        SHED_HEARTBEATS.record(engine_id, utc_now())
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Without `settings`, the app reads them from the environment at start-up and, owning the process
     (`uvicorn app.main:app`), sets up its logging; with them, the caller owns the process's logging."""
@@ -177,6 +194,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             max_url_bytes=resolved.max_url_bytes,
             max_active_requests=resolved.max_active_requests,
             max_waiting_requests=resolved.max_waiting_requests,
+            heartbeat_shed_after_s=resolved.heartbeat_shed_after_s,
+            heartbeat_retry_after_s=retry_after_s(resolved.heartbeat_timeout_s),
         )
         # The front doors this coordinator keeps (`epctl up` passes its own HAProxy's).
         doors = getattr(app.state, "front_doors", None)
@@ -211,7 +230,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     # Input limits before parsing, routing or authentication (settings resolve at start-up).
-    app.add_middleware(RequestLimits, limits=lambda: getattr(app.state, "limits", Limits()))
+    app.add_middleware(
+        RequestLimits,
+        limits=lambda: getattr(app.state, "limits", Limits()),
+        on_shed=partial(_heard_shed, app),
+    )
     app.add_middleware(KubernetesStatusErrors)  # errors under /api, /apis as Kubernetes `Status`
     app.add_middleware(metrics.HttpMetrics)  # outermost: counts the limits' refusals too
     install_problem_handlers(app)  # and documents error responses as problem+json only

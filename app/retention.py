@@ -8,7 +8,11 @@ What is pruned, each by its owning service (settings `EPCTL_RETENTION_*`):
 - Idempotency-Key records (`jobs.service.prune_idempotency_records`) older than `retention_idempotency_s`;
 - engines that left (`engines.service.prune_left_engines`), last changed before `retention_left_engines_s`.
 
-Jobs and their transition logs are the deployment's history and are kept. The runner's scheduled
+- finished jobs with their event logs (`jobs.history.prune_finished_jobs`) last changed before
+  `retention_jobs_s`, when set (0, the default: the history is kept); the newest jobs of each deployment
+  and active ones never. The log line of the pass says how many and up to when.
+
+The runner's scheduled
 tasks (`app.runner.scheduled`) run `prune_all` every `retention_interval_s`; several coordinators may
 prune at once (deletes by age are idempotent).
 """
@@ -24,6 +28,7 @@ from sqlmodel import Session
 from app.core.clock import utc_now
 from app.core.config import Settings
 from app.deployments.engines.service import prune_left_engines
+from app.jobs.history import Pruned, prune_finished_jobs
 from app.jobs.idempotency import prune_idempotency_records
 from app.metrics import REGISTRY
 from app.scale.hooks.service import prune_hook_requests
@@ -56,6 +61,20 @@ def prune_all(session: Session, settings: Settings) -> dict[str, int]:
     engines = prune_left_engines(
         session, older_than=now - timedelta(seconds=settings.retention_left_engines_s)
     )
+    history = (
+        prune_finished_jobs(session, older_than=now - timedelta(seconds=settings.retention_jobs_s))
+        if settings.retention_jobs_s > 0
+        else Pruned()
+    )
+    if history.jobs:
+        log.info(
+            "retention: %d finished jobs (and %d events) deleted, the newest last changed %s; policy: "
+            "older than %g s (EPCTL_RETENTION_JOBS_S)",
+            history.jobs,
+            history.events,
+            history.newest.isoformat() if history.newest else "-",
+            settings.retention_jobs_s,
+        )
     pruned = {
         "hook_requests": hooks,
         "scale_intents": ended_intents,
@@ -63,6 +82,8 @@ def prune_all(session: Session, settings: Settings) -> dict[str, int]:
         "outbox_events": events,
         "idempotency_keys": keys,
         "left_engines": engines,
+        "jobs": history.jobs,
+        "job_events": history.events,
     }
     for kind, count in pruned.items():
         if count:

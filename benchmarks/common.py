@@ -212,14 +212,23 @@ class Report:
     notes: list[str] = field(default_factory=lambda: [NOISE_NOTE])
 
     def target(
-        self, name: str, measured: float, limit: float, unit: str = "", why: str = "", at_least: bool = False
+        self,
+        name: str,
+        measured: float | None,
+        limit: float,
+        unit: str = "",
+        why: str = "",
+        at_least: bool = False,
+        never: str = "never",
     ) -> bool:
-        """Record a target and whether it was met (measured <= limit, or >= with `at_least`)."""
-        met = measured >= limit if at_least else measured <= limit
+        """Record a target and whether it was met (measured <= limit, or >= with `at_least`). `measured`
+        None: it never happened (printed as `never`, missed), not a number standing in for it."""
+        met = measured is not None and (measured >= limit if at_least else measured <= limit)
         self.targets.append(
             {
                 "target": name,
-                "measured": round(measured, 4),
+                "measured": round(measured, 4) if measured is not None else None,
+                **({"shown": never} if measured is None else {}),
                 "limit": limit,
                 "direction": ">=" if at_least else "<=",
                 "unit": unit,
@@ -239,7 +248,7 @@ class Report:
         rows = [
             [
                 t["target"],
-                f"{fmt(t['measured'])} {t['unit']}".strip(),
+                t["shown"] if t.get("measured") is None else f"{fmt(t['measured'])} {t['unit']}".strip(),
                 f"{t.get('direction', '<=')} {fmt(t['limit'])}",
                 "met" if t["met"] else "MISSED",
             ]

@@ -8,7 +8,9 @@ engines (14 serving, 2 spare). Then two phases:
 - steady (`--steady-s`): heartbeats only. The coordinator's CPU (from /proc/<pid>/stat) over the phase
   divided by the heartbeats the agents had answered: CPU per heartbeat, and the share of one core the
   fleet's heartbeats take; each heartbeat's round trip is its heartbeat-to-record lag (the coordinator
-  answers once the heartbeat is committed).
+  answers once the heartbeat is committed). Past saturation the coordinator sheds heartbeats (503 with
+  Retry-After, `app.core.shedding`): counted apart (shed a second, shed share, the shed answer's time),
+  with the engines heard neither way within the heartbeat timeout (`unheard`: must be 0).
 - load: K deployments reconfigure at once (scale up 14 -> 15 and down 14 -> 13 alternately, engine-agreed
   commit), an SSE client follows each job's events (every sequence number, none missed), a webhook
   receives every event, autoscaler hooks post to other deployments, the dashboard's and the CLI's list
@@ -20,6 +22,8 @@ Then the database's size and write rate, and the slopes between the smallest and
 
     .venv/bin/python benchmarks/fleet.py                               # sqlite+postgres, 128 512 2048
     .venv/bin/python benchmarks/fleet.py --sizes 128 --databases sqlite --steady-s 20
+    .venv/bin/python benchmarks/fleet.py --sizes 2048 --databases sqlite --no-load-phase  # steady only
+    .venv/bin/python benchmarks/fleet.py --report-from A-partial.json B-partial.json   # one report of runs
     EPCTL_FLEET_PROFILE=1 .venv/bin/python benchmarks/fleet.py --sizes 2048 --databases sqlite
       (the coordinator samples its own stacks: benchmarks/results/tmp/fleet-profile-*.txt)
 
@@ -179,9 +183,14 @@ def form(api: httpx.Client, fleet: Fleet, timeout_s: float) -> dict[str, Any]:
     `epctl scale` of each would: how long until every one has ended, and how."""
     started = time.perf_counter()
     ids = []
+    create_failures = 0
     for d in fleet.deployments:
         body = {"deployment": d, "target_dp_size": SERVING, "commit": "engines", "reason": "form"}
-        response = api.post("/v1/reconfigurations", json=body)
+        try:
+            response = api.post("/v1/reconfigurations", json=body)
+        except httpx.TimeoutException:
+            create_failures += 1  # the coordinator did not answer within the client's 10 s
+            continue
         assert response.status_code == 202, response.text
         ids.append(response.json()["id"])
     states: dict[str, str] = {}
@@ -193,6 +202,7 @@ def form(api: httpx.Client, fleet: Fleet, timeout_s: float) -> dict[str, Any]:
         time.sleep(1.0)
     return {
         "jobs": len(ids),
+        "create_timeouts": create_failures,
         "states": _count(states.values()),
         "wall_s": round(time.perf_counter() - started, 1),
     }
@@ -255,13 +265,18 @@ def start_fleet(group: ProcessGroup, api: httpx.Client, coordinator: str, engine
 
 
 def beats(fleet: Fleet, reset: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"sent": 0, "ok": 0, "failed": 0, "reregistered": 0, "rtt_ms": [], "last_ok": {}}
+    out: dict[str, Any] = {
+        "sent": 0, "ok": 0, "failed": 0, "reregistered": 0, "shed": 0,
+        "rtt_ms": [], "shed_ms": [], "last_ok": {}, "last_heard": {},
+    }  # fmt: skip
     for control in fleet.controls:
         s = httpx.get(f"{control}/stats", params={"reset": "1" if reset else "0"}, timeout=30).json()
-        for key in ("sent", "ok", "failed", "reregistered"):
+        for key in ("sent", "ok", "failed", "reregistered", "shed"):
             out[key] += s[key]
         out["rtt_ms"] += s["rtt_ms"]
+        out["shed_ms"] += s["shed_ms"]
         out["last_ok"].update(s["last_ok"])
+        out["last_heard"].update(s["last_heard"])
     return out
 
 
@@ -517,18 +532,31 @@ def run_size(kind: str, engines: int, args: argparse.Namespace) -> dict[str, Any
             shown_lost = sum(1 for e in listed if e["state"] not in ("serving", "idle", "paused"))
             now = time.time()
             silent = [e for e, at in steady["last_ok"].items() if now - at > HEARTBEAT_S * 2 + 1]
+            # Heard: answered 200 or shed (503 + Retry-After) lately enough for the heartbeat timeout.
+            unheard = [e for e, at in steady["last_heard"].items() if now - at > HEARTBEAT_TIMEOUT_S - 2]
             wall = w1 - w0
             hb_cpu_share = (cpu1 - cpu0) / wall
             # the load phase
             webhook_load = Load()
-            with webhook_receiver(webhook_load) as hook_url:
-                api.post("/v1/webhooks", json={"url": hook_url}).raise_for_status()
-                cpu2, w2 = cpu_s(pid), time.perf_counter()
-                # K deployments reconfigure, 2 lose an engine, the rest (at least 2) get autoscaler hooks.
-                jobs_at_once = min(args.jobs_at_once, len(fleet.deployments) - 4)
-                out = asyncio.run(load_phase(coordinator.url, fleet, jobs_at_once, 2, args.read_rate_hz))
-                cpu3, w3 = cpu_s(pid), time.perf_counter()
-                time.sleep(2)  # deliveries still in flight
+            if not args.load_phase:  # the steady phase only (a saturated size within one hold)
+                cpu2 = cpu3 = cpu_s(pid)
+                w2, w3 = time.perf_counter(), time.perf_counter() + 1e-9
+                out: dict[str, Any] = {
+                    "load": Load(),
+                    "jobs": {},
+                    "job_ids": [],
+                    "heal_jobs": [],
+                    "detections": [],
+                }
+            if args.load_phase:
+                with webhook_receiver(webhook_load) as hook_url:
+                    api.post("/v1/webhooks", json={"url": hook_url}).raise_for_status()
+                    cpu2, w2 = cpu_s(pid), time.perf_counter()
+                    # K deployments reconfigure, 2 lose an engine, the rest (at least 2) get autoscaler hooks.
+                    jobs_at_once = min(args.jobs_at_once, len(fleet.deployments) - 4)
+                    out = asyncio.run(load_phase(coordinator.url, fleet, jobs_at_once, 2, args.read_rate_hz))
+                    cpu3, w3 = cpu_s(pid), time.perf_counter()
+                    time.sleep(2)  # deliveries still in flight
             during = beats(fleet, reset=True)
             db2 = db_figures(url)
             rss_load = rss_mib(pid)
@@ -545,12 +573,18 @@ def run_size(kind: str, engines: int, args: argparse.Namespace) -> dict[str, Any
     result = {
         "database": kind,
         "engines": engines,
+        "load_phase": args.load_phase,
         "deployments": len(fleet.deployments),
         "setup_s": round(setup_s, 1),
         "formation": formation,
         "steady_s": round(wall, 1),
         "heartbeats_per_s": round(steady["ok"] / wall, 1),
         "heartbeats_failed": steady["failed"] + during["failed"],
+        "heartbeats_shed_per_s": round(steady["shed"] / wall, 1),
+        "heartbeats_shed_share": round(steady["shed"] / max(steady["shed"] + steady["ok"], 1), 4),
+        "heartbeats_shed_load": during["shed"],
+        "shed_answer_ms": summarize(steady["shed_ms"]),
+        "unheard_engines_in_steady": len(unheard),
         "heartbeats_reregistered": steady["reregistered"] + during["reregistered"],
         "silent_engines_in_steady": len(silent),
         "shown_lost_while_heartbeating": shown_lost,
@@ -622,6 +656,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steady-s", type=float, default=30.0)
     parser.add_argument("--jobs-at-once", type=int, default=16)
     parser.add_argument("--read-rate-hz", type=float, default=10.0, help="dashboard + CLI calls per second")
+    parser.add_argument(
+        "--no-load-phase",
+        dest="load_phase",
+        action="store_false",
+        help="the steady phase only (a saturated size within one hold of the machine lock)",
+    )
     parser.add_argument("--name", default="fleet")
     parser.add_argument(
         "--report-from",
@@ -644,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for rows in rows_by_db.values():
         rows.sort(key=lambda r: r["engines"])
     if args.report_from:
-        report.command += "  (the report of runs stopped by their time limit)"
+        report.command += "  (one report of separate runs: each row's load and time are its own)"
         report.parameters["report_from"] = args.report_from
     for kind in [] if args.report_from else args.databases:
         for engines in sorted(args.sizes):
@@ -667,6 +707,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "engines",
             "depl.",
             "hb/s",
+            "shed/s",
             "CPU/hb ms",
             "hb % core",
             "lag p50",
@@ -690,6 +731,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 r["engines"],
                 r["deployments"],
                 r["heartbeats_per_s"],
+                r.get("heartbeats_shed_per_s", "-"),
                 r["cpu_per_heartbeat_ms"],
                 100 * r["coordinator_cpu_share_steady"],
                 r["heartbeat_lag_ms"].get("p50", "-"),
@@ -735,26 +777,30 @@ def main(argv: Sequence[str] | None = None) -> None:
         report.target(
             f"heartbeats' share of one core, {at}", 100 * big["coordinator_cpu_share_steady"], 25, "%"
         )
-        report.target(
-            f"heartbeat-to-record lag p99, {at}", big["heartbeat_lag_ms"].get("p99", 1e9), 1000, "ms"
-        )
-        report.target(f"API read p99, {at}", read_p99(big), 100, "ms")
-        report.target(
-            f"job creation p99, {at}", big["api_ms"].get("job creation", {}).get("p99", 1e9), 250, "ms"
-        )
-        report.target(
-            f"lost engine detected (max), {at}",
-            big["lost_detection_s"].get("max", 1e9),
-            HEARTBEAT_TIMEOUT_S + 5,
-            "s",
-            why="the heartbeat timeout + one liveness pass and poll",
-        )
-        report.target(
-            f"jobs not succeeded, {at}", big["jobs"]["n"] - big["jobs"]["states"].get("succeeded", 0), 0
-        )
-        report.target(f"SSE streams with a gap, {at}", big["sse"]["streams"] - big["sse"]["gapless"], 0)
+        report.target(f"heartbeat-to-record lag p99, {at}", big["heartbeat_lag_ms"].get("p99"), 1000, "ms")
+        if big.get("load_phase", True):  # a steady-only row has no API, job or loss figures to judge
+            report.target(f"API read p99, {at}", read_p99(big), 100, "ms")
+            creation = big["api_ms"].get("job creation", {}).get("p99")
+            report.target(f"job creation p99, {at}", creation, 250, "ms")
+            report.target(
+                f"lost engine detected (max), {at}",
+                big["lost_detection_s"].get("max"),  # none detected: `never`
+                HEARTBEAT_TIMEOUT_S + 5,
+                "s",
+                why="the heartbeat timeout + one liveness pass and poll",
+            )
+            report.target(
+                f"jobs not succeeded, {at}", big["jobs"]["n"] - big["jobs"]["states"].get("succeeded", 0), 0
+            )
+            report.target(f"SSE streams with a gap, {at}", big["sse"]["streams"] - big["sse"]["gapless"], 0)
         report.target(f"engines silent while heartbeating, {at}", big["silent_engines_in_steady"], 0)
         report.target(f"heartbeating engines shown lost, {at}", big["shown_lost_while_heartbeating"], 0)
+        if "heartbeats_shed_share" in big:
+            report.target(
+                f"heartbeating engines unheard (neither recorded nor shed), {at}",
+                big["unheard_engines_in_steady"],
+                0,
+            )
     report.targets_table()
     report.notes.append(
         "The coordinator's time inside each commit window: every job here commits `engines` (armed; the "

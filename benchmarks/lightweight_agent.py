@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from engine_agent.coordinators import next_heartbeat_s, shed_retry_after_s
 from engine_agent.protocol import (
     LONG_POLL_HEADER,
     MAX_WAIT_S,
@@ -329,7 +330,10 @@ async def serve(args: argparse.Namespace) -> None:
         # The keep-alive outlasts the coordinator's idle-connection expiry (`app.agents.transport`), as a
         # real agent's does: a connection the coordinator reuses is never one being closed here.
         runner = web.AppRunner(
-            make_app(agent), access_log=None, handle_signals=False, keepalive_timeout=args.keep_alive_s
+            make_app(agent),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=args.keep_alive_s,
         )
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -351,9 +355,11 @@ class Beats:
     heartbeat to its record)."""
 
     def __init__(self) -> None:
-        self.sent = self.ok = self.failed = self.reregistered = 0
+        self.sent = self.ok = self.failed = self.reregistered = self.shed = 0
         self.rtt_ms: list[float] = []
+        self.shed_ms: list[float] = []  # the round trips of the heartbeats shed (503 + Retry-After)
         self.last_ok: dict[str, float] = {}  # engine_id -> epoch seconds of its last answered heartbeat
+        self.last_heard: dict[str, float] = {}  # ... of its last heartbeat answered 200 or shed
 
     def snapshot(self, reset: bool) -> dict[str, Any]:
         out = {
@@ -361,12 +367,16 @@ class Beats:
             "ok": self.ok,
             "failed": self.failed,
             "reregistered": self.reregistered,
+            "shed": self.shed,
             "rtt_ms": self.rtt_ms,
+            "shed_ms": self.shed_ms,
             "last_ok": self.last_ok,
+            "last_heard": self.last_heard,
         }
         if reset:
-            self.sent = self.ok = self.failed = self.reregistered = 0
+            self.sent = self.ok = self.failed = self.reregistered = self.shed = 0
             self.rtt_ms = []
+            self.shed_ms = []
         return out
 
 
@@ -394,7 +404,16 @@ async def _beat(
                 elif response.status == 200:
                     beats.ok += 1
                     beats.rtt_ms.append((time.perf_counter() - started) * 1000.0)
-                    beats.last_ok[agent.engine_id] = time.time()
+                    beats.last_ok[agent.engine_id] = beats.last_heard[agent.engine_id] = time.time()
+                elif (
+                    wait := shed_retry_after_s(response.status, response.headers.get("Retry-After"))
+                ) is not None:
+                    # Shed by a saturated coordinator: heard, not recorded; the next one after Retry-After,
+                    # as the real agent does (`engine_agent.coordinators.next_heartbeat_s`).
+                    beats.shed += 1
+                    beats.shed_ms.append((time.perf_counter() - started) * 1000.0)
+                    beats.last_heard[agent.engine_id] = time.time()
+                    next_at = max(next_at, time.monotonic() + next_heartbeat_s(interval_s, wait))
                 else:
                     beats.failed += 1
         except Exception:  # any failure is a lost beat

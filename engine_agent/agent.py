@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from engine_agent import build_info, moe, step_graphs, tls
-from engine_agent.coordinators import CoordinatorSet
+from engine_agent.coordinators import CoordinatorSet, next_heartbeat_s, shed_retry_after_s
 from engine_agent.engine import ReferenceEngine
 from engine_agent.groups import GroupAbandoned, start_store_server
 from engine_agent.netif import interface_of
@@ -296,6 +296,7 @@ class Agent:
         warned = False
         with httpx.Client(timeout=5.0, headers=headers, verify=tls.peer_context()) as client:
             while not self._stop.is_set():
+                retry_after: float | None = None  # a saturated coordinator's ask (it shed the heartbeat)
                 for base in coordinators.in_order():
                     try:
                         if not registered:
@@ -311,6 +312,11 @@ class Agent:
                         if response.status_code == 404:
                             registered = False  # the coordinators forgot us: register again
                             continue
+                        shed = shed_retry_after_s(response.status_code, response.headers.get("retry-after"))
+                        if shed is not None:  # heard, not recorded: another may record it
+                            retry_after = max(retry_after or 0.0, shed)
+                            self._last_contact = time.monotonic()
+                            continue
                         response.raise_for_status()
                     except httpx.HTTPError as exc:
                         if not warned:
@@ -322,8 +328,9 @@ class Agent:
                     coordinators.answered(base, response.json().get("coordinators") or [])
                     warned = False
                     self._last_contact = time.monotonic()
+                    retry_after = None  # recorded: the interval as usual
                     break
-                self._beat_now.wait(self.settings.heartbeat_s)
+                self._beat_now.wait(next_heartbeat_s(self.settings.heartbeat_s, retry_after))
                 self._beat_now.clear()
 
     def _registration(self) -> AgentRegistration:

@@ -24,3 +24,21 @@ class CoordinatorSet:
         url = url.rstrip("/")
         known = [u.rstrip("/") for u in live if isinstance(u, str) and u.startswith(("http://", "https://"))]
         self._order = list(dict.fromkeys([url, *known, *self._launched]))
+
+
+def shed_retry_after_s(status: int, retry_after: str | None) -> float | None:
+    """A saturated coordinator's answer to a heartbeat it heard but shed (503 with a numeric
+    `Retry-After`, `app.core.shedding`): the seconds it asks to wait; None for any other answer."""
+    if status != 503 or retry_after is None:
+        return None
+    try:
+        seconds = float(retry_after.strip())
+    except ValueError:
+        return None  # an HTTP date: not what a coordinator sends
+    return seconds if seconds >= 0 else None
+
+
+def next_heartbeat_s(interval_s: float, retry_after_s: float | None) -> float:
+    """The wait before the next heartbeat: the interval, stretched to a shed answer's Retry-After (the
+    offered rate falls to what the coordinator can record instead of growing with retries)."""
+    return max(interval_s, retry_after_s or 0.0)

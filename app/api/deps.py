@@ -64,6 +64,15 @@ class PrincipalCache:
             return None
         return entry[1]
 
+    def seen(self, secret_hash: str, within_s: float) -> Principal | None:
+        """The principal of a token found valid within the last `within_s` seconds, whatever the cache's
+        own time to live (a revoke through this coordinator clears it): for heartbeats shed under load
+        (`app.core.shedding`), which must not depend on another request refreshing the cache."""
+        entry = self._entries.get(secret_hash)
+        if entry is None or time.monotonic() - entry[0] > within_s:
+            return None
+        return entry[1]
+
     def put(self, secret_hash: str, principal: Principal) -> None:
         if self.ttl_s <= 0:
             return

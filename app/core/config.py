@@ -162,6 +162,12 @@ class Settings(BaseSettings):
         16, ge=1, description="requests processed at once; the others wait their turn (healthz never)"
     )
     max_waiting_requests: int = Field(8192, ge=1, description="requests waiting their turn (503 beyond)")
+    heartbeat_shed_after_s: float = Field(
+        1.0,
+        ge=0,
+        description="a heartbeat arriving while requests have waited longer than this is answered 503 "
+        "with Retry-After at once, and its engine counted as heard (0: never shed)",
+    )
     # Retention: rows older than these are pruned every `retention_interval_s`.
     retention_interval_s: float = Field(3600.0, gt=0, description="how often old records are pruned")
     retention_hook_requests_s: float = Field(
@@ -174,6 +180,12 @@ class Settings(BaseSettings):
     )
     retention_left_engines_s: float = Field(
         7 * 86400.0, gt=0, description="age after which engines that left are removed from the registry"
+    )
+    retention_jobs_s: float = Field(
+        0.0,
+        ge=0,
+        description="age after which finished jobs and their event logs are deleted (each deployment's "
+        "newest 3 kept); 0: the history is kept",
     )
     retention_idempotency_s: float = Field(
         86400.0,

@@ -33,13 +33,16 @@ import asyncio
 import contextlib
 import json
 import math
+import time
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter
 
+from app.core.shedding import SHED, heartbeat_engine, shed
 from app.metrics import REGISTRY
 from engine_agent.problems import VALIDATION_TITLE, problem_document, render_problem
 
@@ -73,6 +76,9 @@ class Limits:
     max_url_bytes: int = 8192
     max_active_requests: int = 16
     max_waiting_requests: int = 8192
+    # Heartbeats arriving while the queue is older than this are answered 503 at once (`app.core.shedding`).
+    heartbeat_shed_after_s: float = 1.0
+    heartbeat_retry_after_s: int = 5
 
 
 class AdmissionGate:
@@ -80,8 +86,12 @@ class AdmissionGate:
 
     def __init__(self) -> None:
         self.active = 0
-        self.waiting: asyncio.Queue[asyncio.Future[None]] | None = None
+        self.waiting: deque[tuple[float, asyncio.Future[None]]] = deque()  # (when it came, its turn)
         self.waiting_count = 0
+
+    def queue_age_s(self) -> float:
+        """How long the oldest waiting request has waited (0 when none waits)."""
+        return time.monotonic() - self.waiting[0][0] if self.waiting else 0.0
 
     async def enter(self, limits: Limits) -> bool:
         """Wait for a place; False (at once) when too many are already waiting."""
@@ -90,10 +100,8 @@ class AdmissionGate:
             return True
         if self.waiting_count >= limits.max_waiting_requests:
             return False
-        if self.waiting is None:
-            self.waiting = asyncio.Queue()
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiting.put_nowait(turn)
+        self.waiting.append((time.monotonic(), turn))
         self.waiting_count += 1
         try:
             await turn  # the place is handed over by `leave`, already counted
@@ -106,8 +114,8 @@ class AdmissionGate:
         return True
 
     def leave(self) -> None:
-        while self.waiting is not None and not self.waiting.empty():
-            turn = self.waiting.get_nowait()
+        while self.waiting:
+            _, turn = self.waiting.popleft()
             self.waiting_count -= 1
             if not turn.done():
                 turn.set_result(None)  # the place passes straight to the next in line
@@ -188,9 +196,15 @@ def _check_string(text: str) -> None:
 
 
 class RequestLimits:
-    def __init__(self, app: ASGIApp, limits: Limits | Callable[[], Limits]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limits: Limits | Callable[[], Limits],
+        on_shed: Callable[[Scope, str], None] | None = None,
+    ) -> None:
         self.app = app
         self._limits = limits
+        self._on_shed = on_shed  # told of each heartbeat shed (its scope, its engine id)
         # One gate per event loop: its futures belong to a loop (a server runs one; an in-process
         # test client may run one per request).
         self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AdmissionGate] = (
@@ -223,6 +237,12 @@ class RequestLimits:
         except LimitExceeded as refused:
             await _refuse(scope, send, refused)
             return
+        engine_id = heartbeat_engine(scope["method"], scope["path"])
+        if engine_id is not None:
+            gate = self.gate
+            if shed(gate.waiting_count, gate.queue_age_s(), limits.heartbeat_shed_after_s):
+                await self._shed(scope, send, engine_id, limits)
+                return
         if body:
             try:
                 check_json(body, max_depth=limits.max_json_depth)
@@ -256,6 +276,24 @@ class RequestLimits:
             watcher.cancel()
             if not work.done():
                 work.cancel()
+
+    async def _shed(self, scope: Scope, send: Send, engine_id: str, limits: Limits) -> None:
+        """A heartbeat answered at once while the coordinator is saturated (`app.core.shedding`); the
+        connection is kept (the body was read)."""
+        SHED.inc()
+        if self._on_shed is not None:
+            self._on_shed(scope, engine_id)
+        body = render_problem(
+            problem_document(
+                status=503,
+                code="heartbeat-shed",
+                detail="the coordinator is saturated: heartbeat heard, not recorded; send the next after "
+                "Retry-After",
+                instance=scope["path"],
+            )
+        )
+        retry = [(b"retry-after", str(limits.heartbeat_retry_after_s).encode())]
+        await _respond(send, 503, PROBLEM_MEDIA_TYPE, body, extra=retry)
 
     async def _admitted(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The app, once the gate admits the request (a 503 problem when too many wait already)."""

@@ -4,7 +4,7 @@ undispatched events) and everything recent stays."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ from sqlmodel import Session, func, select
 from app.core.clock import utc_now
 from app.core.config import Settings
 from app.deployments.engines.models import Engine as EngineRow
-from app.jobs.models import IdempotencyRecord
+from app.jobs.models import IdempotencyRecord, JobEvent, ReconfigurationJob
 from app.retention import prune_all
 from app.scale.hooks.models import InboundHookRequest
 from app.scale.intents import ScaleIntentRow
@@ -135,6 +135,8 @@ def test_old_records_are_pruned_and_owed_or_recent_ones_kept(
         "outbox_events": 1,
         "idempotency_keys": 1,
         "left_engines": 1,
+        "jobs": 0,  # the history is kept unless EPCTL_RETENTION_JOBS_S says otherwise
+        "job_events": 0,
     }
 
     with Session(db_engine) as session:
@@ -152,3 +154,57 @@ def test_old_records_are_pruned_and_owed_or_recent_ones_kept(
     assert _prune(db_engine, Settings(data_dir=tmp_path, database_url="sqlite://")) == dict.fromkeys(
         pruned, 0
     )
+
+
+def _job(job_id: str, deployment_id: str, state: str, at: datetime) -> ReconfigurationJob:
+    return ReconfigurationJob(
+        id=job_id,
+        deployment_id=deployment_id,
+        state=state,
+        from_dp_size=1,
+        to_dp_size=2,
+        from_generation=1,
+        to_generation=2,
+        requested_by="api",
+        warmup_policy_requested="auto",
+        strategy="background",
+        created_at=at,
+        updated_at=at,
+    )
+
+
+def test_finished_jobs_past_the_policy_are_deleted_with_their_events_the_newest_and_active_kept(
+    db_engine: Engine, tmp_path: Path, deployment_id: str
+) -> None:
+    """Issue 37: a 1,000,000-job history is bounded by `EPCTL_RETENTION_JOBS_S`; the pass says what it
+    removed. Batches of 2 here, so the pass goes through several."""
+    from app.jobs.history import prune_finished_jobs
+
+    with Session(db_engine) as session:
+        old = [(f"rcfg_0{k}", "succeeded") for k in range(5)] + [
+            ("rcfg_05", "failed"),
+            ("rcfg_06", "preparing"),
+        ]
+        newest = [(f"rcfg_1{k}", "succeeded") for k in range(3)]  # old too, but the deployment's newest
+        for offset, (job_id, state) in enumerate(old + newest):
+            session.add(_job(job_id, deployment_id, state, OLD + timedelta(seconds=offset)))
+        session.flush()
+        for job_id, _ in old + newest:
+            session.add(JobEvent(job_id=job_id, seq=1, kind="created", created_at=OLD))
+        session.commit()
+
+    with Session(db_engine) as session:
+        found = prune_finished_jobs(session, older_than=NEW, batch=2)
+    assert (found.jobs, found.events) == (6, 6)  # rcfg_00..05: the active one and the newest 3 stay
+    assert found.newest is not None  # rcfg_05's (SQLite hands it back naive)
+    assert found.newest.replace(tzinfo=OLD.tzinfo) == OLD + timedelta(seconds=5)
+    with Session(db_engine) as session:
+        assert set(session.exec(select(ReconfigurationJob.id)).all()) == {
+            "rcfg_06",
+            "rcfg_10",
+            "rcfg_11",
+            "rcfg_12",
+        }
+        assert count(session, JobEvent) == 4
+    settings = Settings(data_dir=tmp_path, database_url="sqlite://", retention_jobs_s=86400.0)
+    assert _prune(db_engine, settings)["jobs"] == 0  # nothing left to remove

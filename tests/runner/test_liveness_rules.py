@@ -62,6 +62,35 @@ def test_an_engine_heard_within_the_timeout_is_left_alone() -> None:
     assert found.engines == () and found.status is None and found.action == NoJob(why.WHOLE)
 
 
+@pytest.mark.parametrize(
+    ("recorded", "shed", "lost"),
+    [
+        (20, None, True),  # silent, nothing shed: lost
+        (20, 3, False),  # its heartbeats were shed by a saturated coordinator 3 s ago: heard, kept
+        (20, 16, True),  # shed too long ago: silent past the timeout all the same
+        (30, 14, False),  # the shed heartbeat alone keeps it, however old the record
+        (1, 40, False),  # a recorded heartbeat newer than the shed one counts
+    ],
+)
+def test_a_heartbeat_shed_by_a_saturated_coordinator_counts_as_heard(
+    recorded: float, shed: float | None, lost: bool
+) -> None:
+    """Issue 37: past saturation the coordinator answers heartbeats 503 at once (`app.core.shedding`);
+    its own overload never writes off an engine that heartbeats."""
+    shed_at = None if shed is None else ago(shed)
+    engines = [engine("e0", rank=0), engine("e1", rank=1, heard=recorded, shed_at=shed_at)]
+    found = verdict(view(engines, policy="none"))
+    assert (found.fate("e1") is Fate.lost) is lost
+
+
+def test_heartbeats_shed_count_as_hearing_for_the_deaf_rule() -> None:
+    """Every recorded heartbeat is old but the coordinator shed some lately: it hears, it is not deaf."""
+    engines = [engine(f"e{i}", rank=i, heard=20, shed_at=ago(2)) for i in range(3)]
+    seen = view(engines, size=3, policy="none")
+    found = verdict(replace(seen, hearing=replace(seen.hearing, newest_heartbeat_at=ago(2))))
+    assert not found.deaf and found.engines == ()
+
+
 def test_silence_counts_from_when_the_coordinator_started_watching() -> None:
     """Agents could not reach a coordinator that was down: a (re)started one does not count that."""
     seen = view([engine("e0", rank=0), engine("e1", rank=1, heard=60)], watching_since=ago(10), policy="none")

@@ -77,12 +77,14 @@ async def get_engine(engine_id: EngineIdPath, db: DatabaseDep, _: Reader) -> Eng
     return await db.run(lambda session: _public(session, service.get_engine(session, engine_id=engine_id)))
 
 
-@router.post("/{engine_id}/heartbeat", name="heartbeat", responses=problem_responses(404, 409))
+@router.post("/{engine_id}/heartbeat", name="heartbeat", responses=problem_responses(404, 409, 503))
 async def heartbeat(
     engine_id: EngineIdPath, body: EngineHeartbeat, db: DatabaseDep, _: EngineAgent
 ) -> EngineHeartbeatAnswer:
     """The engine's own truth (state, generation, rank, a broken group). The answer lists every live
-    coordinator sharing the database: the agent fails over to another when this one dies."""
+    coordinator sharing the database: the agent fails over to another when this one dies. A saturated
+    coordinator answers 503 `heartbeat-shed` at once, with Retry-After: heard, not recorded
+    (`app.core.shedding`); the agent sends the next one after Retry-After."""
 
     def work(session: Session) -> tuple[EngineHeartbeatAnswer, bool]:
         # One statement for a heartbeat that only renews the record (issue 37: 700 heartbeats a second),

@@ -21,7 +21,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlmodel import Session
 
@@ -34,6 +34,7 @@ from app.backends.reference.liveness.probes import Probe, process_gone
 from app.backends.reference.liveness.verdict import Verdict
 from app.backends.reference.liveness.view import DeploymentView, Rules
 from app.core.clock import utc_now
+from app.core.shedding import SHED_HEARTBEATS, ShedHeartbeats
 from app.deployments.agent_keys import agent_keys_of
 from app.deployments.models import Deployment
 from app.jobs.async_record import WorkerSessions
@@ -70,7 +71,9 @@ class Liveness:
         probe: Probe = process_gone,
         clock: Clock = utc_now,
         watching_since: datetime | None = None,
+        shed: ShedHeartbeats = SHED_HEARTBEATS,
     ) -> None:
+        self.shed = shed
         self.record = record
         self.launchers = launchers
         self.rules = rules
@@ -89,8 +92,18 @@ class Liveness:
         return await self._judge_and_act(views)
 
     def _observe(self, session: Session, *, only_without_a_job: bool = False) -> list[DeploymentView]:
-        heard = observe.hearing(session, watching_since=self.watching_since, deaf_at=self.deaf_at)
-        return observe.views(session, heard, self.broken_since, only_without_a_job=only_without_a_job)
+        # The heartbeats this coordinator shed while saturated count as heard (`app.core.shedding`).
+        self.shed.prune(self.clock() - timedelta(seconds=self.rules.heartbeat_timeout_s))
+        heard = observe.hearing(
+            session, watching_since=self.watching_since, deaf_at=self.deaf_at, newest_shed=self.shed.newest()
+        )
+        return observe.views(
+            session,
+            heard,
+            self.broken_since,
+            only_without_a_job=only_without_a_job,
+            shed=self.shed.snapshot(),
+        )
 
     async def _probed(self, views: list[DeploymentView]) -> list[DeploymentView]:
         targets = [(view.id, engine.id, engine.url) for view in views for engine in probe_targets(view)]

@@ -41,6 +41,7 @@ from app.backends.reference.liveness.health import (
 )
 from app.backends.reference.liveness.verdict import EMPTY, JOB_OWNS_IT, Fate, NoJob, Verdict
 from app.backends.reference.liveness.view import LIVE_STATES, Answer, DeploymentView, EngineSeen, Rules
+from app.core.shedding import heard_at
 from app.deployments.engines.models import SERVING_STATES, EngineState
 
 JOB_HINT = (
@@ -174,11 +175,7 @@ def silence(board: Board) -> None:
     silent_since = now - timedelta(seconds=board.rules.heartbeat_timeout_s)
     if silent_since <= hearing.watching_since:
         return
-    stale = [
-        e
-        for e in board.live()
-        if e.state in LIVE_STATES and e.last_heartbeat_at is not None and e.last_heartbeat_at < silent_since
-    ]
+    stale = [e for e in board.live() if e.state in LIVE_STATES and silent(e, silent_since)]
     if deaf(board.view, now, board.rules):
         # A deaf coordinator marks nothing lost (fail closed: it cannot see the membership): every silent
         # member of the generation gets the condition that refuses jobs.
@@ -199,6 +196,13 @@ def silence(board: Board) -> None:
                 board.set(engine, Fate.link_lost, "silent, but its group steps", link_lost_at=lost_at)
             continue
         mark_lost(board, board.engines[engine.id], "silent past the heartbeat timeout")
+
+
+def silent(engine: EngineSeen, silent_since: datetime) -> bool:
+    """Not heard since `silent_since`: neither a recorded heartbeat nor one this coordinator shed while
+    saturated (`app.core.shedding`: its own overload never writes an engine off)."""
+    heard = heard_at(engine.last_heartbeat_at, engine.shed_at)
+    return engine.last_heartbeat_at is not None and heard is not None and heard < silent_since
 
 
 def serving_in_a_job(board: Board) -> None:

@@ -69,6 +69,8 @@ class EngineSeen:
     data_unreachable: tuple[str, ...] = ()  # peers its data network does not reach
     group_steps: int = 0  # lock-step iterations counted (each a collective with every member)
     link_lost_at: datetime | None = None
+    # Its last heartbeat this coordinator shed while saturated (`app.core.shedding`): heard, not recorded.
+    shed_at: datetime | None = None
     # It refuses the coordinator's agent key (issue 32's condition `engine-refuses-agent-key`, filled in by
     # the observer once the record carries it): never counted a serving member, never a survivor.
     refuses_agent_key: bool = False

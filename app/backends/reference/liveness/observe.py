@@ -83,14 +83,15 @@ def views(
     broken_since: Mapping[str, datetime] | None = None,
     *,
     only_without_a_job: bool = False,
+    only: str | None = None,
 ) -> list[DeploymentView]:
-    """Every reference deployment's view (deployments of size 0 too: their engines' silence counts)."""
+    """Every reference deployment's view (deployments of size 0 too: their engines' silence counts), or
+    with `only` the one of that id."""
     broken_since = broken_since or {}
-    deployments = session.exec(
-        select(Deployment)
-        .where(col(Deployment.backend) == EngineBackend.reference.value)
-        .order_by(col(Deployment.created_at), col(Deployment.id))
-    ).all()
+    chosen = select(Deployment).where(col(Deployment.backend) == EngineBackend.reference.value)
+    if only is not None:
+        chosen = chosen.where(col(Deployment.id) == only)
+    deployments = session.exec(chosen.order_by(col(Deployment.created_at), col(Deployment.id))).all()
     ids = [d.id for d in deployments]
     if not ids:
         return []

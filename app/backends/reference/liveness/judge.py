@@ -22,6 +22,10 @@ heartbeat timeout while the job ends), silence (an engine marked lost, announced
 `serving_in_a_job` (the deployment is never `ready` while fewer of its engines serve than it says:
 `degraded members-missing` once that stayed so for the confirmation time); no job is asked
 (`verdict.JOB_OWNS_IT`).
+
+`judge_reported_break` is the status alone, for the heartbeat that first reports a member's group broken
+(`reported`): written in that heartbeat's transaction, so no read sees the member out of its group while
+the deployment says `ready` (issue 34); the pass it wakes judges the rest.
 """
 
 from __future__ import annotations

@@ -291,12 +291,12 @@ def one_freeze_in_job(coordinator: StackCoordinator, engines: int, phase: str, t
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-        incidents = coordinator.api.get("/v1/incidents", params={"deployment": name}).json()["data"]
+        incident = measured_incident(coordinator, name, job_id)
+        ended = coordinator.job(job_id)  # the job's outage is the incident's, linked once it is measured
     finally:
         client.stop()
         coordinator.api.patch(f"/v1/deployments/{name}", json={"on_engine_loss": "none"})
         stop_local_agents(coordinator.data_dir)
-    incident = incidents[0] if incidents else {}
     return {
         "phase": phase,
         "job": ended["state"],
@@ -308,6 +308,24 @@ def one_freeze_in_job(coordinator: StackCoordinator, engines: int, phase: str, t
         "incident_client_outage_ms": incident.get("client_outage_ms"),
         "failed_requests": len(client.failures()),
     }
+
+
+def measured_incident(coordinator: StackCoordinator, name: str, job_id: str, timeout_s: float = 60.0
+                      ) -> dict[str, Any]:  # fmt: skip
+    """The incident the freeze opened, once its client outage is measured: it is only when the deployment
+    serves whole again (its self-heal job succeeded), after the first answered request (read at that
+    moment it was still open: `None`). The one that names the job as hit, else the newest; {} if none is
+    measured in time (the table then says so)."""
+
+    def measured() -> dict[str, Any] | None:
+        found = coordinator.api.get("/v1/incidents", params={"deployment": name}).json()["data"]
+        mine = [i for i in found if i.get("hit_job_id") == job_id] or found[:1]
+        return mine[0] if mine and mine[0].get("client_outage_ms") is not None else None
+
+    try:
+        return wait_until(measured, timeout_s=timeout_s, what="the incident's client outage", interval_s=0.2)
+    except WaitTimeout:
+        return {}
 
 
 def one_coordinator_down(

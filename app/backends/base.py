@@ -165,6 +165,11 @@ class Backend(ABC):
         """Stop engines that refuse the coordinator's agent key (see `EnginesToRestart`); the ids stopped."""
         return []
 
+    def group_broke(self, session: Session, deployment_id: str) -> None:
+        """A member just reported its group broke: the deployment's status, in the heartbeat's
+        transaction (see `app.deployments.reactions`). Nothing by default."""
+        return None
+
     def periodic(self) -> Sequence[Periodic]:
         """Work the runner's loop ticks for this backend."""
         return ()
@@ -218,6 +223,11 @@ class Backends:
     async def restart_engines(self, restart: EnginesToRestart) -> list[str]:
         found = self.by_kind.get(restart.backend)
         return await found.restart_engines(restart) if found is not None else []
+
+    def group_broke(self, session: Session, deployment_id: str) -> None:
+        # Only epctl's own agents heartbeat (a registration with another backend's deployment is refused).
+        if (found := self.by_kind.get(EngineBackend.reference.value)) is not None:
+            found.group_broke(session, deployment_id)
 
     def periodic(self) -> list[Periodic]:
         return [task for backend in self.by_kind.values() for task in backend.periodic()]

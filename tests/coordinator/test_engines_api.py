@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from app.core.clock import utc_now
 from app.deployments.engines.models import Engine
+from app.deployments.models import Deployment
+from app.webhooks.models import OutboxEvent
 from tests.support.fixtures import token_headers
 
 
@@ -153,3 +156,40 @@ def test_the_first_heartbeat_reporting_a_broken_group_wakes_the_liveness_pass(
         assert rung == expected
     assert client.post("/v1/engines/e0/heartbeat", json={**broken, "broken_generation": 3}).status_code == 200
     assert rung == ["liveness", "liveness"]
+
+
+@pytest.mark.databases("sqlite", "postgres")  # the deployment's row locked in the heartbeat's transaction
+def test_the_first_heartbeat_reporting_a_broken_group_leaves_the_deployment_degraded_as_it_commits(
+    client: TestClient, session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: the deployment never reads `ready` with a member out of its group. No liveness pass runs
+    here (the runner is off, the wake is caught): the heartbeat's own transaction writes the status
+    through the one writer, with its event and its incident (the loss on the survivor's own record).
+    Before, the answer left it `ready`, 1 of 2 serving, until the pass it woke came round."""
+    monkeypatch.setattr("app.core.wake.ring", lambda task: None)
+    _deployment(client)
+    for engine_id in ("e0", "e1"):
+        assert client.post("/v1/engines", json=_registration(engine_id)).status_code == 201
+    deployment = session.exec(select(Deployment).where(Deployment.name == "demo")).one()
+    deployment.current_dp_size, deployment.generation = 2, 2
+    session.add(deployment)
+    session.commit()
+    for rank, engine_id in enumerate(("e0", "e1")):
+        beat = {"state": "serving", "generation": 2, "rank": rank, "world_size": 2}
+        assert client.post(f"/v1/engines/{engine_id}/heartbeat", json=beat).status_code == 200
+    assert client.get("/v1/deployments/demo").json()["status"] == "ready"
+    last_step = time.time() - 1.0
+    broken = {"state": "idle", "generation": 0, "rank": None, "world_size": 0, "broken_generation": 2}
+    for _ in range(2):  # a repeat of the same break changes nothing
+        beat = {**broken, "broken_last_step_at": last_step}
+        assert client.post("/v1/engines/e0/heartbeat", json=beat).status_code == 200
+        body = client.get("/v1/deployments/demo").json()
+        assert (body["status"], body["status_detail"]["reason"]) == ("degraded", "members-missing"), body
+        assert body["status_detail"]["message"].startswith("1 of 2 engines serve generation 2"), body
+        incidents = client.get("/v1/incidents", params={"deployment": "demo"}).json()["data"]
+        assert [(i["state"], i["reason"], i["loss_evidence"]) for i in incidents] == [
+            ("open", "members-missing", "agents")
+        ], incidents
+        session.expire_all()
+        events = session.exec(select(OutboxEvent).where(OutboxEvent.type == "deployment.degraded")).all()
+        assert [e.payload["data"]["serving"] for e in events] == [1], [e.payload for e in events]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from app.backends.reference.liveness import verdict as why
-from app.backends.reference.liveness.judge import probe_targets
+from app.backends.reference.liveness.judge import REPORTED_BREAK, judge_reported_break, probe_targets
 from app.backends.reference.liveness.reach import largest_reachable_set
 from app.backends.reference.liveness.verdict import Fate, HealJob, NoJob
 from app.backends.reference.liveness.view import Answer, Asked, DeploymentView, EngineSeen, JobSeen
@@ -249,6 +249,60 @@ def test_during_a_job_the_deployment_is_not_ready_with_fewer_serving_than_it_say
     broken = engines[0].state == "idle"  # the survivors left the group
     assert (found.broken_since is not None) == broken, found.broken_since
     assert isinstance(found.action, NoJob) and found.action.why.startswith(why.JOB_OWNS_IT)
+
+
+# --- a member's report that its group broke, in the heartbeat's own transaction ---------------------------
+
+REPORTER = survivor(broken_generation=1, broken_reported_at=NOW)
+
+
+@pytest.mark.parametrize(
+    ("engines", "size", "status", "active", "written"),
+    [
+        pytest.param(
+            [REPORTER, engine("e1", rank=1)], 2, "ready", None, "1 of 2", id="no-job-degraded-at-once"
+        ),
+        pytest.param(
+            [REPORTER, engine("e1", rank=1), survivor("e2")], 3, "ready", IN_A_JOB, "1 of 2", id="in-a-job"
+        ),
+        pytest.param(  # the leaver drained at the shrink's boundary: 2 of min(3, 2) still serve
+            [engine("e0", "paused", 0), engine("e1", "paused", 1), replace(REPORTER, id="e2")],
+            3,
+            "ready",
+            IN_A_JOB,
+            None,
+            id="in-a-job-enough-serve",
+        ),
+        pytest.param(
+            [survivor(), engine("e1", rank=1)], 2, "ready", None, None, id="no-report-the-pass-confirms"
+        ),
+        pytest.param(
+            [survivor(broken_generation=0), engine("e1", rank=1)], 2, "ready", None, None, id="an-older-break"
+        ),
+        pytest.param([REPORTER, engine("e1", rank=1)], 2, "degraded", None, None, id="already-degraded"),
+        pytest.param([REPORTER], 0, "ready", None, None, id="size-0"),
+    ],
+)
+def test_a_reported_break_degrades_at_once_when_fewer_serve_and_decides_nothing_else(
+    engines: list[EngineSeen], size: int, status: str, active: JobSeen | None, written: str | None
+) -> None:
+    """Issue 34: the first heartbeat reporting a member's group broken writes the status in its own
+    transaction (`liveness.reported`): a read between it and the pass it wakes said `ready` with fewer
+    serving. No confirmation (no heartbeat racing a switch reports a break of the recorded generation);
+    no fate, fence or heal: those stay the pass's."""
+    reason = "members-missing" if status == "degraded" else None
+    seen = view(engines, size=size, status=status, reason=reason, active=active)
+    found = judge_reported_break(seen, NOW, RULES)
+    assert found.engines == () and found.memory is None and found.action == NoJob(REPORTED_BREAK)
+    if written is None:
+        assert found.status is None, found.status
+        return
+    assert found.status is not None and (found.status.status, found.status.reason) == (
+        "degraded",
+        "members-missing",
+    )
+    assert found.status.message.startswith(written) and found.status.serving == 1, found.status
+    assert found.status.hit_job_id == (active.id if active else None)
 
 
 # --- a process that is gone ------------------------------------------------------------------------------

@@ -8,10 +8,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from sqlmodel import Session
+
 from app.backends.base import Backend, BackendContext, Periodic
 from app.backends.reference.cleanup import poll_cleanup_outcomes
 from app.backends.reference.flow import Flow
 from app.backends.reference.launching import launch_spec
+from app.backends.reference.liveness import reported
 from app.backends.reference.liveness.canaries import IncidentProbes
 from app.backends.reference.liveness.controller import Liveness
 from app.backends.reference.liveness.view import Rules
@@ -64,6 +67,9 @@ class ReferenceBackend(Backend):
             await launcher.release(spec, deleted.engines)
         except Exception:
             log.exception("deployment %s deleted: stopping its engines failed", deleted.name)
+
+    def group_broke(self, session: Session, deployment_id: str) -> None:
+        reported.group_broke(session, deployment_id, self.liveness.rules)
 
     async def restart_engines(self, restart: EnginesToRestart) -> list[str]:
         """Stop engines that refuse the coordinator's agent key through the launcher that started them

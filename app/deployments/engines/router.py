@@ -19,6 +19,7 @@ from app.deployments.engines.models import (
     EngineState,
 )
 from app.deployments.models import Deployment
+from app.deployments.reactions import Reactions
 
 router = APIRouter(prefix="/v1/engines", tags=["engines"], responses=problem_responses(401, 403, 422))
 
@@ -79,12 +80,15 @@ async def get_engine(engine_id: EngineIdPath, db: DatabaseDep, _: Reader) -> Eng
 
 @router.post("/{engine_id}/heartbeat", name="heartbeat", responses=problem_responses(404, 409, 503))
 async def heartbeat(
-    engine_id: EngineIdPath, body: EngineHeartbeat, db: DatabaseDep, _: EngineAgent
+    engine_id: EngineIdPath, body: EngineHeartbeat, db: DatabaseDep, _: EngineAgent, backends: Reactions
 ) -> EngineHeartbeatAnswer:
     """The engine's own truth (state, generation, rank, a broken group). The answer lists every live
     coordinator sharing the database: the agent fails over to another when this one dies. A saturated
     coordinator answers 503 `heartbeat-shed` at once, with Retry-After: heard, not recorded
     (`app.core.shedding`); the agent sends the next one after Retry-After."""
+
+    def group_broke(session: Session, engine: Engine) -> None:
+        backends.group_broke(session, engine.deployment_id)
 
     def work(session: Session) -> tuple[EngineHeartbeatAnswer, bool]:
         # One statement for a heartbeat that only renews the record (issue 37: 700 heartbeats a second),
@@ -93,14 +97,15 @@ async def heartbeat(
         if row is not None:
             live = coordinators.live_urls_recent(session)
             return EngineHeartbeatAnswer.of(row, deployment=row.deployment or "", coordinators=live), False
-        engine = service.record_heartbeat(session, engine_id=engine_id, heartbeat=body)
+        engine = service.record_heartbeat(session, engine_id=engine_id, heartbeat=body, on_break=group_broke)
         public = _public(session, engine)
         answer = EngineHeartbeatAnswer.of(public, coordinators=coordinators.live_urls_recent(session))
         return answer, service.reported_break_now(engine)
 
     answer, broke = await db.run(work)
     if broke:
-        # The deployment must not read `ready` until the liveness pass comes round (issue 34).
+        # The status is written already (`group_broke`); the liveness pass fences and heals now, not at
+        # its next interval (issue 34).
         wake.ring(wake.LIVENESS)
     return answer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -93,7 +93,17 @@ def register_engine(session: Session, *, registration: AgentRegistration) -> tup
     return engine, created
 
 
-def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartbeat) -> Engine:
+def record_heartbeat(
+    session: Session,
+    *,
+    engine_id: str,
+    heartbeat: AgentHeartbeat,
+    on_break: Callable[[Session, Engine], None] | None = None,
+) -> Engine:
+    """Write what the engine reports; commits. `on_break(session, engine)` runs in the same transaction
+    when this heartbeat is the first to report its group broken (`reported_break_now`): what that means for
+    the deployment's status is its backend's to judge (`DeploymentReactions.group_broke`), and it commits
+    with the report, so no reader sees the engine out of its group while the deployment reads `ready`."""
     engine = get_engine(session, engine_id=engine_id)
     if engine.state == EngineState.left:
         raise ConflictError(
@@ -122,11 +132,6 @@ def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartb
         engine.broken_last_step_at = (
             min(datetime.fromtimestamp(last_step, UTC), now) if last_step is not None else None
         )
-        if engine.broken_last_step_at is not None:
-            # The survivors' record of when their group last served: the loss, for the open incident.
-            incidents.note_group_broke(
-                session, engine.deployment_id, heartbeat.broken_generation, engine.broken_last_step_at
-            )
     engine.group_steps = heartbeat.group_steps
     engine.data_unreachable = list(heartbeat.data_unreachable) or None
     _judge_key(session, engine, heartbeat.key_check, now)
@@ -138,6 +143,13 @@ def record_heartbeat(session: Session, *, engine_id: str, heartbeat: AgentHeartb
     engine.last_heartbeat_at = now
     engine.updated_at = now
     session.add(engine)
+    if on_break is not None and reported_break_now(engine):
+        on_break(session, engine)  # may open the incident the next lines note the loss on
+    if engine.broken_generation is not None and engine.broken_last_step_at is not None:
+        # The survivors' record of when their group last served: the loss, for the open incident.
+        incidents.note_group_broke(
+            session, engine.deployment_id, engine.broken_generation, engine.broken_last_step_at
+        )
     session.commit()
     return engine
 

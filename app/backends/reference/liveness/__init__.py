@@ -23,6 +23,7 @@ heal        at most one self-heal job, by `on_engine_loss` (pure)
 reach       the largest set of engines that reach one another on the data network (pure)
 board       the judge's working copy of a view; verdict, view: the values in and out
 act         the writes
+reported    a member's first report that its group broke: the status, in that heartbeat's transaction
 canaries    what clients saw during an incident (a periodic task beside the passes)
 
 The rules are rows of tests/runner/test_liveness_rules.py, each with a fixed `now`.

@@ -69,6 +69,15 @@ def act(session: Session, view: DeploymentView, verdict: Verdict, now: datetime)
     return acted
 
 
+def write_reported_break(session: Session, view: DeploymentView, verdict: Verdict, now: datetime) -> None:
+    """`judge.judge_reported_break`'s verdict (a status, nothing else), in the caller's transaction: the
+    heartbeat's, which holds the deployment's row (`reported.group_broke`) and commits both together."""
+    assert not verdict.engines and verdict.memory is None and not verdict.lost_to_incident, verdict
+    deployment = session.get(Deployment, view.id)
+    if verdict.status is not None and deployment is not None:
+        _status(session, deployment, verdict, now)
+
+
 def _write(session: Session, view: DeploymentView, verdict: Verdict, now: datetime, acted: Acted) -> None:
     deployment = session.get(Deployment, view.id)
     if deployment is None:

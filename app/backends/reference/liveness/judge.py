@@ -22,10 +22,15 @@ heartbeat timeout while the job ends), silence (an engine marked lost, announced
 `serving_in_a_job` (the deployment is never `ready` while fewer of its engines serve than it says:
 `degraded members-missing` once that stayed so for the confirmation time); no job is asked
 (`verdict.JOB_OWNS_IT`).
+
+`judge_reported_break` is the status alone, for the heartbeat that first reports a member's group broken
+(`reported`): written in that heartbeat's transaction, so no read sees the member out of its group while
+the deployment says `ready` (issue 34); the pass it wakes judges the rest.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from app.backends.reference.liveness import engines as engine_rules
@@ -44,6 +49,7 @@ from app.backends.reference.liveness.view import LIVE_STATES, Answer, Deployment
 from app.core.shedding import heard_at
 from app.deployments.engines.models import SERVING_STATES, EngineState
 
+REPORTED_BREAK = "a reported break: the status only (the pass it wakes judges the rest)"
 JOB_HINT = (
     "the job ends at its deadlines (rolled back, or on without a leaver); self-healing re-forms the "
     "group on the engines that serve once it has ended"
@@ -69,6 +75,24 @@ def judge(view: DeploymentView, now: datetime, rules: Rules) -> Verdict:
     else:
         board.action = NoJob(EMPTY)
     return board.verdict()
+
+
+def judge_reported_break(view: DeploymentView, now: datetime, rules: Rules) -> Verdict:
+    """The status a member's first report that its group broke leaves, at once (pure; the heartbeat's own
+    transaction writes it, `act.write_reported_break`): `degraded members-missing` when fewer engines serve
+    than the deployment says, counted as the pass counts (`serving_in_a_job` during a job, `health`
+    outside one) but with no confirmation: a reported break of the recorded generation is no heartbeat
+    racing a switch. Nothing else: fates, fences and heals are the pass's, which the report wakes. No
+    change unless the deployment reads `ready` and a member of its generation reported it broke."""
+    board = Board.of(view, now, rules)
+    reported = any(e.broken_generation == view.generation for e in board.live())
+    if view.current_dp_size > 0 and reported and board.status == "ready":
+        if view.active_job is not None:
+            serving_in_a_job(board)
+        elif not (found := board.health()).whole:
+            board.degrade_for_health(found)
+    board.action = NoJob(REPORTED_BREAK)
+    return replace(board.verdict(), broken_since=view.broken_since)
 
 
 def deaf(view: DeploymentView, now: datetime, rules: Rules) -> bool:
@@ -256,4 +280,4 @@ def health(board: Board) -> None:
     board.degrade_for_health(found)
 
 
-__all__ = ["deaf", "judge", "probe_targets", "serves"]
+__all__ = ["deaf", "judge", "judge_reported_break", "probe_targets", "serves"]

@@ -94,15 +94,16 @@ def views(
     *,
     only_without_a_job: bool = False,
     shed: Mapping[str, datetime] | None = None,
+    only: str | None = None,
 ) -> list[DeploymentView]:
-    """Every reference deployment's view (deployments of size 0 too: their engines' silence counts);
-    `shed`: engine id -> its last heartbeat this coordinator shed (`app.core.shedding`)."""
+    """Every reference deployment's view (deployments of size 0 too: their engines' silence counts), or
+    with `only` the one of that id; `shed`: engine id -> its last heartbeat this coordinator shed
+    (`app.core.shedding`)."""
     broken_since, shed = broken_since or {}, shed or {}
-    deployments = session.exec(
-        select(Deployment)
-        .where(col(Deployment.backend) == EngineBackend.reference.value)
-        .order_by(col(Deployment.created_at), col(Deployment.id))
-    ).all()
+    chosen = select(Deployment).where(col(Deployment.backend) == EngineBackend.reference.value)
+    if only is not None:
+        chosen = chosen.where(col(Deployment.id) == only)
+    deployments = session.exec(chosen.order_by(col(Deployment.created_at), col(Deployment.id))).all()
     ids = [d.id for d in deployments]
     if not ids:
         return []

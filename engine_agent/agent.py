@@ -23,7 +23,7 @@ from engine_agent.coordinators import CoordinatorSet, next_heartbeat_s, shed_ret
 from engine_agent.engine import ReferenceEngine
 from engine_agent.groups import GroupAbandoned, start_store_server
 from engine_agent.netif import interface_of
-from engine_agent.peer_check import BrokenGroup, DataReach, check_peers
+from engine_agent.peer_check import BrokenGroup, DataReach, check_peers, reported_break
 from engine_agent.peers import notify_peers
 from engine_agent.pids import pid_exists
 from engine_agent.protocol import (
@@ -269,7 +269,13 @@ class Agent:
     def heartbeat(self) -> AgentHeartbeat:
         active = self.engine.active
         counters = self.engine.counters
-        broken = self._broken if active is None else None  # a serving engine's old break is history
+        broken, broken_last_step_at = (
+            reported_break(
+                self._broken, self._broken_last_step_at, counters.failed_generation, counters.last_step_at
+            )
+            if active is None
+            else (None, None)  # a serving engine's old break is history
+        )
         return AgentHeartbeat(
             state=self.engine.state,
             generation=active.generation if active else 0,
@@ -279,7 +285,7 @@ class Agent:
             group_error=counters.last_error[:2000] if active is None and counters.last_error else None,
             broken_generation=broken.generation if broken else None,
             unresponsive_peers=broken.unresponsive if broken else [],
-            broken_last_step_at=self._broken_last_step_at if broken else None,
+            broken_last_step_at=broken_last_step_at,
             group_steps=counters.steps + counters.dummy_steps,
             data_unreachable=self.data_reach.unreachable,
             key_check=self.keys.key_check(),

@@ -18,6 +18,9 @@ class EngineCounters:
     tokens_served: int = 0
     pauses: int = 0
     last_error: str | None = None
+    # The generation whose failure `last_error` is, set with it under the loop's lock: a heartbeat sent
+    # before the agent has taken the break in (`Agent._on_broken`) still names it.
+    failed_generation: int | None = None
     # When the serving generation last stepped (epoch seconds): every member steps together, so its
     # clients were served until then. Kept when the group breaks: the survivors' record of the loss.
     last_step_at: float | None = None

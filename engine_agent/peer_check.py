@@ -37,6 +37,20 @@ class BrokenGroup:
     unresponsive: list[str] = field(default_factory=list)  # engine ids, in rank order
 
 
+def reported_break(
+    taken_in: BrokenGroup | None,
+    taken_in_last_step_at: float | None,
+    failed: int | None,
+    last_step_at: float | None,
+) -> tuple[BrokenGroup | None, float | None]:
+    """What an idle engine's heartbeat says broke: the break the agent has taken in (with the peers it
+    named), unless the serving loop has since given up a newer generation that the agent has not taken
+    in yet (`EngineCounters.failed_generation`, set under the loop's lock): that one, with no names yet."""
+    if failed is not None and (taken_in is None or taken_in.generation < failed):
+        return BrokenGroup(failed), last_step_at
+    return taken_in, taken_in_last_step_at if taken_in else None
+
+
 def unresponsive_members(members: Sequence[tuple[str, str]], timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
     """The ids of `(engine_id, url)` members whose `/healthz` did not answer 200 within `timeout_s`."""
     if not members:

@@ -210,6 +210,7 @@ class ServingLoop:
             stall = self._on_stall
             new.group.on_slow = lambda: stall(new)
         self.counters.last_error = None  # an old generation's failure is history once a new one serves
+        self.counters.failed_generation = None
         self.counters.last_step_at = None
         self._pause_requested = False
         self._armed_for = 0
@@ -264,6 +265,7 @@ class ServingLoop:
             if self._active is not active:
                 return
             self.counters.last_error = f"{type(exc).__name__}: {exc}"
+            self.counters.failed_generation = active.generation
             self._state = AgentState.idle
             self._active, self._layers = None, None
             queued = batch + list(self._queue)

@@ -70,7 +70,7 @@ def run_traced_agent(argv: list[str]) -> int:
 
     original_read = route.read_body
 
-    async def read_body(request: Any, limit: int) -> bytes:
+    async def read_body(request: Any, limit: int) -> bytearray:
         body = await original_read(request, limit)
         mark("body_read")
         return body
@@ -95,7 +95,7 @@ def run_traced_agent(argv: list[str]) -> int:
 
     original_encode = route.tensor_wire.encode
 
-    def encode(dtype: str, shape: tuple[int, ...], data: bytes) -> bytes:
+    def encode(dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> bytes:
         mark("route_resumed")  # the route runs again (result on the event loop, outputs as bytes)
         return original_encode(dtype, shape, data)
 

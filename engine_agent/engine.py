@@ -110,14 +110,25 @@ class ReferenceEngine(ServingLoop):
         if tokens.ndim != 2 or tokens.shape[1] != self.config.hidden_size:
             raise ValueError(f"tokens must be [n, {self.config.hidden_size}], got {list(tokens.shape)}")
         future: Future[InferResult] = Future()
+        staged = self._to_device(tokens)
         with self._cond:
             if self._active is None or self._stopped:
                 raise EngineUnavailable("this engine is in no generation (idle)")
             if not self._admitting:
                 raise EngineUnavailable("this engine is leaving and no longer admits requests")
-            self._queue.append(QueuedRequest(tokens.to(self.device, torch.float32), future))
+            self._queue.append(QueuedRequest(staged, future))
             self._cond.notify_all()
         return future
+
+    def _to_device(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The request's tokens on the engine's device, as float32. On CUDA through pinned staging: a
+        copy from pageable memory blocks the caller for the whole transfer (and waits for the step in
+        flight on the same stream); from pinned memory it is queued, ahead of the step that reads it."""
+        if self.device.type != "cuda":
+            return tokens.to(self.device, torch.float32)
+        staged = torch.empty(tokens.shape, dtype=torch.float32, pin_memory=True)
+        staged.copy_(tokens)  # a host copy (and the dtype's conversion), no device wait
+        return staged.to(self.device, non_blocking=True)  # the allocator keeps `staged` until it is done
 
     def set_admitting(self, admitting: bool) -> None:
         with self._cond:

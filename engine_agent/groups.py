@@ -233,6 +233,10 @@ class CommGroup:
             if now > spin_until:
                 time.sleep(POLL_SLEEP_S)
 
+    def check_abandoned(self, what: str) -> None:
+        """Raise GroupAbandoned once the group is given up (what a collective on it would do)."""
+        self._check_abandoned(what)
+
     def _check_abandoned(self, what: str) -> None:
         if self.abandoned.is_set():
             raise GroupAbandoned(f"{what}: the group was given up ({self.abandon_reason})")

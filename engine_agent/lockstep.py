@@ -39,9 +39,16 @@ def agree_boundary(
 ) -> Boundary:
     values = [pause_flag, hold_flag, int(armed_for > 0), armed_for] + [0] * group.size
     values[CONTROL_SLOTS + group.rank] = my_count
-    # Built on the host and copied once: five element writes on a GPU were five kernel launches.
-    control = torch.tensor(values, dtype=torch.int64).to(device)
-    counts = group.allreduce(control, timeout_s=timeout_s).tolist()
+    if group.size == 1:
+        # A one-member all-reduce is the identity: its sums are this member's values, and on a GPU it
+        # cost three waits for the device (copy in, the collective, copy out) in every step. A group
+        # given up still ends the loop here, as the collective would have.
+        group.check_abandoned(f"control all-reduce on {group.name} (generation {group.generation})")
+        counts = values
+    else:
+        # Built on the host and copied once: five element writes on a GPU were five kernel launches.
+        control = torch.tensor(values, dtype=torch.int64).to(device)
+        counts = group.allreduce(control, timeout_s=timeout_s).tolist()
     pause = counts[0] > 0 and counts[1] == 0
     # Every member armed, for the same generation (the sum of equal numbers): switch here.
     armed = (
@@ -104,4 +111,6 @@ def moe_step(
             group.alltoall(back, partial, mine, per_rank, timeout_s=timeout_s, in_step=True)
             hidden_own = back.view(group.size, my_count, hidden).sum(dim=0)
         loads.append(load)
-    return hidden_own, torch.stack(loads), bucket is not None
+    # One layer: its counts as a view (no kernel); more: one stack.
+    stacked = loads[0].unsqueeze(0) if len(loads) == 1 else torch.stack(loads)
+    return hidden_own, stacked, bucket is not None

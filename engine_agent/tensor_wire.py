@@ -57,12 +57,13 @@ def header_bytes(dtype: str, shape: tuple[int, ...]) -> bytes:
     return _FIXED.pack(MAGIC, DTYPE_CODES[dtype], len(shape), 0) + b"".join(_DIM.pack(d) for d in shape)
 
 
-def encode(dtype: str, shape: tuple[int, ...], data: bytes) -> bytes:
-    """Header + data (the caller's raw little-endian bytes, e.g. `tensor.numpy().tobytes()`)."""
-    return header_bytes(dtype, shape) + data
+def encode(dtype: str, shape: tuple[int, ...], data: bytes | memoryview) -> bytes:
+    """Header + data (the caller's raw little-endian bytes, e.g. `tensor.numpy().tobytes()`, or a
+    byte view of its memory: joined in one copy)."""
+    return b"".join((header_bytes(dtype, shape), data))
 
 
-def parse_header(body: bytes, *, width: int | None = None, max_rows: int | None = None) -> Header:
+def parse_header(body: bytes | bytearray, *, width: int | None = None, max_rows: int | None = None) -> Header:
     """The header of a [rows, width] tensor body, checked against the body's length and the limits
     (None: any width / any number of rows, e.g. reading an answer)."""
     if len(body) < _FIXED.size:

@@ -73,37 +73,46 @@ def wants_binary(request: Request, binary_body: bool) -> bool:
     return binary_body
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) past `limit` bytes: from Content-Length before reading, else as it comes."""
+async def read_body(request: Request, limit: int) -> bytearray:
+    """The body, refused (413) past `limit` bytes: from Content-Length before reading, else as it comes.
+    Writable (torch shares it without a copy); with a Content-Length, read into one buffer of that
+    size (each chunk copied once)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    expected = int(declared) if declared is not None and declared.isdigit() else None
+    if expected is not None and expected > limit:
         raise ProblemError(413, "body-too-large", f"the body is larger than {limit} bytes")
-    chunks: list[bytes] = []
+    body = bytearray(expected or 0)
     size = 0
     try:
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
+            end = size + len(chunk)
+            if end > limit:
                 raise ProblemError(413, "body-too-large", f"the body is larger than {limit} bytes")
-            chunks.append(chunk)
+            if end <= len(body):
+                body[size:end] = chunk
+            else:  # no (or a wrong) Content-Length: grow as it comes
+                body[size:] = chunk
+            size = end
     except ClientDisconnect:
         # Nobody is left to answer; a problem (not an unhandled error's traceback) ends the request.
         raise ProblemError(
             400, "client-disconnected", "the client left before sending its whole body"
         ) from None
-    return b"".join(chunks)
+    if size < len(body):
+        del body[size:]
+    return body
 
 
-def binary_tokens(body: bytes, hidden: int) -> torch.Tensor:
+def binary_tokens(body: bytearray, hidden: int) -> torch.Tensor:
     try:
         header = tensor_wire.parse_header(body, width=hidden, max_rows=MAX_REQUEST_TOKENS)
     except tensor_wire.WireError as exc:
         raise ProblemError(_WIRE_STATUS.get(exc.code, 400), exc.code, str(exc)) from exc
-    data = bytearray(memoryview(body)[header.offset :])  # writable: torch shares it, no warning
-    return torch.frombuffer(data, dtype=_TORCH_DTYPES[header.dtype]).view(header.shape)
+    # A view of the (writable) body: no copy here; the engine copies it to its device.
+    return torch.frombuffer(body, dtype=_TORCH_DTYPES[header.dtype], offset=header.offset).view(header.shape)
 
 
-def json_tokens(body: bytes, hidden: int) -> torch.Tensor:
+def json_tokens(body: bytearray, hidden: int) -> torch.Tensor:
     try:
         parsed = InferRequest.model_validate_json(body)
     except ValidationError as exc:
@@ -143,7 +152,8 @@ async def infer(request: Request, agent: AgentDep) -> Response:
         raise ProblemError(503, "unavailable", str(exc)) from exc
     if wants_binary(request, binary):
         outputs = result.outputs.contiguous()
-        data = tensor_wire.encode("float32", tuple(outputs.shape), outputs.numpy().tobytes())
+        # The header and the outputs' own memory joined: one copy of the data, not two.
+        data = tensor_wire.encode("float32", tuple(outputs.shape), outputs.numpy().data.cast("B"))
         headers = {
             "X-Epctl-Generation": str(result.generation),
             "X-Epctl-Rank": str(result.rank),

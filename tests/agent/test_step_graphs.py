@@ -14,8 +14,9 @@ import torch
 from engine_agent import groups, moe, step_graphs
 from engine_agent.engine import ReferenceEngine
 from engine_agent.grouped import Kernel
-from engine_agent.protocol import EngineConfig, Platform
-from engine_agent.serving import ActiveGeneration
+from engine_agent.protocol import AgentState, EngineConfig, Platform
+from engine_agent.serving import ActiveGeneration, EngineUnavailable
+from tests.support.waiting import wait_until
 
 CONFIG = EngineConfig(
     num_logical_experts=8, num_redundant_experts=2, hidden_size=16, intermediate_size=24, top_k=3,
@@ -113,3 +114,33 @@ def _reference_load(tokens: torch.Tensor) -> torch.Tensor:
         rows.append(torch.bincount(experts.flatten(), minlength=CONFIG.num_logical_experts))
         hidden = moe.reference_forward(CONFIG.model_copy(update={"num_moe_layers": layer + 1}), tokens)
     return torch.stack(rows)
+
+
+def test_a_one_member_group_steps_with_no_control_collective(engine: ReferenceEngine) -> None:
+    """A world-1 generation's control all-reduce is the identity: it is not run (on a GPU it cost three
+    waits for the device every step), and the outputs stay the reference's."""
+    active = engine.active
+    assert active is not None
+    calls = []
+    original = active.group.allreduce
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    active.group.allreduce = counted  # type: ignore[method-assign]
+    tokens = torch.randn(3, CONFIG.hidden_size)
+    result = engine.submit(tokens).result(timeout=30)
+    reference = moe.reference_forward(CONFIG, tokens)
+    assert float((result.outputs - reference).norm() / reference.norm()) < 1e-5
+    assert calls == []
+
+
+def test_a_one_member_group_given_up_still_ends_its_serving(engine: ReferenceEngine) -> None:
+    active = engine.active
+    assert active is not None
+    active.group.abandon("told by a test")
+    wait_until(lambda: engine.state == AgentState.idle, timeout_s=30, what="the engine left its generation")
+    assert engine.counters.last_error is not None and "told by a test" in engine.counters.last_error
+    with pytest.raises(EngineUnavailable):
+        engine.submit(torch.randn(1, CONFIG.hidden_size))

@@ -17,8 +17,8 @@ def _create(client: TestClient, **fields: Any) -> Any:
 
 def _register(client: TestClient, engine_id: str, **heartbeat: Any) -> None:
     url = f"http://{engine_id}:9000"
-    body = {"engine_id": engine_id, "deployment": "demo", "url": url, "platform": "cpu", "device": "cpu"}
-    body["engine"] = {}
+    body: dict[str, Any] = {"engine_id": engine_id, "deployment": "demo", "url": url, "platform": "cpu"}
+    body |= {"device": "cpu", "engine": {}}
     assert client.post("/v1/engines", json=body).status_code == 201
     beat = {"state": "idle", "generation": 0, **heartbeat}
     assert client.post(f"/v1/engines/{engine_id}/heartbeat", json=beat).status_code == 200

@@ -106,7 +106,7 @@ def test_without_resident_rows_every_expert_loads() -> None:
     assert stats["copies_moved"] == 8 and "source" not in stats
 
 
-# --- warm spares (issue 38): a spare takes the lost rank's rows ----------------------------------------------
+# --- warm spares (issue 38): a spare takes the lost rank's rows ------------------------------------------
 
 
 def spare(engine_id: str, port: int = 30) -> AgentInfo:

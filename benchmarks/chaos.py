@@ -72,6 +72,28 @@ def warm_spares(coordinator: StackCoordinator, name: str, not_these: set[str]) -
     return warm or None
 
 
+def rss_mib(pid: int) -> float | None:
+    """A process's resident set (Linux), MiB."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
+        for line in status.read().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+def spare_cost_of(coordinator: StackCoordinator, name: str, spares: set[str],
+                  members: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """What a warm spare costs: its process's RSS beside a serving member's, and the weights it holds."""
+    urls = {e["id"]: e["url"] for e in coordinator.engines(name)}
+    spare = agent_info(urls[sorted(spares)[0]])
+    member = agent_info(members[0]["url"])
+    return {
+        "spare_rss_mib": rss_mib(int(spare["pid"])),
+        "member_rss_mib": rss_mib(int(member["pid"])),
+        "spare_weight_bytes": spare.get("spare_bytes"),
+    }
+
+
 def one_loss(coordinator: StackCoordinator, mode: str, engines: int, tokens: list[list[float]],
              expected: list[list[float]], engine: EngineConfig = ENGINE,
              spares: int = 0) -> dict[str, Any]:  # fmt: skip
@@ -86,6 +108,7 @@ def one_loss(coordinator: StackCoordinator, mode: str, engines: int, tokens: lis
     if spares:  # launched and warm before the loss (the keeper's background launch after the grow)
         old_spares = set(wait_until(lambda: warm_spares(coordinator, name, set()), timeout_s=120,
                                     what="a warm spare", interval_s=0.2))  # fmt: skip
+    spare_cost = spare_cost_of(coordinator, name, old_spares, members) if spares else {}
     victim, survivors = members[-1], members[:-1]
     generation, coverage = (coordinator.deployment(name)[k] for k in ("generation", "coverage"))
     client = SteadyClient([m["url"] for m in survivors], tokens, expected, streams=2, period_s=0.01).start()
@@ -155,6 +178,7 @@ def one_loss(coordinator: StackCoordinator, mode: str, engines: int, tokens: lis
         "heal_job_created_s": _after(first.get("created_at"), killed_at),
         "heal_jobs_s": round(sum(_span_s(j) for j in jobs), 3) if jobs else None,
         "spare_again_s": spare_again_at - killed_at if spare_again_at is not None else None,
+        **spare_cost,
         "timeline": [timeline(job, killed_at) for job in jobs],
     }
 
@@ -520,11 +544,14 @@ def main() -> int:
         "heal_job_created_s",
         "heal_jobs_s",
         "spare_again_s",
+        "spare_rss_mib",
+        "member_rss_mib",
+        "spare_weight_bytes",
     ]
     rows = []
     for mode, results in runs.items():
         for metric in metrics:
-            values = [r[metric] for r in results if r[metric] is not None]
+            values = [r[metric] for r in results if r.get(metric) is not None]
             if values:
                 rows.append([mode, metric, statistics.median(values), min(values), max(values)])
     report.results = {

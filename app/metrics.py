@@ -97,6 +97,18 @@ DEPLOYMENT_ENGINES = Gauge(
     ["deployment", "state"],
     registry=REGISTRY,
 )
+DEPLOYMENT_SPARES = Gauge(
+    "epctl_deployment_spares",
+    "A deployment's warm spares now (idle engines holding every expert, never members until needed).",
+    ["deployment"],
+    registry=REGISTRY,
+)
+DEPLOYMENT_SPARES_WANTED = Gauge(
+    "epctl_deployment_spares_wanted",
+    "The warm spares a deployment keeps (its `spares` setting).",
+    ["deployment"],
+    registry=REGISTRY,
+)
 WEBHOOK_BACKLOG = Gauge(
     "epctl_webhook_backlog_deliveries",
     "Webhook deliveries waiting to be sent (pending), by subscription and whether it is active.",
@@ -357,6 +369,15 @@ def set_deployment_gauges(
             DEPLOYMENT_STATUS.labels(deployment=name, status=known).set(1 if known == status else 0)
         for state in engine_states:
             DEPLOYMENT_ENGINES.labels(deployment=name, state=state).set(engines.get((name, state), 0))
+
+
+def set_spare_gauges(spares: Mapping[str, tuple[int, int]]) -> None:
+    """deployment name -> (spares now, spares wanted); a deleted deployment's series disappear."""
+    DEPLOYMENT_SPARES.clear()
+    DEPLOYMENT_SPARES_WANTED.clear()
+    for name, (held, wanted) in spares.items():
+        DEPLOYMENT_SPARES.labels(deployment=name).set(held)
+        DEPLOYMENT_SPARES_WANTED.labels(deployment=name).set(wanted)
 
 
 def set_webhook_backlog(pending: Mapping[tuple[str, bool], int], oldest_age_s: Mapping[str, float]) -> None:

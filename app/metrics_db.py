@@ -16,6 +16,7 @@ from app.core.clock import utc_now
 from app.deployments.engines.models import Engine as EngineRow
 from app.deployments.engines.models import EngineState
 from app.deployments.models import Deployment, DeploymentStatus
+from app.deployments.spares import spare_ids
 from app.jobs.models import ReconfigurationJob
 from app.jobs.states import ACTIVE_STATES
 from app.scale.desired import desired_public
@@ -68,6 +69,8 @@ def _deployments(session: Session) -> None:
     metrics.set_deployment_gauges(
         rows, engines, [status.value for status in DeploymentStatus], COUNTED_ENGINE_STATES
     )
+    held = spare_ids(session, deployments)
+    metrics.set_spare_gauges({d.name: (len(held.get(d.id, [])), d.spares) for d in deployments})
 
 
 def _webhook_backlog(session: Session) -> None:

@@ -65,15 +65,50 @@ HEARTBEAT_TIMEOUT_S = 3.0
 FREEZE_ENV = {"EPCTL_HEARTBEAT_TIMEOUT_S": "15", "EPCTL_JOB_LEASE_S": "600"}
 
 
+def warm_spares(coordinator: StackCoordinator, name: str, not_these: set[str]) -> list[str] | None:
+    """The deployment's spares that hold every expert (none of `not_these`), or None."""
+    spares = [e for e in coordinator.engines(name) if e.get("role") == "spare" and e["id"] not in not_these]
+    warm = [e["id"] for e in spares if agent_info(e["url"]).get("spare_bytes", 0) > 0]
+    return warm or None
+
+
+def rss_mib(pid: int) -> float | None:
+    """A process's resident set (Linux), MiB."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
+        for line in status.read().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+def spare_cost_of(coordinator: StackCoordinator, name: str, spares: set[str],
+                  members: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """What a warm spare costs: its process's RSS beside a serving member's, and the weights it holds."""
+    urls = {e["id"]: e["url"] for e in coordinator.engines(name)}
+    spare = agent_info(urls[sorted(spares)[0]])
+    member = agent_info(members[0]["url"])
+    return {
+        "spare_rss_mib": rss_mib(int(spare["pid"])),
+        "member_rss_mib": rss_mib(int(member["pid"])),
+        "spare_weight_bytes": spare.get("spare_bytes"),
+    }
+
+
 def one_loss(coordinator: StackCoordinator, mode: str, engines: int, tokens: list[list[float]],
-             expected: list[list[float]], engine: EngineConfig = ENGINE) -> dict[str, Any]:  # fmt: skip
+             expected: list[list[float]], engine: EngineConfig = ENGINE,
+             spares: int = 0) -> dict[str, Any]:  # fmt: skip
     name = f"chaos-{mode}-{uuid.uuid4().hex[:6]}"
     coordinator.create_deployment(
-        name, on_engine_loss=mode, max_dp_size=max(engines, 4), engine=engine.model_dump()
+        name, on_engine_loss=mode, max_dp_size=max(engines, 4), engine=engine.model_dump(), spares=spares
     )
     job = coordinator.wait_job(coordinator.scale(engines, name), timeout_s=180)
     assert job["state"] == "succeeded", job["error"]
     members = coordinator.members(job)
+    old_spares: set[str] = set()
+    if spares:  # launched and warm before the loss (the keeper's background launch after the grow)
+        old_spares = set(wait_until(lambda: warm_spares(coordinator, name, set()), timeout_s=120,
+                                    what="a warm spare", interval_s=0.2))  # fmt: skip
+    spare_cost = spare_cost_of(coordinator, name, old_spares, members) if spares else {}
     victim, survivors = members[-1], members[:-1]
     generation, coverage = (coordinator.deployment(name)[k] for k in ("generation", "coverage"))
     client = SteadyClient([m["url"] for m in survivors], tokens, expected, streams=2, period_s=0.01).start()
@@ -99,13 +134,18 @@ def one_loss(coordinator: StackCoordinator, mode: str, engines: int, tokens: lis
         def full() -> float | None:
             deployment = coordinator.deployment(name)
             whole = deployment["status"] == "ready" and not deployment["active_job_id"]
-            size = engines if mode == "replace" else engines - 1
+            size = engines if mode == "replace" or spares else engines - 1
             return time.time() if whole and deployment["current_dp_size"] == size else None
 
         try:
-            full_at: float | None = wait_until(full, timeout_s=180, what="back to full size", interval_s=0.1)
+            full_at: float | None = wait_until(full, timeout_s=180, what="back to full size", interval_s=0.05)
         except WaitTimeout:  # recorded as such (a launch that timed out on a loaded host), not fatal
             full_at = None
+        spare_again_at: float | None = None
+        if spares and full_at is not None:
+            wait_until(lambda: warm_spares(coordinator, name, old_spares), timeout_s=120,
+                       what="a new warm spare", interval_s=0.2)  # fmt: skip
+            spare_again_at = time.time()
         jobs = self_heal_jobs(coordinator, name)
     finally:
         client.stop()
@@ -117,6 +157,7 @@ def one_loss(coordinator: StackCoordinator, mode: str, engines: int, tokens: lis
     results = shrink.get("engine_results") or []
     return {
         "redundant": engine.num_redundant_experts,
+        "spares": spares,
         "covered_before": bool((coverage or {}).get("covered")),
         "detect_s": detected_at - killed_at,
         "serving_s": serving_at - killed_at,
@@ -132,8 +173,28 @@ def one_loss(coordinator: StackCoordinator, mode: str, engines: int, tokens: lis
         "heal_bytes_resident": sum(r.get("bytes_resident", 0) for r in results),
         "heal_prepare_ms": phase_ms(shrink, "preparing"),
         "heal_source": (shrink.get("placement") or {}).get("source"),
+        # Where the time to full width goes: the kill to the first heal job's creation (detection), and
+        # the jobs themselves (creation to end), summed over the self-heal jobs that ran.
+        "heal_job_created_s": _after(first.get("created_at"), killed_at),
+        "heal_jobs_s": round(sum(_span_s(j) for j in jobs), 3) if jobs else None,
+        "spare_again_s": spare_again_at - killed_at if spare_again_at is not None else None,
+        **spare_cost,
         "timeline": [timeline(job, killed_at) for job in jobs],
     }
+
+
+def _after(stamp: str | None, since: float) -> float | None:
+    return round(datetime.fromisoformat(stamp).timestamp() - since, 3) if stamp else None
+
+
+def _span_s(job: dict[str, Any]) -> float:
+    """A job's creation to its end (0 while it runs)."""
+    if not job.get("finished_at"):
+        return 0.0
+    return (
+        datetime.fromisoformat(job["finished_at"]).timestamp()
+        - datetime.fromisoformat(job["created_at"]).timestamp()
+    )
 
 
 def phase_ms(job: dict[str, Any], phase: str) -> float | None:
@@ -421,6 +482,10 @@ def main() -> int:
         help="redundant expert slots of the losses' deployments, comma-separated: one set of runs each "
         "(enough for two replicas of every expert: the loss is covered)",
     )  # fmt: skip
+    parser.add_argument(
+        "--spares", default="0",
+        help="warm spares of the losses' deployments, comma-separated: one set of runs each (issue 38)",
+    )  # fmt: skip
     parser.add_argument("--hidden-size", type=int, default=ENGINE.hidden_size, help="of the losses' engines")
     parser.add_argument("--intermediate-size", type=int, default=ENGINE.intermediate_size)
     parser.add_argument("--name", default="chaos", help="results file name")
@@ -431,11 +496,13 @@ def main() -> int:
     )
     # One set of runs per (redundancy, mode): "shrink r=8" beside "shrink r=0" (the names stay the modes'
     # where only the default redundancy runs).
-    engines_by: dict[str, tuple[str, EngineConfig]] = {}
+    engines_by: dict[str, tuple[str, EngineConfig, int]] = {}
     for redundant in args.redundant.split(","):
         engine = sized.model_copy(update={"num_redundant_experts": int(redundant)})
         for mode in modes:
-            engines_by[f"{mode} r={redundant}" if args.redundant != "0" else mode] = (mode, engine)
+            for spares in (int(s) for s in args.spares.split(",")):
+                key = f"{mode} r={redundant}" if args.redundant != "0" else mode
+                engines_by[f"{key} spares={spares}" if args.spares != "0" else key] = (mode, engine, spares)
     report = Report(args.name, parameters={**vars(args), "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S})
     data = scratch_dir("chaos")
     coordinator = StackCoordinator(f"sqlite:///{data / 'coordinator.db'}", data / "data")
@@ -451,9 +518,9 @@ def main() -> int:
     try:
         coordinator.start(ready_timeout_s=120, EPCTL_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_TIMEOUT_S))
         for rep in range(args.reps):
-            for key, (mode, engine) in engines_by.items():
+            for key, (mode, engine, spares) in engines_by.items():
                 result = one_loss(
-                    coordinator, mode, args.engines, loss_tokens.tolist(), loss_expected, engine
+                    coordinator, mode, args.engines, loss_tokens.tolist(), loss_expected, engine, spares
                 )
                 runs[key].append(result)
                 brief = {k: v for k, v in result.items() if k != "timeline"}
@@ -492,11 +559,17 @@ def main() -> int:
         "heal_bytes_loaded",
         "heal_bytes_received",
         "heal_bytes_resident",
+        "heal_job_created_s",
+        "heal_jobs_s",
+        "spare_again_s",
+        "spare_rss_mib",
+        "member_rss_mib",
+        "spare_weight_bytes",
     ]
     rows = []
     for mode, results in runs.items():
         for metric in metrics:
-            values = [r[metric] for r in results if r[metric] is not None]
+            values = [r[metric] for r in results if r.get(metric) is not None]
             if values:
                 rows.append([mode, metric, statistics.median(values), min(values), max(values)])
     report.results = {
@@ -605,6 +678,16 @@ def main() -> int:
             "s",
             why=f"heartbeat timeout {HEARTBEAT_TIMEOUT_S} s included",
         )
+    for mode, results in runs.items():
+        full = [r["full_size_s"] for r in results if r["full_size_s"] is not None]
+        if results and results[0]["spares"] and full:
+            report.target(
+                f"{mode}: loss -> full width again on a warm spare (median)",
+                statistics.median(full),
+                1.5,
+                "s",
+                why="issue 38: a spare takes the lost rank in one job, nothing launched or loaded",
+            )
     for mode, results in runs.items():
         covered = [r for r in results if r["covered_before"]]
         if covered:

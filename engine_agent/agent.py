@@ -256,6 +256,7 @@ class Agent:
             cuda_graphs=step_graphs.summary(active.graphs) if active else None,
             device_memory=self._device_memory(),
             resident=self.resident.rows() if active is None else None,
+            spare_bytes=self.resident.spare_bytes() if active is None else 0,
         )
 
     def _device_memory(self) -> DeviceMemory | None:

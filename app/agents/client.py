@@ -41,6 +41,7 @@ from app.agents.transport import (
     PATH_PREPARE,
     PATH_RECONFIG,
     PATH_RESUME,
+    PATH_SPARE,
     PATH_SWITCH,
     PATH_SYNC,
     AgentAnswer,
@@ -65,6 +66,7 @@ from engine_agent.protocol import (
     ReconfigPhase,
     ReconfigStatus,
     Settlement,
+    SpareHeld,
     is_settled,
 )
 
@@ -97,6 +99,11 @@ class AgentClient(AgentTransport):
     async def info(self, *, timeout_s: float | None = None) -> AgentInfo:
         answer = await self._exchange("GET", PATH_INFO, timeout_s=timeout_s)
         return self._parse_answer(AgentInfo, answer, "info")
+
+    async def hold_as_spare(self, *, timeout_s: float | None = None) -> SpareHeld:
+        """Make an idle engine a warm spare: it loads every expert before it joins (issue 38)."""
+        answer = await self._exchange("POST", PATH_SPARE, timeout_s=timeout_s)
+        return self._parse_answer(SpareHeld, answer, "spare")
 
     async def rotate_key(self, key: str, overlap_s: float) -> AgentKeyRotated:
         """Push a rotated agent key (sent with the key current until now)."""

@@ -39,6 +39,7 @@ PATH_CLEANUP_ACKNOWLEDGE = "/v1/cleanup/acknowledge"
 PATH_FAULTS = "/v1/faults"
 PATH_INFER = "/v1/infer"
 PATH_AGENT_KEY = "/v1/agent-key"
+PATH_SPARE = "/v1/spare"
 
 # The `operation` label of `epctl_agent_calls` for each path (a small, fixed set).
 OPERATIONS = {
@@ -47,6 +48,7 @@ OPERATIONS = {
     PATH_RECONFIG: "reconfig",
     **{operation.path: operation.value for operation in Operation},
     PATH_CLEANUP: "cleanup",
+    PATH_SPARE: "spare",
     PATH_CLEANUP_RETRY: "cleanup_retry",
     PATH_CLEANUP_ACKNOWLEDGE: "cleanup_acknowledge",
     PATH_FAULTS: "faults",

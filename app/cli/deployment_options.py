@@ -15,6 +15,14 @@ MaxDowntimeOption = Annotated[
         "--max-downtime-ms", help="Downtime budget: a commit window that would run longer rolls back."
     ),
 ]
+SparesOption = Annotated[
+    int | None,
+    typer.Option(
+        "--spares",
+        help="Warm spares to keep beyond the size: launched, holding every expert, taken first by self-heal "
+        "and grows (reference backend, launcher local or ray; 0: none).",
+    ),
+]
 PauseOption = Annotated[
     bool | None,
     typer.Option(

@@ -115,6 +115,11 @@ def show_deployment(deployment: dict[str, Any]) -> None:
         )
         if detail.get("hint"):
             stdout.print(f"  [yellow]hint:[/] {detail['hint']}")
+    if deployment.get("spares"):
+        held = deployment.get("spare_engines") or []
+        stdout.print(
+            f"warm spares: {len(held)} of {deployment['spares']}" + (f" ({', '.join(held)})" if held else "")
+        )
     if deployment.get("max_downtime_ms") is not None:
         stdout.print(f"downtime budget: {deployment['max_downtime_ms']} ms")
     ray = deployment.get("ray")

@@ -26,6 +26,7 @@ from app.cli.deployment_options import (
     PeriodDownOption,
     PeriodUpOption,
     RayOption,
+    SparesOption,
     StepDownOption,
     StepUpOption,
     StrategyOption,
@@ -89,6 +90,7 @@ def create(
     warmup_policy: WarmupOption = None,
     strategy: StrategyOption = None,
     max_downtime_ms: MaxDowntimeOption = None,
+    spares: SparesOption = None,
     pause: Annotated[
         bool, typer.Option("--pause-autoscaling", help="Start with autoscaler-initiated jobs stopped.")
     ] = False,
@@ -145,6 +147,8 @@ def create(
         body["strategy"] = strategy
     if max_downtime_ms is not None:
         body["max_downtime_ms"] = max_downtime_ms
+    if spares is not None:
+        body["spares"] = spares
     if pause:
         body["autoscale_paused"] = True
     behavior = behavior_update(
@@ -184,6 +188,7 @@ def update(
     no_max_downtime: Annotated[
         bool, typer.Option("--no-max-downtime", help="Turn the downtime budget off.")
     ] = False,
+    spares: SparesOption = None,
     pause: PauseOption = None,
     up_window: WindowUpOption = None,
     down_window: WindowDownOption = None,
@@ -207,6 +212,7 @@ def update(
             "autoscale_cooldown_s": cooldown_s,
             "max_downtime_ms": max_downtime_ms,
             "autoscale_paused": pause,
+            "spares": spares,
             "autoscale_behavior": behavior_update(
                 up_window=up_window,
                 down_window=down_window,
@@ -225,7 +231,7 @@ def update(
     if not body and not ray_option:
         raise typer.BadParameter(
             "give at least one of --min, --max, --warmup-policy, --strategy, --autoscale-cooldown, "
-            "--max-downtime-ms, --no-max-downtime, --pause-autoscaling, --resume-autoscaling, "
+            "--max-downtime-ms, --no-max-downtime, --spares, --pause-autoscaling, --resume-autoscaling, "
             "--scale-{up,down}-{window,max-step,period}, --ray"
         )
     with api_errors(), connect(url, token) as api:

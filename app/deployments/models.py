@@ -103,6 +103,13 @@ class StatusDetail(BaseModel):
 
 # The downtime budget's bounds (`max_downtime_ms`, deployment and request): 1 ms to one hour.
 MAX_DOWNTIME_BUDGET_MS = 3_600_000
+MAX_SPARES = 16
+SPARES_DESCRIPTION = (
+    "warm spares (issue 38): engines kept launched and registered beyond the size, each holding every "
+    "expert's weights, never members until needed: self-heal replaces a lost engine with one (a new "
+    "spare is launched in the background) and a grow takes them first. Reference backend with a "
+    "launcher that starts engines (local, ray) only; 0: none"
+)
 AUTOSCALE_BEHAVIOR_DESCRIPTION = (
     "how autoscaler intents move the deployment (Kubernetes HPA's `behavior`): per direction a "
     "stabilization window (scale_down 300 s, scale_up 0 s by default) and an optional max_step per period_s"
@@ -149,6 +156,8 @@ class Deployment(SQLModel, table=True):
     # deployment was last whole, and (`replace`) the size to grow back to.
     heal_lost: str | None = Field(default=None, max_length=1000)
     heal_target_dp_size: int | None = None
+    # Warm spares to keep beyond the size (`app.backends.reference.spares`).
+    spares: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     # When the loss happened, as far as the coordinator can tell (the lost engine's last heartbeat, or
     # when its group was found broken): the recovery jobs' figures count from it.
     heal_loss_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -217,6 +226,7 @@ class DeploymentCreate(DeploymentLimits):
     max_downtime_ms: int | None = ApiField(
         None, ge=1, le=MAX_DOWNTIME_BUDGET_MS, strict=True, description=DOWNTIME_BUDGET_DESCRIPTION
     )
+    spares: int = ApiField(0, ge=0, le=MAX_SPARES, strict=True, description=SPARES_DESCRIPTION)
     autoscale_behavior: ScalingBehavior = ApiField(
         default_factory=ScalingBehavior, description=AUTOSCALE_BEHAVIOR_DESCRIPTION
     )
@@ -245,6 +255,10 @@ class DeploymentCreate(DeploymentLimits):
     @model_validator(mode="after")
     def _launcher_settings(self) -> DeploymentCreate:
         _check_launcher_settings(self.launcher, self.ray)
+        if self.spares:
+            problem = spares_problem(self.backend, self.launcher)
+            if problem:
+                raise ValueError(problem)
         if self.launcher == LauncherKind.ray and self.ray is None:
             self.ray = RaySettings()
         return self
@@ -277,6 +291,7 @@ class DeploymentUpdate(BaseModel):
         None, description="only the fields given change; " + AUTOSCALE_BEHAVIOR_DESCRIPTION
     )
     autoscale_paused: bool | None = ApiField(None, strict=True, description=AUTOSCALE_PAUSED_DESCRIPTION)
+    spares: int | None = ApiField(None, ge=0, le=MAX_SPARES, strict=True, description=SPARES_DESCRIPTION)
     vllm: VllmUpdate | None = ApiField(None, description="backend vllm only")
     ray: RaySettings | None = ApiField(
         None,
@@ -344,6 +359,12 @@ class DeploymentPublic(RowShape):
         "back on the same data directory)",
     )
     on_engine_loss: OnEngineLoss = ApiField(description="in effect (the setting, or the launcher's default)")
+    spares: int = ApiField(0, description="warm spares to keep (the setting)")
+    spare_engines: list[str] = ApiField(
+        default_factory=list,
+        description="the engines kept as warm spares now (idle, registered, holding every expert), oldest "
+        "first; fewer than `spares` while a new one is launched",
+    )
     active_job_id: str | None = None
     desired: DesiredSize = ApiField(default_factory=DesiredSize)
     coverage: dict[str, Any] | None = ApiField(
@@ -390,6 +411,15 @@ class DeploymentList(BaseModel):
     next_cursor: str | None = ApiField(
         None, description="pass as `cursor` for the next page; none: last page"
     )
+
+
+def spares_problem(backend: EngineBackend | str, launcher: LauncherKind | str) -> str | None:
+    """Why a deployment of this backend and launcher cannot keep warm spares (None: it can)."""
+    if backend != EngineBackend.reference:
+        return f"warm spares are for backend reference only, not {EngineBackend(backend).value}"
+    if launcher == LauncherKind.static:
+        return "warm spares need a launcher that starts engines (local, ray), not static"
+    return None
 
 
 def ray_settings_of(row: Deployment) -> RaySettings | None:

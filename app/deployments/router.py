@@ -23,6 +23,7 @@ from app.deployments.models import (
     DeploymentUpdate,
 )
 from app.deployments.reactions import Reactions
+from app.deployments.spares import spare_ids
 from app.launchers.base import DeletedDeployment, EngineHandle, EnginesToRestart
 from engine_agent.protocol import EngineConfig
 
@@ -43,6 +44,7 @@ def _publics(
     desired = around.desired(session, deployments)
     conditions = engine_service.conditions_of(session, ids)
     doors = front_doors_of(session, ids)
+    spares = spare_ids(session, deployments)
     return [
         DeploymentPublic.of(
             d,
@@ -50,6 +52,7 @@ def _publics(
             desired=desired[d.id],
             conditions=conditions.get(d.id, []),
             front_door=doors.get(d.id),
+            spare_engines=spares.get(d.id, []),
         )
         for d in deployments
     ]

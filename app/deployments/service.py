@@ -25,6 +25,7 @@ from app.deployments.models import (
     EngineBackend,
     LauncherKind,
     ray_settings_of,
+    spares_problem,
 )
 
 DEPLOYMENT_ID_PREFIX = "dep"
@@ -62,6 +63,7 @@ def create_deployment(session: Session, *, data: DeploymentCreate) -> Deployment
         autoscale_cooldown_s=data.autoscale_cooldown_s,
         on_engine_loss=data.on_engine_loss.value if data.on_engine_loss else None,
         max_downtime_ms=data.max_downtime_ms,
+        spares=data.spares,
         autoscale_behavior=data.autoscale_behavior.model_dump(mode="json"),
         autoscale_paused=data.autoscale_paused,
         backend=data.backend.value,
@@ -119,6 +121,10 @@ def update_deployment(
         raise InvalidRequestError(
             f"min_dp_size ({min_dp}) would exceed max_dp_size ({max_dp})", code="invalid-limits"
         )
+    if changes.get("spares"):
+        problem = spares_problem(deployment.backend, deployment.launcher)
+        if problem:
+            raise InvalidRequestError(f"deployment {deployment.name!r}: {problem}", code="spares-unsupported")
     for field, value in changes.items():
         setattr(deployment, field, value)
     if "max_downtime_ms" in data.model_fields_set:  # null is a value here: no budget

@@ -87,6 +87,7 @@ from engine_agent.protocol.membership import FaultInjection as FaultInjection
 from engine_agent.protocol.membership import GenerationBroken as GenerationBroken
 from engine_agent.protocol.membership import GenerationBrokenAnswer as GenerationBrokenAnswer
 from engine_agent.protocol.membership import ResidentRows as ResidentRows
+from engine_agent.protocol.membership import SpareHeld as SpareHeld
 from engine_agent.protocol.reconfig import AgentError as AgentError
 from engine_agent.protocol.reconfig import ArmRequest as ArmRequest
 from engine_agent.protocol.reconfig import CleanupRecord as CleanupRecord

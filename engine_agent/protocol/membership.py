@@ -69,6 +69,15 @@ class AgentInfo(BaseModel):
     resident: ResidentRows | None = Field(
         None, description="idle engines: the expert rows kept from the generation that broke under them"
     )
+    spare_bytes: int = Field(
+        0, description="a warm spare (`POST /v1/spare`): the bytes of every expert it holds before it joins"
+    )
+
+
+class SpareHeld(BaseModel):
+    """`POST /v1/spare`'s answer: what this engine holds as a warm spare."""
+
+    spare_bytes: int = Field(description="the bytes of every expert of every layer, held before it joins")
 
 
 class AgentRegistration(BaseModel):

@@ -127,3 +127,56 @@ def test_a_covered_loss_serves_from_what_the_survivors_hold(stack: Stack) -> Non
         serving = [e["url"] for e in coordinator.engines(name) if e["state"] == "serving"]
         assert len(serving) == 2
         stack.assert_outputs_correct(serving)
+
+
+def test_a_loss_heals_onto_a_warm_spare_and_a_new_spare_is_launched(stack: Stack) -> None:
+    """Two engines and one warm spare (issue 38): the spare is launched and holds every expert before
+    the loss; SIGKILL of rank 1, and one self-heal job takes the spare straight back to two engines,
+    on the broken generation's placement (the spare on the lost rank's rows): not one weight byte loads
+    or crosses the network, the outputs are exact, and a new spare is launched behind it."""
+    coordinator = stack.coordinator
+    with own_deployment(stack, "shrink", 2, spares=1) as (name, members):
+
+        def warm_spare(not_this: str | None = None) -> dict[str, Any] | None:
+            spares = [
+                e for e in coordinator.engines(name) if e.get("role") == "spare" and e["id"] != not_this
+            ]
+            if not spares or agent_info(spares[0]["url"]).get("spare_bytes", 0) <= 0:
+                return None
+            return spares[0]
+
+        spare = wait_until(warm_spare, timeout_s=120, what="a warm spare", interval_s=0.3)
+        assert coordinator.deployment(name)["spare_engines"] == [spare["id"]]
+        before = coordinator.deployment(name)
+        os.kill(int(agent_info(members[1]["url"])["pid"]), signal.SIGKILL)
+
+        def whole() -> dict[str, Any] | None:
+            deployment = coordinator.deployment(name)
+            ready = deployment["status"] == "ready" and deployment["active_job_id"] is None
+            newer = deployment["generation"] > before["generation"]
+            return deployment if ready and newer and deployment["current_dp_size"] == 2 else None
+
+        wait_until(
+            whole,
+            timeout_s=120,
+            what=f"deployment {name} back to two engines on its spare",
+            interval_s=0.3,
+            describe=lambda: f"{coordinator.deployment(name)}\n{coordinator.engines(name)}",
+        )
+        jobs = coordinator.api.get("/v1/reconfigurations", params={"deployment": name, "limit": 10}).json()[
+            "data"
+        ]
+        (heal,) = [j for j in jobs if j["requested_by"] == "self-heal" and j["state"] == "succeeded"]
+        assert (heal["from_dp_size"], heal["to_dp_size"]) == (2, 2) or heal["to_dp_size"] == 2, heal
+        plan = heal["placement"]
+        assert (plan["copies_moved"], plan["bytes_moved"], plan["source"]) == (0, 0, "spare"), plan
+        for result in heal["engine_results"]:
+            moved = (result["bytes_loaded"], result["bytes_received"], result["transfer_backend"])
+            assert moved == (0, 0, None), result
+            assert result["bytes_resident"] == result["bytes_moved"] > 0, result
+        serving = [e for e in coordinator.engines(name) if e["state"] == "serving"]
+        assert {e["id"] for e in serving} == {members[0]["engine_id"], spare["id"]}
+        stack.assert_outputs_correct([e["url"] for e in serving])
+        # The spare's place is taken again by a new one, launched in the background.
+        again = wait_until(lambda: warm_spare(not_this=spare["id"]), timeout_s=120, what="a new warm spare")
+        assert again["id"] not in {members[0]["engine_id"], members[1]["engine_id"], spare["id"]}

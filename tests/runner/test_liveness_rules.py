@@ -715,3 +715,40 @@ def test_an_incident_right_after_a_job_names_that_job(newest: JobSeen, hit: str 
         view([engine("e0", rank=0), engine("e1", rank=1, heard=20)], policy="none", newest=(newest,))
     )
     assert found.status is not None and found.status.hit_job_id == hit
+
+
+# --- warm spares (issue 38) -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spares", "idle_spares", "target"),
+    [
+        (1, 1, 3),  # the spare takes the lost rank: back to the size in one job
+        (2, 2, 3),  # never beyond the size: one spare stays a spare
+        (1, 0, 2),  # its spare not launched yet: the survivors alone, grown back later
+        (0, 1, 2),  # a deployment keeping no spares: an idle engine is left for the grow-back
+    ],
+)
+def test_a_loss_heals_onto_the_warm_spares_back_to_the_size(
+    spares: int, idle_spares: int, target: int
+) -> None:
+    broken = [survivor(f"e{i}", broken_generation=1) for i in range(2)]
+    engines = [
+        *broken,
+        engine("e2", rank=2, heard=20),
+        *(engine(f"s{i}", "idle") for i in range(idle_spares)),
+    ]
+    found = verdict(view(engines, size=3, policy="shrink", spares=spares))
+    assert found.fate("e2") is Fate.written_off
+    assert found.job is not None and found.job.target == target
+
+
+def test_survivors_never_count_as_spares() -> None:
+    """Idle on no generation like a spare, but they served the broken one: with no spare launched, the
+    job is the survivors alone (a survivor counted as a spare would ask for more engines than there are
+    only where other idle engines stand by, so this is checked on the rule itself)."""
+    from app.backends.reference.liveness.heal import is_spare
+
+    assert not is_spare(survivor("e0", broken_generation=1))
+    assert is_spare(engine("s0", "idle"))
+    assert not is_spare(engine("s0", "idle", refuses_agent_key=True))

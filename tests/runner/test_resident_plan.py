@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.backends.reference.planner import DeploymentSpec, make_plan
-from app.backends.reference.resident import Placements, kept_placement, resident_rows
+from app.backends.reference.resident import Placements, kept_placement, resident_rows, spare_filled
 from engine_agent.protocol import AgentInfo, ResidentRows
 from tests.runner.test_planner import agent
 
@@ -13,6 +13,8 @@ from tests.runner.test_planner import agent
 COVERED = [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 4, 5], [2, 3, 6, 7]]
 # Generation 3 on two engines, no redundancy: a loss takes four experts.
 BARE = [[0, 1, 2, 3], [4, 5, 6, 7]]
+# Generation 3 on four engines, no redundancy: two experts each.
+BARE4 = [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
 def survivor(engine_id: str, rank: int, placement: list[list[int]], *, generation: int = 3) -> AgentInfo:
@@ -102,3 +104,55 @@ def test_without_resident_rows_every_expert_loads() -> None:
     idle = [agent("e0", rank=None, generation=0, port=10)]
     stats = make_plan(spec(0), idle, 1).placement_stats
     assert stats["copies_moved"] == 8 and "source" not in stats
+
+
+# --- warm spares (issue 38): a spare takes the lost rank's rows ------------------------------------------
+
+
+def spare(engine_id: str, port: int = 30) -> AgentInfo:
+    return agent(engine_id, rank=None, generation=0, port=port).model_copy(update={"spare_bytes": 8000})
+
+
+def held(*ranks: int) -> list[AgentInfo]:
+    """The survivors of generation 3 on BARE4 holding these ranks' rows."""
+    return [survivor(f"e{rank}", rank, BARE4) for rank in ranks]
+
+
+@pytest.mark.parametrize(
+    ("infos", "expected"),
+    [
+        # ranks 0, 2 and 3 survive, rank 1 was lost: the spare takes rank 1's rows
+        ([*held(0, 2, 3), spare("s0")], [[BARE4[0], BARE4[2], BARE4[3], BARE4[1]]]),
+        # the spare first in the order given: its rows are still the lost rank's
+        ([spare("s0"), *held(1, 2, 3)], [BARE4]),
+        ([*held(0, 1), spare("s0"), spare("s1", 31)], [[BARE4[0], BARE4[1], BARE4[2], BARE4[3]]]),  # 2 lost
+        (held(0, 1, 2), None),  # no spare: not this rule
+        ([*held(0, 1, 2), spare("s0"), spare("s1", 31)], None),  # 2 spares for 1 lost rank
+        ([*held(0, 1, 2), agent("f0", rank=None, generation=0, port=40)], None),  # holds nothing
+        ([spare("s0")], None),  # no survivor: nothing to take the rows from
+    ],
+)
+def test_a_spare_fills_the_lost_ranks_rows(infos: list[AgentInfo], expected: Placements | None) -> None:
+    assert spare_filled(3, infos, 1) == expected
+
+
+def test_an_uncovered_loss_healed_on_a_spare_loads_nothing() -> None:
+    """Without redundancy the survivors alone would load the lost experts; with a warm spare the plan is
+    the broken generation's, unchanged: nothing moves (the spare copies its rows from what it holds)."""
+    infos = [survivor("e0", 0, BARE4), survivor("e1", 1, BARE4), survivor("e3", 3, BARE4), spare("s0")]
+    plan = make_plan(spec(0), infos, 4)
+    assert plan.joiners == ["e0", "e1", "e3", "s0"] and plan.placement == [
+        BARE4[0],
+        BARE4[1],
+        BARE4[3],
+        BARE4[2],
+    ]
+    stats = plan.placement_stats
+    assert (stats["copies_moved"], stats["bytes_moved"], stats["source"]) == (0, 0, "spare")
+
+
+def test_survivors_join_before_spares_and_spares_before_other_idle_engines() -> None:
+    fresh = agent("a-fresh", rank=None, generation=0, port=41)
+    infos = [fresh, spare("b-spare"), survivor("c0", 0, BARE), survivor("c1", 1, BARE)]
+    plan = make_plan(spec(0), infos, 3)
+    assert plan.joiners == ["c0", "c1", "b-spare"]

@@ -26,6 +26,7 @@ def test_a_deferred_desired_size_shows_with_what_it_waits_for(page: Any, coordin
     assert cells == [
         "gamma",
         "0",
+        "\u2013",  # no spares kept
         "4",
         "scale-subresource (admin-env)",
         "active job",

@@ -20,6 +20,7 @@ from app.backends.reference.liveness.controller import Liveness
 from app.backends.reference.liveness.view import Rules
 from app.backends.reference.record import JobRecord
 from app.backends.reference.recovery import Recovery
+from app.backends.reference.spares import SpareKeeper
 from app.core.wake import LIVENESS
 from app.deployments.models import EngineBackend
 from app.launchers.base import DeletedDeployment, EnginesToRestart
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 INCIDENT_PROBE_INTERVAL_S = 0.5  # how often the incident probes' targets follow the engines
 ADOPTION_MARGIN_S = 2.0  # beyond the agent calls' deadline: the adoption's reads and its judge's writes
+SPARES_INTERVAL_S = 0.5  # how often the warm spares are counted (launches run in the background)
 
 
 class ReferenceBackend(Backend):
@@ -46,6 +48,7 @@ class ReferenceBackend(Backend):
         )
         self.liveness = Liveness(self.record, context.launchers, rules)
         self.incident_probes = IncidentProbes(self.record)
+        self.spares = SpareKeeper(self.record, context.settings, context.launchers, context.new_fleet)
 
     async def run(self, job_id: str) -> None:
         async with self.context.new_fleet() as fleet:
@@ -90,6 +93,7 @@ class ReferenceBackend(Backend):
         return [
             Periodic(LIVENESS, context.settings.heartbeat_check_interval_s, self.liveness.tick),
             Periodic("incident-probe", INCIDENT_PROBE_INTERVAL_S, self.incident_probes.tick),
+            Periodic("spares", SPARES_INTERVAL_S, self.spares.tick),
             Periodic(
                 "cleanup",
                 context.settings.cleanup_poll_interval_s,
@@ -109,4 +113,5 @@ class ReferenceBackend(Backend):
 
     async def stop(self) -> None:
         await self.liveness.stop()
+        await self.spares.stop()
         await self.incident_probes.close()

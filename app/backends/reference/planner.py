@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.backends.reference.resident import kept_placement, resident_rows
+from app.backends.reference.resident import kept_placement, resident_rows, spare_filled
 from app.core.faults import EngineFault
 from engine_agent.protocol import (
     AgentInfo,
@@ -243,6 +243,9 @@ def plan_placement(
     if resident is not None:
         previous, origin = resident
         kept = kept_placement(previous, origin, deployment.num_logical_experts)
+        if kept is None and (filled := spare_filled(deployment.generation, new, layers)) is not None:
+            filled_stats, filled_coverage = _kept_record(filled, load, domains, new)
+            return [], filled, load, {**filled_stats, "source": "spare"}, filled_coverage
         if kept is not None:
             return [], kept, load, *_kept_record(kept, load, domains, new)
     layer_plan = rebalance_layers(
@@ -292,6 +295,14 @@ def _kept_record(
     }
     coverage = coverage_of(array, loads.shape[1], domains).record([i.engine_id for i in new], domains)
     return stats, coverage
+
+
+def _joining_order(info: AgentInfo, generation: int) -> int:
+    """Joiners first: the survivors of the generation that broke (they hold its rows), then warm spares
+    (they hold every expert), then the rest."""
+    if info.resident is not None and info.resident.generation == generation:
+        return 0
+    return 1 if info.spare_bytes > 0 else 2
 
 
 def _member(info: AgentInfo) -> Member:
@@ -357,6 +368,7 @@ def make_plan(
     old = current_members(deployment, infos)
     in_old = {i.engine_id for i in old}
     idle = [i for i in infos if i.engine_id not in in_old and i.state == AgentState.idle]
+    idle.sort(key=lambda i: _joining_order(i, deployment.generation))  # stable: else the order given
 
     if target_size == len(old):
         raise PlanError("no-change", f"{deployment.name} already has {target_size} engines")

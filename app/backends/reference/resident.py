@@ -14,6 +14,11 @@ re-formed where it broke) plans from those rows as it would from an old generati
   says 0 bytes. Balance and coverage are the survivors' as they stand: growing back re-plans both.
   Otherwise the planner rebalances from the rows (what a survivor holds stays; only what the loss took
   loads from the checkpoint).
+- `spare_filled` (issue 38, warm spares): where the new members are the survivors and as many warm spares
+  (`AgentInfo.spare_bytes`: each holds every expert) as ranks were lost, the new placement is the broken
+  generation's as it was, each spare on a lost rank's rows: nothing is re-planned, the survivors keep
+  their rows and the spares copy theirs from what they hold (0 bytes loaded or received; balance and
+  coverage as before the loss).
 """
 
 from __future__ import annotations
@@ -72,3 +77,34 @@ def kept_placement(previous: Placements, origin: Sequence[int | None], num_logic
     if any(every - {e for row in layer for e in row} for layer in placements):
         return None
     return placements
+
+
+def spare_filled(generation: int, infos: Sequence[AgentInfo], num_layers: int) -> Placements | None:
+    """[layer][new rank][slot]: the broken `generation`'s placement with the lost ranks' rows on the warm
+    spares among `infos` (new rank order; survivors keep their own rows), when the spares are exactly
+    as many as the ranks no survivor holds; else None."""
+    if generation < 1:
+        return None
+    full: Placements | None = None
+    survivor_rank: dict[int, int] = {}  # index in infos -> its rank in the broken generation
+    spares: list[int] = []
+    for index, info in enumerate(infos):
+        held = info.resident
+        if held is not None and held.generation == generation:
+            if _rows(held.placements, held.rank, num_layers) is None:
+                return None
+            full = full if full is not None else held.placements
+            if held.placements != full or held.rank in survivor_rank.values():
+                return None
+            survivor_rank[index] = held.rank
+        elif info.spare_bytes > 0:
+            spares.append(index)
+        else:
+            return None  # a fresh engine holding nothing: the planner re-plans
+    if full is None or not spares:
+        return None
+    lost = [rank for rank in range(len(full[0])) if rank not in survivor_rank.values()]
+    if len(lost) != len(spares):
+        return None
+    rank_of = {**survivor_rank, **dict(zip(spares, lost, strict=True))}
+    return [[list(layer[rank_of[index]]) for index in range(len(infos))] for layer in full]

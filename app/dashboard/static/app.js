@@ -126,7 +126,8 @@ function showIncidents(incidents) {
   panel.hidden = false;
 }
 
-// Each deployment's size and the desired size autoscalers asked for (pending until the job starts).
+// Each deployment's size, its warm spares (held of wanted; their ids on hover) and the desired size
+// autoscalers asked for (pending until the job starts).
 function showDeployments(deployments) {
   const panel = document.getElementById("deployments-panel");
   const body = document.getElementById("deployments-body");
@@ -134,7 +135,10 @@ function showDeployments(deployments) {
   body.innerHTML = deployments.map((d) => {
     const want = d.desired || {};
     const waiting = want.pending ? (want.blocked_by || "next tick").replace(/-/g, " ") : "–";
+    const spareIds = d.spare_engines || [];
+    const spares = d.spares ? `${spareIds.length} of ${d.spares}` : "–";
     return `<tr><td>${esc(d.name)}</td><td class="num">${esc(d.current_dp_size)}</td>
+      <td class="num spares" title="${esc(spareIds.join(", "))}">${esc(spares)}</td>
       <td class="num">${want.dp_size == null ? "–" : esc(want.dp_size)}</td>
       <td>${want.source ? esc(`${want.source}${want.requester ? ` (${want.requester})` : ""}`) : "–"}</td>
       <td title="${esc(want.reason || "")}">${esc(waiting)}</td>
@@ -189,7 +193,7 @@ function historyPage() {
     <div id="history-error"></div>
     <section class="panel" id="deployments-panel" hidden>
       <div class="table-wrap"><table id="deployments-table">
-        <thead><tr><th>Deployment</th><th class="num">Size</th><th class="num">Desired</th><th>Asked by</th>
+        <thead><tr><th>Deployment</th><th class="num">Size</th><th class="num" title="warm spares: held of wanted">Spares</th><th class="num">Desired</th><th>Asked by</th>
           <th>Waiting for</th><th>Next scale allowed</th></tr></thead>
         <tbody id="deployments-body"></tbody>
       </table></div>

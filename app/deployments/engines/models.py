@@ -159,6 +159,11 @@ class EnginePublic(RowShape):
         description="since when it refuses the coordinator's agent key (the deployment's `conditions` say "
         "so; `POST .../agent-key/rotate` restarts it where its launcher can)",
     )
+    role: str | None = ApiField(
+        None,
+        description="in the engines list: `member` (on a rank of its deployment's generation), `spare` (a "
+        "warm spare its deployment keeps: idle, holding every expert) or null",
+    )
     created_at: datetime
     updated_at: datetime
 

@@ -20,6 +20,7 @@ from app.deployments.engines.models import (
 )
 from app.deployments.models import Deployment
 from app.deployments.reactions import Reactions
+from app.deployments.spares import role_of, spare_ids
 
 router = APIRouter(prefix="/v1/engines", tags=["engines"], responses=problem_responses(401, 403, 422))
 
@@ -65,8 +66,13 @@ async def list_engines(
     def work(session: Session) -> EngineList:
         rows = service.list_engines(session, deployment=deployment, state=state)
         names = service.deployment_names(session, {row.deployment_id for row in rows})
+        owners = [d for d in (session.get(Deployment, i) for i in names) if d is not None]
+        spares = {e for ids in spare_ids(session, owners).values() for e in ids}
         return EngineList(
-            data=[EnginePublic.of(r, deployment=names.get(r.deployment_id, "")) for r in rows],
+            data=[
+                EnginePublic.of(r, deployment=names.get(r.deployment_id, ""), role=role_of(r, spares))
+                for r in rows
+            ],
             count=len(rows),
         )
 

@@ -1,5 +1,8 @@
 """Self-healing's rule: at most one job per pass, by the deployment's `on_engine_loss` (pure).
 
+- Warm spares (`spares`, issue 38): with either policy, the job after a loss forms the new generation on
+  the survivors and as many warm spares as it has (idle engines that never served), back to the size it
+  had; their rows are the lost ranks' (`resident.spare_filled`). The spare keeper launches new spares.
 - `shrink`: once a member of the current generation is `unreachable`, it is written off (`left`; its
   launcher stops it, so a frozen engine can never come back into a group; the deployment keeps the
   names in `heal_lost`), and once no survivor is left on the broken generation (each leaves at once:
@@ -123,8 +126,10 @@ def _fence_the_cut_off(board: Board, idle: list[EngineSeen]) -> list[EngineSeen]
 
 def _heal_loss(board: Board, idle: list[EngineSeen]) -> None:
     if idle:
-        # The survivors (at least one: a deployment that lost its only engine takes an idle spare).
-        target = max(1, min(len(idle), board.size - 1))
+        # The survivors (at least one: a deployment that lost its only engine takes an idle spare); a
+        # deployment keeping warm spares takes them too, back to its size in this one job.
+        spares = sum(1 for e in idle if is_spare(e)) if board.view.spares > 0 else 0
+        target = max(1, min(len(idle), board.size - 1 + spares, board.size))
         _try(board, target, f"self-heal: lost {board.heal_lost}; a new generation on {target}")
     elif _can_launch(board):
         target = board.heal_target or board.size
@@ -139,6 +144,11 @@ def _heal_loss(board: Board, idle: list[EngineSeen]) -> None:
             "launcher, start and register engines first), or set on_engine_loss replace",
         )
         board.action = NoJob(why.NO_SURVIVORS)
+
+
+def is_spare(engine: EngineSeen) -> bool:
+    """A warm spare (`app.deployments.spares`): idle and never a member of a generation."""
+    return engine.generation == 0 and engine.broken_generation is None and not engine.refuses_agent_key
 
 
 def _try(board: Board, target: int, reason: str) -> None:

@@ -147,6 +147,7 @@ def views(
                 heal_lost=deployment.heal_lost,
                 heal_loss_at=deployment.heal_loss_at,
                 heal_target_dp_size=deployment.heal_target_dp_size,
+                spares=deployment.spares,
                 broken_since=broken_since.get(deployment.id),
                 updated_at=deployment.updated_at,
             )

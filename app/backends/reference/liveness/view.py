@@ -125,6 +125,7 @@ class DeploymentView:
     heal_lost: str | None = None
     heal_loss_at: datetime | None = None
     heal_target_dp_size: int | None = None
+    spares: int = 0  # warm spares it keeps (issue 38): a loss is healed onto them at full size
     # This controller's memory: since when it has seen the deployment not whole (the health
     # confirmation), None when it was whole at the last pass.
     broken_since: datetime | None = None

@@ -1,0 +1,221 @@
+"""Warm spares (issue 38): keep `spares` engines launched, registered and holding every expert beyond a
+reference deployment's size (the reference backend's periodic task `spares`).
+
+Each pass reads the deployments that keep spares and, for each one that is settled (ready, no job
+active, no loss being healed: a heal or a job may be taking a spare right now), compares the engines
+that count as its spares (`app.deployments.spares`: idle, never a member) with `spares`:
+
+- fewer: the missing ones are launched in the background through the deployment's launcher (the pass
+  never waits on a launch: the liveness pass runs in the same loop) and recorded idle;
+- each spare not yet warm is asked to hold every expert (`POST /v1/spare`), once per engine;
+- more (`spares` lowered): the newest extras are given back to their launcher.
+
+A spare joins like any idle engine: self-heal forms the new generation on the survivors and a spare
+(`liveness.heal`), a grow takes idle engines first (`planner`); its rows then come from what it holds
+(bytes `resident`, none loaded). The pass after that launches its replacement. Two coordinators may each
+launch a spare in the same moment: the extra one is given back by the next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from app.agents.errors import AgentCallError
+from app.agents.fleet import Fleet
+from app.backends.reference.launching import launch_spec
+from app.coordinators import service as coordinators
+from app.core.runner_settings import RunnerSettings
+from app.deployments.agent_keys import agent_keys_of, previous_until_epoch
+from app.deployments.engines.models import Engine, EngineState
+from app.deployments.models import Deployment, DeploymentStatus, EngineBackend
+from app.deployments.spares import SPARE_STATES, spares_among
+from app.jobs.active import active_job_id
+from app.jobs.async_record import WorkerSessions
+from app.launchers.base import EngineHandle, Launcher, LaunchSpec
+from engine_agent.protocol import AgentInfo, EngineConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SpareNeed:
+    """One settled deployment's spares as the record has them, and what to do."""
+
+    deployment_id: str
+    name: str
+    launcher: str
+    spec: LaunchSpec
+    keys: tuple[str, ...]
+    spares: list[EngineHandle]  # those it has, oldest first
+    launch: int  # how many to launch
+    extra: list[EngineHandle]  # beyond `spares`: to give back
+
+
+def plan_spares(wanted: int, engines: list[Engine]) -> tuple[list[Engine], int, list[Engine]]:
+    """(the spares it has, how many to launch, the extras to give back) for `wanted` spares among a
+    deployment's engines (pure)."""
+    every = spares_among(engines, len(engines))
+    has = every[:wanted]
+    return has, max(0, wanted - len(has)), every[wanted:]
+
+
+def _settled(session: Session, deployment: Deployment) -> bool:
+    return (
+        deployment.status == DeploymentStatus.ready.value
+        and not deployment.heal_lost
+        and deployment.heal_target_dp_size is None
+        and active_job_id(session, deployment_id=deployment.id) is None
+    )
+
+
+def needs(session: Session, settings: RunnerSettings) -> list[SpareNeed]:
+    """What each settled deployment keeping (or having kept) spares needs now."""
+    found: list[SpareNeed] = []
+    rows = session.exec(select(Deployment).where(col(Deployment.backend) == EngineBackend.reference.value))
+    live: list[str] | None = None
+    for deployment in rows.all():
+        if not _settled(session, deployment):
+            continue
+        engines = list(
+            session.exec(
+                select(Engine).where(
+                    col(Engine.deployment_id) == deployment.id, col(Engine.state).in_(SPARE_STATES)
+                )
+            ).all()
+        )
+        has, launch, extra = plan_spares(deployment.spares, engines)
+        if not launch and not extra and not has:
+            continue
+        if live is None:
+            live = coordinators.live_urls(session, first=settings.public_url)
+        keys = agent_keys_of(deployment)
+        spec = launch_spec(
+            settings,
+            deployment.name,
+            EngineConfig.model_validate(deployment.engine_config),
+            live,
+            keys=keys,
+            previous_until=previous_until_epoch(deployment),
+        )
+        found.append(
+            SpareNeed(
+                deployment_id=deployment.id,
+                name=deployment.name,
+                launcher=deployment.launcher,
+                spec=spec,
+                keys=keys,
+                spares=[EngineHandle(e.id, e.url, e.pid) for e in has],
+                launch=launch,
+                extra=[EngineHandle(e.id, e.url, e.pid) for e in extra],
+            )
+        )
+    return found
+
+
+class SpareKeeper:
+    """The periodic task: one pass reads what is needed, launches and warms in the background."""
+
+    def __init__(
+        self,
+        record: WorkerSessions,
+        settings: RunnerSettings,
+        launchers: Mapping[str, Launcher],
+        new_fleet: Callable[[], Fleet],
+    ) -> None:
+        self.record = record
+        self.settings = settings
+        self.launchers = launchers
+        self.new_fleet = new_fleet
+        self.warm: set[str] = set()  # engines that answered `POST /v1/spare` (this coordinator's memory)
+        self.busy: dict[str, asyncio.Task[None]] = {}  # deployment id -> its launch or warm-up
+
+    async def tick(self) -> None:
+        found = await self.record.run_in_session(lambda session: needs(session, self.settings))
+        for need in found:
+            task = self.busy.get(need.deployment_id)
+            if task is not None and not task.done():
+                continue
+            cold = [h for h in need.spares if h.engine_id not in self.warm]
+            if need.launch or need.extra or cold:
+                self.busy[need.deployment_id] = asyncio.create_task(self._keep(need, cold))
+
+    async def _keep(self, need: SpareNeed, cold: list[EngineHandle]) -> None:
+        launcher = self.launchers.get(need.launcher)
+        try:
+            if launcher is not None and need.extra:
+                log.info("deployment %s: giving back spares beyond %d: %s", need.name,
+                         len(need.spares), [h.engine_id for h in need.extra])  # fmt: skip
+                gone = await launcher.release(need.spec, need.extra)
+                await self.record.run_in_session(lambda session: _mark_left(session, gone))
+            if launcher is not None and need.launch:
+                launched = await launcher.ensure_engines(
+                    need.spec, need.launch, [], deadline_s=self.settings.launch_deadline_s
+                )
+                async with self.new_fleet() as fleet:
+                    clients = [fleet.client(h.engine_id, h.url, need.keys) for h in launched]
+                    infos = list((await fleet.all(clients, lambda c: c.info())).values())
+                await self.record.run_in_session(lambda session: _record(session, need, infos))
+                log.info("deployment %s: launched spare(s) %s", need.name, [h.engine_id for h in launched])
+                cold = [*cold, *launched]
+            await self._warm(need, cold)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a launch that failed is tried again at a later pass
+            log.exception("deployment %s: keeping its spares failed", need.name)
+
+    async def _warm(self, need: SpareNeed, cold: list[EngineHandle]) -> None:
+        if not cold:
+            return
+        async with self.new_fleet() as fleet:
+            clients = [fleet.client(h.engine_id, h.url, need.keys) for h in cold]
+            # Loading every expert can take longer than one agent call's default deadline.
+            held = await fleet.each(clients, lambda c: c.hold_as_spare(timeout_s=60.0))
+        for engine_id, result in held.items():
+            if isinstance(result, AgentCallError):
+                log.warning("deployment %s: spare %s did not warm: %s", need.name, engine_id, result)
+                continue
+            self.warm.add(engine_id)
+            log.info("deployment %s: spare %s holds %d bytes", need.name, engine_id, result.spare_bytes)
+
+    async def stop(self) -> None:
+        tasks = [t for t in self.busy.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _record(session: Session, need: SpareNeed, infos: list[AgentInfo]) -> None:
+    """Record what was launched (idle) where it has not registered itself yet."""
+    for info in infos:
+        if session.get(Engine, info.engine_id) is not None:
+            continue
+        session.add(
+            Engine(
+                id=info.engine_id,
+                deployment_id=need.deployment_id,
+                url=info.url,
+                platform=info.platform.value,
+                device=info.device,
+                state=EngineState.idle.value,
+                launched_by=need.launcher,
+            )
+        )
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()  # it registered itself meanwhile
+
+
+def _mark_left(session: Session, engine_ids: list[str]) -> None:
+    for engine_id in engine_ids:
+        row = session.get(Engine, engine_id)
+        if row is not None:
+            row.state = EngineState.left.value
+            session.add(row)
+    session.commit()

@@ -398,13 +398,3 @@ def use_data_interface(address: str) -> None:
     if interface is not None:
         os.environ["UCX_NET_DEVICES"] = interface
         log.info("data address %s: UCX_NET_DEVICES=%s", address, interface)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.backends.base import FlowRecord, JobMovedOn
@@ -20,6 +19,7 @@ from app.core.clock import utc_now
 from app.core.errors import ConflictError
 from app.deployments.agent_keys import agent_keys_of, previous_until_epoch
 from app.deployments.engines.models import SERVING_STATES, Engine, EngineState
+from app.deployments.engines.service import record_launched
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
 from app.deployments.status import set_status
 from app.jobs import incident_outage
@@ -175,24 +175,7 @@ class JobRecord(FlowRecord[JobRun]):
         """Engines the launcher just started may not have registered yet: record them now."""
 
         def add(session: Session) -> None:
-            for info in infos:
-                if session.get(Engine, info.engine_id) is not None:
-                    continue
-                session.add(
-                    Engine(
-                        id=info.engine_id,
-                        deployment_id=run.deployment_id,
-                        url=info.url,
-                        platform=info.platform.value,
-                        device=info.device,
-                        state=EngineState.idle.value,
-                        launched_by=run.launcher_name,
-                    )
-                )
-                try:
-                    session.commit()
-                except IntegrityError:
-                    session.rollback()  # it registered itself meanwhile
+            record_launched(session, run.deployment_id, run.launcher_name, infos)
 
         await self.run_in_session(add)
 

@@ -23,7 +23,6 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.agents.errors import AgentCallError
@@ -33,12 +32,13 @@ from app.coordinators import service as coordinators
 from app.core.runner_settings import RunnerSettings
 from app.deployments.agent_keys import agent_keys_of, previous_until_epoch
 from app.deployments.engines.models import Engine, EngineState
+from app.deployments.engines.service import record_launched
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend
 from app.deployments.spares import SPARE_STATES, spares_among
 from app.jobs.active import active_job_id
 from app.jobs.async_record import WorkerSessions
 from app.launchers.base import EngineHandle, Launcher, LaunchSpec
-from engine_agent.protocol import AgentInfo, EngineConfig
+from engine_agent.protocol import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,9 @@ class SpareKeeper:
                 async with self.new_fleet() as fleet:
                     clients = [fleet.client(h.engine_id, h.url, need.keys) for h in launched]
                     infos = list((await fleet.all(clients, lambda c: c.info())).values())
-                await self.record.run_in_session(lambda session: _record(session, need, infos))
+                await self.record.run_in_session(
+                    lambda session: record_launched(session, need.deployment_id, need.launcher, infos)
+                )
                 log.info("deployment %s: launched spare(s) %s", need.name, [h.engine_id for h in launched])
                 cold = [*cold, *launched]
             await self._warm(need, cold)
@@ -188,28 +190,6 @@ class SpareKeeper:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _record(session: Session, need: SpareNeed, infos: list[AgentInfo]) -> None:
-    """Record what was launched (idle) where it has not registered itself yet."""
-    for info in infos:
-        if session.get(Engine, info.engine_id) is not None:
-            continue
-        session.add(
-            Engine(
-                id=info.engine_id,
-                deployment_id=need.deployment_id,
-                url=info.url,
-                platform=info.platform.value,
-                device=info.device,
-                state=EngineState.idle.value,
-                launched_by=need.launcher,
-            )
-        )
-        try:
-            session.commit()
-        except IntegrityError:
-            session.rollback()  # it registered itself meanwhile
 
 
 def _mark_left(session: Session, engine_ids: list[str]) -> None:

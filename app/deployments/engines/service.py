@@ -23,7 +23,7 @@ from app.deployments.engines.models import Engine, EngineState, refuses_key
 from app.deployments.incidents import service as incidents
 from app.deployments.models import Condition, Deployment
 from app.deployments.service import get_deployment
-from engine_agent.protocol import AgentHeartbeat, AgentRegistration, EngineConfig
+from engine_agent.protocol import AgentHeartbeat, AgentInfo, AgentRegistration, EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -399,3 +399,27 @@ def deployment_names(session: Session, deployment_ids: set[str]) -> dict[str, st
         return {}
     rows = session.exec(select(Deployment.id, Deployment.name).where(col(Deployment.id).in_(deployment_ids)))
     return dict(rows.all())
+
+
+def record_launched(
+    session: Session, deployment_id: str, launched_by: str, infos: Collection[AgentInfo]
+) -> None:
+    """Record engines a launcher just started (idle) where they have not registered themselves yet."""
+    for info in infos:
+        if session.get(Engine, info.engine_id) is not None:
+            continue
+        session.add(
+            Engine(
+                id=info.engine_id,
+                deployment_id=deployment_id,
+                url=info.url,
+                platform=info.platform.value,
+                device=info.device,
+                state=EngineState.idle.value,
+                launched_by=launched_by,
+            )
+        )
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()  # it registered itself meanwhile

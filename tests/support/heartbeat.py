@@ -6,11 +6,18 @@ and for how long, every `EPCTL_TEST_HEARTBEAT_S` (30 s), so a long run is never 
 Only the current item is named (tests run one at a time here); between items pytest's own progress
 is the sign of life. The lines go to the terminal's stderr as it was when pytest loaded the plugin
 (`-p` loads it before output capturing starts), so a captured test does not swallow them.
+
+It also bounds the process's exit: once the session has ended, a process still alive
+`EPCTL_TEST_EXIT_GRACE_S` (60 s) later (a thread something left behind that the interpreter joins at exit:
+seen once, 24 minutes after a green run's summary) prints every thread's stack and exits with the
+session's status, so the README's command never hangs CI on a verdict already reached.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 import threading
 import time
 
@@ -27,6 +34,7 @@ class Heartbeat:
         self.last_line = time.monotonic()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="pytest-heartbeat", daemon=True)
+        self.exitstatus = 1  # the session's, once it has ended
 
     def start(self, what: str) -> None:
         self.current = (what, time.monotonic())
@@ -63,6 +71,33 @@ class Heartbeat:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         self.current = None
         self.stopped.set()
+        self.exitstatus = int(exitstatus)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        grace_s = float(os.environ.get("EPCTL_TEST_EXIT_GRACE_S", "60"))
+        threading.Thread(
+            target=self._bound_exit, args=(grace_s,), name="pytest-exit-bound", daemon=True
+        ).start()
+
+    def _bound_exit(self, grace_s: float) -> None:
+        time.sleep(grace_s)
+        # Still here: the interpreter is waiting on something at exit. Say what, then leave with the verdict.
+        os.write(
+            _TERMINAL,
+            f"\n[{time.strftime('%H:%M:%S')}] the test process has not exited {grace_s:.0f} s after "
+            f"the session ended; its threads:\n".encode(),
+        )
+        names = "".join(
+            f"  {thread.name} (0x{thread.ident or 0:016x}{', daemon' if thread.daemon else ''})\n"
+            for thread in threading.enumerate()
+        )
+        os.write(_TERMINAL, names.encode())
+        faulthandler.dump_traceback(file=_TERMINAL, all_threads=True)
+        os.write(_TERMINAL, f"exiting with the session's status {self.exitstatus}\n".encode())
+        for stream in (sys.__stdout__, sys.__stderr__):
+            if stream is not None:
+                stream.flush()
+        os._exit(self.exitstatus)
 
 
 def pytest_configure(config: pytest.Config) -> None:

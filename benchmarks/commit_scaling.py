@@ -20,22 +20,31 @@ figure is reported from the same clocks: the arm went out before the first engin
     .venv/bin/python benchmarks/commit_scaling.py                    # 2, 4, 8 engines, 8 rounds
     .venv/bin/python benchmarks/commit_scaling.py --sizes 2 4 --rounds 3
 
-Targets: window at the largest size <= 1.3x the window at the smallest (engines mode); the
-coordinator's time inside the window in engines mode: 0.
+The floor beside it (issue 37 item 3, `--floor-iters`, after the agents are stopped, on the same
+cores): N plain processes in one gloo group making the serving loop's control all-reduce (CONTROL_SLOTS
++ N int64, `engine_agent.lockstep.agree_boundary`) back to back in lock-step; one such collective is
+what the window cannot go under at N (the engines agree the boundary with it, and resume with it).
+
+Targets: window at the largest size <= 1.3x the window at the smallest (engines mode); the window less
+the collective floor, largest over smallest, <= 1.3x; the coordinator's time inside the window in
+engines mode: 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
+import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from common import NOISE_NOTE, Report, new_figure, save_figure, scratch_dir, summarize
+from common import NOISE_NOTE, PYTHON, ROOT, Report, new_figure, save_figure, scratch_dir, summarize
 
 from app.agents.client import AgentClient
 from app.agents.fleet import Fleet
@@ -44,6 +53,7 @@ from app.backends.reference.job import JobRun
 from app.core.runner_settings import RunnerSettings
 from app.jobs.states import JobState
 from engine_agent.engine_options import engine_args
+from engine_agent.lockstep import CONTROL_SLOTS
 from engine_agent.placement import rebalance
 from engine_agent.protocol import (
     CommitMode,
@@ -192,6 +202,52 @@ async def measure(
     return samples
 
 
+# One rank of the floor: the control all-reduce (int64, CONTROL_SLOTS + N) back to back; per-call times.
+FLOOR_RANK = """
+import json, sys, time
+import torch, torch.distributed as dist
+rank, size, port, iters, slots = (int(a) for a in sys.argv[1:6])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+values = torch.zeros(slots + size, dtype=torch.int64)
+for _ in range(50):
+    dist.all_reduce(values)
+dist.barrier()
+times = []
+for _ in range(iters):
+    t0 = time.perf_counter()
+    dist.all_reduce(torch.tensor([1, 0, 0, 0] + [rank] * size, dtype=torch.int64))
+    times.append((time.perf_counter() - t0) * 1000.0)
+dist.barrier()
+dist.destroy_process_group()
+print(json.dumps(times))
+"""
+
+
+def collective_floor(size: int, iters: int) -> dict[str, float]:
+    """One lock-step control all-reduce across `size` processes (gloo, loopback): the per-call time,
+    over every rank's calls (a rank that enters first waits for the last: that is the lock-step)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [PYTHON, "-c", FLOOR_RANK, str(r), str(size), str(port), str(iters), str(CONTROL_SLOTS)],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for r in range(size)
+    ]
+    per_call: list[float] = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"floor rank exited with {proc.returncode}")
+        per_call.extend(json.loads(out))
+    return summarize(per_call)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -200,6 +256,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--policy", choices=[p.value for p in WarmupPolicy], default="eager")
     parser.add_argument("--name", default="commit_scaling", help="results file name")
+    parser.add_argument(
+        "--floor-iters", type=int, default=500, help="lock-step control all-reduces per size (0: no floor)"
+    )
     args = parser.parse_args(argv)
     sizes = sorted(set(args.sizes))
     report = Report(args.name)
@@ -222,6 +281,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         for agent in started:
             agent.child.kill()
+    floor: dict[int, dict[str, float]] = {}
+    if args.floor_iters > 0:
+        for agent in started:
+            agent.child.popen.wait(timeout=30)
+        floor = {size: collective_floor(size, args.floor_iters) for size in sizes}
+        report.results["collective_floor_ms"] = {str(n): f for n, f in floor.items()}
+        report.add_table(
+            f"The floor: one lock-step control all-reduce ({CONTROL_SLOTS} + N int64, gloo) across N "
+            f"processes, {args.floor_iters} calls per rank (ms per call)",
+            ["processes", "p50", "p99", "mean"],
+            [[n, f["p50"], f["p99"], f["mean"]] for n, f in floor.items()],
+        )
     rows = []
     for size in sizes:
         for mode in ("coordinator", "engines"):
@@ -248,6 +319,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         ratio = engines[large]["window_ms"]["p50"] / engines[small]["window_ms"]["p50"]
         report.results["engines_window_ratio"] = round(ratio, 3)
         report.target(f"engines mode: window at {large} / at {small} engines (p50)", ratio, 1.3, "x")
+        if small in floor and large in floor:
+            above = {n: engines[n]["window_ms"]["p50"] - floor[n]["p50"] for n in sizes if n in engines}
+            report.results["engines_window_above_floor_ms"] = {str(n): round(v, 3) for n, v in above.items()}
+            report.add_table(
+                "Engines mode: the window against the collective floor (p50 ms)",
+                ["engines", "window", "floor", "window - floor", "x of smallest"],
+                [
+                    [n, engines[n]["window_ms"]["p50"], floor[n]["p50"], v, v / above[small]]
+                    for n, v in above.items()
+                ],
+            )
+            report.target(
+                f"engines mode: (window - collective floor) at {large} / at {small} engines (p50)",
+                above[large] / above[small],
+                1.3,
+                "x",
+            )
     if small in coordinator and large in coordinator and small != large:
         ratio = coordinator[large]["window_ms"]["p50"] / coordinator[small]["window_ms"]["p50"]
         report.results["coordinator_window_ratio"] = round(ratio, 3)

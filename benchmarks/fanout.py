@@ -17,8 +17,15 @@ other processes put on the machine at one moment.
     .venv/bin/python benchmarks/fanout.py                  # 1, 8, 32, 64, 128, 256 agents, 20 rounds
     .venv/bin/python benchmarks/fanout.py --counts 1 8 --rounds 5
 
+Every call carries the agent key as production sends it (`Authorization: Bearer`, checked by the
+agents as `engine_agent.auth` does; `--no-agent-key` for the old keyless fleet). In every round, right
+after the coordinator's fan-out, a bare aiohttp fan-out (the anchor: one POST per agent at once with the
+same bodies and key over one session, nothing of the coordinator's) drives the same agents through the
+same four steps, so each phase has its floor from the same run.
+
 Targets (issue 9): the round trip with 64 agents <= 3x the round trip with 1; the coordinator's CPU
-per agent call <= 0.3 ms at every count.
+per agent call <= 0.3 ms at every count. Issue 37 item 4: each phase <= 1.5x the anchor's at 64 and 256
+agents.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import time
 import uuid
 from collections.abc import Sequence
@@ -53,9 +61,12 @@ from app.backends.reference.fanout import Fanout, Send
 from app.backends.reference.job import JobRun
 from app.core.runner_settings import RunnerSettings
 from app.jobs.states import JobState
+from engine_agent.choreography import Operation
 from engine_agent.protocol import (
     EngineConfig,
+    JobRef,
     Member,
+    PauseRequest,
     PrepareRequest,
     ReconfigPhase,
     StoreAddress,
@@ -71,8 +82,9 @@ class AgentRef:
     url: str
 
 
-def start_agents(group: ProcessGroup, count: int, procs: int, tag: str) -> list[AgentRef]:
-    """Start `count` lightweight agents spread over `procs` processes; all serve generation 1."""
+def start_agents(group: ProcessGroup, count: int, procs: int, tag: str, key: str = "") -> list[AgentRef]:
+    """Start `count` lightweight agents spread over `procs` processes; all serve generation 1. With
+    `key`, every control call needs it (`EPCTL_AGENT_KEY`, as a real agent is started)."""
     procs = max(1, min(procs, count))
     per_proc = [count // procs + (1 if i < count % procs else 0) for i in range(procs)]
     scratch = scratch_dir("fanout")
@@ -86,7 +98,8 @@ def start_agents(group: ProcessGroup, count: int, procs: int, tag: str) -> list[
             "--count", str(n), "--first-index", str(first), "--serving", str(count),
             "--ready-file", str(ready), "--prefix", f"{tag}-",
         ]  # fmt: skip
-        started.append((group.start(f"{tag}-agents-{i}", argv), ready))
+        env = {"EPCTL_AGENT_KEY": key} if key else None
+        started.append((group.start(f"{tag}-agents-{i}", argv, env=env), ready))
         first += n
     agents: list[AgentRef] = []
     for proc, ready in started:
@@ -186,14 +199,51 @@ async def one_round(fanout: Fanout, agents: Sequence[AgentRef], generation: int)
     }
 
 
+async def anchor_round(
+    session: Any, agents: Sequence[AgentRef], generation: int, key: str, lease_s: float
+) -> dict[str, float]:
+    """The bare anchor: the same four steps to the same agents with the same bodies and the same key,
+    each one POST per agent at once over one aiohttp session (a kept-alive connection per agent), with
+    nothing of the coordinator's (no client objects, no validation of the answers, no long-poll
+    bookkeeping): what the fan-out costs on this machine at the least."""
+    job_id = f"anchor-{uuid.uuid4().hex[:8]}"
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    bodies = [
+        (Operation.prepare.path, prepare_request(agents, job_id, generation).model_dump_json().encode()),
+        (Operation.sync.path, JobRef(job_id=job_id).model_dump_json().encode()),
+        (Operation.pause.path, PauseRequest(job_id=job_id, lease_s=lease_s).model_dump_json().encode()),
+        (Operation.switch.path, JobRef(job_id=job_id).model_dump_json().encode()),
+    ]
+
+    async def one(url: str, body: bytes) -> None:
+        async with session.post(url, data=body, headers=headers) as response:
+            await response.read()
+            if response.status >= 300:
+                raise RuntimeError(f"anchor {url}: {response.status}")
+
+    out: dict[str, float] = {}
+    t_start = time.perf_counter()
+    for (path, body), name in zip(bodies, ("prepare", "sync", "pause", "switch"), strict=True):
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(a.url + path, body) for a in agents))
+        out[f"{name}_ms"] = (time.perf_counter() - t0) * 1000
+    out["round_trip_ms"] = (time.perf_counter() - t_start) * 1000
+    return out
+
+
 async def measure(
-    agents: Sequence[AgentRef], counts: Sequence[int], rounds: int, warmup: int
+    agents: Sequence[AgentRef], counts: Sequence[int], rounds: int, warmup: int, key: str = ""
 ) -> tuple[dict[int, dict[str, list[float]]], RunnerSettings]:
+    """Each round: every count once in a shuffled order, the coordinator's fan-out then the bare anchor
+    (`anchor_*` samples) to the same agents, back to back."""
+    import aiohttp
+
     samples: dict[int, dict[str, list[float]]] = {n: {} for n in counts}
     rng = random.Random(7)
     generation = 1
     settings = RunnerSettings()  # the defaults the runner uses (EPCTL_RUNNER_* apply here too)
-    async with Fleet() as fleet:
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    async with Fleet(keys=[key] if key else ()) as fleet, aiohttp.ClientSession(connector=connector) as bare:
         fanout = Fanout(fleet, settings)
         for index in range(warmup + rounds):
             order = list(counts)
@@ -201,13 +251,17 @@ async def measure(
             for n in order:
                 times = await one_round(fanout, agents[:n], generation)
                 generation += 1
+                anchor = await anchor_round(bare, agents[:n], generation, key, settings.pause_lease_s)
+                generation += 1
                 if index >= warmup:
-                    for key, value in times.items():
-                        samples[n].setdefault(key, []).append(value)
+                    for name, value in times.items():
+                        samples[n].setdefault(name, []).append(value)
+                    for name, value in anchor.items():
+                        samples[n].setdefault(f"anchor_{name}", []).append(value)
     return samples, settings
 
 
-def draw(rows: list[dict[str, Any]], ratio: float) -> None:
+def draw(rows: list[dict[str, Any]], ratio: float, name: str = "fanout") -> None:
     fig, (ax,) = new_figure()
     counts = [r["agents"] for r in rows]
     for key, label in (
@@ -224,7 +278,7 @@ def draw(rows: list[dict[str, Any]], ratio: float) -> None:
     ax.set_ylabel("ms (p50)")
     ax.set_title(f"Fan-out round trip vs agents ({counts[-1]} / {counts[0]} = {ratio:.2f}x)")
     ax.legend(fontsize=8)
-    save_figure(fig, "fanout")
+    save_figure(fig, name)  # beside the JSON and table of the same --name
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -235,24 +289,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--agent-procs", type=int, default=8, help="processes hosting the agents")
+    parser.add_argument(
+        "--no-agent-key", action="store_true", help="agents without a key (as before issue 37's item 4)"
+    )
+    parser.add_argument("--name", default="fanout")
     args = parser.parse_args(argv)
     counts = sorted(set(args.counts))
     settings = RunnerSettings()  # the defaults the runner uses (EPCTL_RUNNER_* apply here too)
 
-    report = Report("fanout")
+    key = "" if args.no_agent_key else secrets.token_urlsafe(32)
+    report = Report(args.name)
     report.parameters = vars(args) | {
         "driver": "app.backends.reference.fanout.Fanout.drive (long-poll) over its Fleet / AgentClient "
         "(aiohttp)",
         "agents": "benchmarks/lightweight_agent.py (aiohttp.web)",
         "cpu_count": os.cpu_count(),
+        "agent_key": "none" if not key else "on every call (Authorization: Bearer, checked by the agents)",
         "agent_poll_interval_s": settings.agent_poll_interval_s,
         "commit_poll_interval_s": settings.commit_poll_interval_s,
     }
     with ProcessGroup(scratch_dir("fanout")) as group:
         t0 = time.perf_counter()
-        agents = start_agents(group, counts[-1], args.agent_procs, "light")
+        agents = start_agents(group, counts[-1], args.agent_procs, "light", key)
         report.results["agents_start_s"] = round(time.perf_counter() - t0, 2)
-        samples, _ = asyncio.run(measure(agents, counts, args.rounds, args.warmup))
+        samples, _ = asyncio.run(measure(agents, counts, args.rounds, args.warmup, key))
 
     rows = [{"agents": n, **{key: summarize(values) for key, values in samples[n].items()}} for n in counts]
     base = rows[0]["round_trip_ms"]["p50"]
@@ -283,8 +343,28 @@ def main(argv: Sequence[str] | None = None) -> None:
             0.3,
             "ms",
         )
+    phases = ("prepare", "sync", "pause", "switch", "round_trip")
+    report.add_table(
+        "The fan-out against the bare aiohttp anchor, same agents, same round (p50 ms, and the ratio)",
+        ["agents", *(f"{p} fan-out / anchor" for p in phases)],
+        [
+            [r["agents"], *(f"{r[f'{p}_ms']['p50']:.1f} / {r[f'anchor_{p}_ms']['p50']:.1f} = "
+                            f"{r[f'{p}_ms']['p50'] / r[f'anchor_{p}_ms']['p50']:.2f}x" for p in phases)]
+            for r in rows
+        ],
+    )  # fmt: skip
+    for n in (64, 256):
+        if n in by_count:
+            r = by_count[n]
+            for p in phases[:-1]:
+                report.target(
+                    f"{p}: fan-out / bare anchor, {n} agents (p50)",
+                    r[f"{p}_ms"]["p50"] / r[f"anchor_{p}_ms"]["p50"],
+                    1.5,
+                    "x",
+                )
     report.targets_table()
-    draw(rows, ratio)
+    draw(rows, ratio, args.name)
     report.write()
 
 

@@ -231,9 +231,31 @@ def _json(model: BaseModel | dict[str, Any], status: int = 200, long_poll: bool 
     return web.Response(body=body.encode(), status=status, content_type="application/json", headers=headers)
 
 
-def make_app(agent: LightAgent) -> web.Application:
+def key_gate(key: str) -> Any:
+    """Every route but `/healthz` needs `Authorization: Bearer <the agent key>`, compared as the real
+    agent does (`engine_agent.auth`: SHA-256 digests, `hmac.compare_digest`)."""
+    import hashlib
+    import hmac
+
+    digest = hashlib.sha256(key.encode()).digest()
+
+    @web.middleware
+    async def gate(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path != ROUTES["health"]:
+            scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+            offered = hashlib.sha256(given.encode()).digest()
+            if scheme.lower() != "bearer" or not hmac.compare_digest(offered, digest):
+                return _json({"status": 401, "code": "invalid-agent-key", "detail": "agent key"}, 401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return gate
+
+
+def make_app(agent: LightAgent, key: str = "") -> web.Application:
     """The agent's routes on aiohttp.web: far cheaper per request than FastAPI, so that many agents on
-    few cores measure the coordinator's fan-out rather than their own servers."""
+    few cores measure the coordinator's fan-out rather than their own servers. With `key` (the
+    environment's `EPCTL_AGENT_KEY`), every control call needs it, as on a real agent."""
 
     async def step(
         request: web.Request, model: type[ModelT], do: Callable[[ModelT], ReconfigStatus]
@@ -276,7 +298,7 @@ def make_app(agent: LightAgent) -> web.Application:
             InferResponse(outputs=body.tokens, generation=agent.generation, rank=agent.rank or 0, step=0)
         )
 
-    app = web.Application()
+    app = web.Application(middlewares=[key_gate(key)] if key else [])
     app.router.add_get(ROUTES["health"], health)
     app.router.add_get(ROUTES["info"], info)
     app.router.add_get(ROUTES["reconfig"], reconfig)
@@ -330,7 +352,7 @@ async def serve(args: argparse.Namespace) -> None:
         # The keep-alive outlasts the coordinator's idle-connection expiry (`app.agents.transport`), as a
         # real agent's does: a connection the coordinator reuses is never one being closed here.
         runner = web.AppRunner(
-            make_app(agent),
+            make_app(agent, os.environ.get("EPCTL_AGENT_KEY", "")),
             access_log=None,
             handle_signals=False,
             keepalive_timeout=args.keep_alive_s,

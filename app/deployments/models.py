@@ -57,6 +57,7 @@ class DeploymentStatus(StrEnum):
     ready = "ready"
     degraded = "degraded"
     stopped = "stopped"  # its engines stopped on purpose (`epctl up` stopping, `epctl down`)
+    adopting = "adopting"  # a starting coordinator asks its members whether they still serve (issue 34)
 
 
 class OnEngineLoss(StrEnum):

@@ -15,6 +15,14 @@ MaxDowntimeOption = Annotated[
         "--max-downtime-ms", help="Downtime budget: a commit window that would run longer rolls back."
     ),
 ]
+LaunchTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--launch-timeout",
+        help="Seconds a launch waits for its engines to be ready (an engine that exits fails it at once); "
+        "default: adaptive, from the launches the coordinator saw.",
+    ),
+]
 SparesOption = Annotated[
     int | None,
     typer.Option(

@@ -122,6 +122,8 @@ def show_deployment(deployment: dict[str, Any]) -> None:
         )
     if deployment.get("max_downtime_ms") is not None:
         stdout.print(f"downtime budget: {deployment['max_downtime_ms']} ms")
+    if deployment.get("launch_timeout_s") is not None:
+        stdout.print(f"launch timeout: {deployment['launch_timeout_s']:g} s")
     ray = deployment.get("ray")
     if ray:
         shown = ", ".join(f"{k}={v}" for k, v in ray.items() if v not in (None, {}, []))

@@ -21,6 +21,7 @@ from app.cli.client import (
 )
 from app.cli.deployment_engines import agent_key, engine, reconcile_engine, restart_engine
 from app.cli.deployment_options import (
+    LaunchTimeoutOption,
     MaxDowntimeOption,
     PauseOption,
     PeriodDownOption,
@@ -91,6 +92,7 @@ def create(
     strategy: StrategyOption = None,
     max_downtime_ms: MaxDowntimeOption = None,
     spares: SparesOption = None,
+    launch_timeout_s: LaunchTimeoutOption = None,
     pause: Annotated[
         bool, typer.Option("--pause-autoscaling", help="Start with autoscaler-initiated jobs stopped.")
     ] = False,
@@ -149,6 +151,8 @@ def create(
         body["max_downtime_ms"] = max_downtime_ms
     if spares is not None:
         body["spares"] = spares
+    if launch_timeout_s is not None:
+        body["launch_timeout_s"] = launch_timeout_s
     if pause:
         body["autoscale_paused"] = True
     behavior = behavior_update(
@@ -189,6 +193,10 @@ def update(
         bool, typer.Option("--no-max-downtime", help="Turn the downtime budget off.")
     ] = False,
     spares: SparesOption = None,
+    launch_timeout_s: LaunchTimeoutOption = None,
+    no_launch_timeout: Annotated[
+        bool, typer.Option("--no-launch-timeout", help="Make the launch timeout adaptive again.")
+    ] = False,
     pause: PauseOption = None,
     up_window: WindowUpOption = None,
     down_window: WindowDownOption = None,
@@ -213,6 +221,7 @@ def update(
             "max_downtime_ms": max_downtime_ms,
             "autoscale_paused": pause,
             "spares": spares,
+            "launch_timeout_s": launch_timeout_s,
             "autoscale_behavior": behavior_update(
                 up_window=up_window,
                 down_window=down_window,
@@ -228,10 +237,15 @@ def update(
         if max_downtime_ms is not None:
             raise typer.BadParameter("give --max-downtime-ms or --no-max-downtime, not both")
         body["max_downtime_ms"] = None  # an explicit null: the API turns the budget off
+    if no_launch_timeout:
+        if launch_timeout_s is not None:
+            raise typer.BadParameter("give --launch-timeout or --no-launch-timeout, not both")
+        body["launch_timeout_s"] = None  # an explicit null: adaptive again
     if not body and not ray_option:
         raise typer.BadParameter(
             "give at least one of --min, --max, --warmup-policy, --strategy, --autoscale-cooldown, "
-            "--max-downtime-ms, --no-max-downtime, --spares, --pause-autoscaling, --resume-autoscaling, "
+            "--max-downtime-ms, --no-max-downtime, --spares, --launch-timeout, --no-launch-timeout, "
+            "--pause-autoscaling, --resume-autoscaling, "
             "--scale-{up,down}-{window,max-step,period}, --ray"
         )
     with api_errors(), connect(url, token) as api:

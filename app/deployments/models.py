@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, SecretStr, model_validator
@@ -57,6 +57,7 @@ class DeploymentStatus(StrEnum):
     ready = "ready"
     degraded = "degraded"
     stopped = "stopped"  # its engines stopped on purpose (`epctl up` stopping, `epctl down`)
+    adopting = "adopting"  # a starting coordinator asks its members whether they still serve (issue 34)
 
 
 class OnEngineLoss(StrEnum):
@@ -118,6 +119,13 @@ AUTOSCALE_PAUSED_DESCRIPTION = (
     "stop autoscaler-initiated jobs (KEDA's autoscaling.keda.sh/paused); operator jobs, /scale writes and "
     "self-healing still run, and intents are still recorded"
 )
+# A launch's readiness timeout set per deployment (`launch_timeout_s`): 1 s to one hour.
+LaunchTimeout = Annotated[float, ApiField(ge=1, le=3600.0, allow_inf_nan=False, strict=True)]
+LAUNCH_TIMEOUT_DESCRIPTION = (
+    "how long a launch of this deployment's engines waits for them to be ready (seconds); an engine whose "
+    "process exits fails the launch at once. Null: adaptive (`app.launchers.readiness`), the "
+    "coordinator's launch deadline raised by the launches it saw and stretched with the load"
+)
 DOWNTIME_BUDGET_DESCRIPTION = (
     "the downtime budget: a commit window that would run longer ends on the old generation "
     "(rolled_back, downtime-budget-exceeded); null: none"
@@ -164,6 +172,7 @@ class Deployment(SQLModel, table=True):
     # The size it had when its engines were stopped (`stopped` status): what a restart brings back.
     stopped_dp_size: int | None = None
     max_downtime_ms: int | None = Field(default=None, description="the downtime budget; NULL: none")
+    launch_timeout_s: float | None = Field(default=None, description="launch readiness; NULL: adaptive")
     # The serving generation's coverage (`Coverage.record` with its generation and since when), written
     # by the switch that made the generation; `conditions` (coverage-at-risk) are read from it.
     coverage: dict[str, Any] | None = Field(default=None, sa_type=NullableJSON)
@@ -227,6 +236,7 @@ class DeploymentCreate(DeploymentLimits):
         None, ge=1, le=MAX_DOWNTIME_BUDGET_MS, strict=True, description=DOWNTIME_BUDGET_DESCRIPTION
     )
     spares: int = ApiField(0, ge=0, le=MAX_SPARES, strict=True, description=SPARES_DESCRIPTION)
+    launch_timeout_s: LaunchTimeout | None = ApiField(None, description=LAUNCH_TIMEOUT_DESCRIPTION)
     autoscale_behavior: ScalingBehavior = ApiField(
         default_factory=ScalingBehavior, description=AUTOSCALE_BEHAVIOR_DESCRIPTION
     )
@@ -292,6 +302,10 @@ class DeploymentUpdate(BaseModel):
     )
     autoscale_paused: bool | None = ApiField(None, strict=True, description=AUTOSCALE_PAUSED_DESCRIPTION)
     spares: int | None = ApiField(None, ge=0, le=MAX_SPARES, strict=True, description=SPARES_DESCRIPTION)
+    launch_timeout_s: LaunchTimeout | None = ApiField(
+        None,
+        description="an explicit null makes it adaptive again; " + LAUNCH_TIMEOUT_DESCRIPTION,
+    )
     vllm: VllmUpdate | None = ApiField(None, description="backend vllm only")
     ray: RaySettings | None = ApiField(
         None,
@@ -360,6 +374,7 @@ class DeploymentPublic(RowShape):
     )
     on_engine_loss: OnEngineLoss = ApiField(description="in effect (the setting, or the launcher's default)")
     spares: int = ApiField(0, description="warm spares to keep (the setting)")
+    launch_timeout_s: float | None = ApiField(None, description=LAUNCH_TIMEOUT_DESCRIPTION)
     spare_engines: list[str] = ApiField(
         default_factory=list,
         description="the engines kept as warm spares now (idle, registered, holding every expert), oldest "

@@ -64,6 +64,7 @@ def create_deployment(session: Session, *, data: DeploymentCreate) -> Deployment
         on_engine_loss=data.on_engine_loss.value if data.on_engine_loss else None,
         max_downtime_ms=data.max_downtime_ms,
         spares=data.spares,
+        launch_timeout_s=data.launch_timeout_s,
         autoscale_behavior=data.autoscale_behavior.model_dump(mode="json"),
         autoscale_paused=data.autoscale_paused,
         backend=data.backend.value,
@@ -129,6 +130,8 @@ def update_deployment(
         setattr(deployment, field, value)
     if "max_downtime_ms" in data.model_fields_set:  # null is a value here: no budget
         deployment.max_downtime_ms = data.max_downtime_ms
+    if "launch_timeout_s" in data.model_fields_set:  # null is a value here: adaptive
+        deployment.launch_timeout_s = data.launch_timeout_s
     deployment.updated_at = utc_now()
     session.add(deployment)
     session.commit()

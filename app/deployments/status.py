@@ -8,6 +8,12 @@
                                                       ends (not served again: no recovery figure)
     stopped  -> ready      (no reason)               started again (a job formed a generation)
     stopped  -> degraded   (a reason)                started again and it failed part-way
+    ready    -> adopting   (no reason)               a starting coordinator asks its members whether they
+    adopting -> adopting                              still serve (`liveness.adoption`): not `ready` until
+                                                      it knows; no event (nothing was lost yet)
+    adopting -> ready      (no reason)               every member answered serving: no event
+    adopting -> degraded   (a reason)                one did not: event deployment.degraded, an incident
+    adopting -> stopped    (a reason)                its engines stopped on purpose meanwhile
 
 Every writer (the job runner's switch and its failures, the heartbeat health pass, self-healing, the
 stall fence, the vLLM backend) calls `set_status`, in its own transaction: the status, its detail, the
@@ -40,9 +46,25 @@ MOVES: dict[tuple[DeploymentStatus, DeploymentStatus], EventType | None] = {
     (DeploymentStatus.stopped, DeploymentStatus.stopped): None,
     (DeploymentStatus.stopped, DeploymentStatus.ready): None,
     (DeploymentStatus.stopped, DeploymentStatus.degraded): EventType.deployment_degraded,
+    (DeploymentStatus.ready, DeploymentStatus.adopting): None,
+    (DeploymentStatus.adopting, DeploymentStatus.adopting): None,
+    (DeploymentStatus.adopting, DeploymentStatus.ready): None,
+    (DeploymentStatus.adopting, DeploymentStatus.degraded): EventType.deployment_degraded,
+    (DeploymentStatus.adopting, DeploymentStatus.stopped): None,
 }
 # The statuses that say why (a `StatusDetail`); `ready` never carries one.
 WITH_DETAIL = frozenset({DeploymentStatus.degraded, DeploymentStatus.stopped})
+
+
+# What a starting coordinator's adoption asks about: a deployment that says it serves (`ready`), or one a
+# coordinator that stopped mid-adoption left `adopting`. `degraded` and `stopped` already say what is known.
+ADOPTED_FROM = frozenset({DeploymentStatus.ready, DeploymentStatus.adopting})
+
+
+def adopting_from(status: DeploymentStatus | str) -> bool:
+    """Whether a deployment in `status` (no job running, engines recorded) reads `adopting` until a
+    starting coordinator's adoption decides (pure)."""
+    return DeploymentStatus(status) in ADOPTED_FROM
 
 
 class StatusRuleError(ValueError):

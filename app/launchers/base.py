@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.core.faults import EngineFault
+from app.launchers.readiness import LaunchBudget, LaunchHistory
 from engine_agent.protocol import EngineConfig
 
 
@@ -38,6 +39,9 @@ class LaunchSpec:
     agent_key: str | None = field(default=None, repr=False)
     agent_key_previous: str | None = field(default=None, repr=False)
     agent_key_previous_until: float | None = None
+    # The deployment's launch readiness timeout (`launch_timeout_s`); None: adaptive
+    # (`app.launchers.readiness.launch_budget`).
+    launch_timeout_s: float | None = None
 
     def agent_key_environment(self) -> dict[str, str | None]:
         """The agent's keys as its environment gives them (a previous key only with its end)."""
@@ -83,6 +87,24 @@ class EnginesToRestart:
 
 class Launcher(ABC):
     name: str
+
+    @property
+    def launch_history(self) -> LaunchHistory:
+        """The start-to-ready times of the launches this launcher saw become ready (in memory)."""
+        history = self.__dict__.get("_launch_history")
+        if history is None:
+            history = self.__dict__["_launch_history"] = LaunchHistory()
+        return history
+
+    def launch_budget(self, spec: LaunchSpec, default_s: float) -> LaunchBudget:
+        """The deadline a launch for `spec` gets (the deployment's, else adaptive from `default_s`, the
+        coordinator's launch deadline, and this launcher's history): callers pass its `deadline_s`."""
+        return self.launch_history.budget(spec.deployment, spec.launch_timeout_s, default_s)
+
+    def still_starting(self, deployment: str) -> dict[str, str]:
+        """The launches of `deployment` in progress past their deadline, waited for all the same: what
+        each is doing, by engine id (the job's log shows it); {} when none is, or the launcher cannot tell."""
+        return {}
 
     @abstractmethod
     async def ensure_engines(

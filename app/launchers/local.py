@@ -133,6 +133,19 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def log_tail(path: str | None, nbytes: int = 4096) -> str | None:
+    """The last lines of an agent's log (what it said before it exited); None without one."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - nbytes))
+            return readiness.last_words(log.read().decode(errors="replace"))
+    except OSError:
+        return None
+
+
 def load_per_cpu() -> float:
     """The 1-minute load average per CPU (0 where the platform has none)."""
     try:
@@ -188,7 +201,10 @@ class LocalLauncher(Launcher):
         self.host, self.data_host = host, data_host  # the agents' control and data addresses
         self.orphan_grace_s = orphan_grace_s
         self.executable = list(executable) if executable else None  # default: epctl-agent
+        # The coordinator's launch deadline; each launch waits for the deadline its caller passes
+        # (`Launcher.launch_budget`: the deployment's launch_timeout_s, else adaptive from this one).
         self.ready_timeout_s = ready_timeout_s
+        self._late: dict[str, tuple[str, str]] = {}  # engine id -> (deployment, what it is doing)
         self._processes: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
         self._lock = asyncio.Lock()
         self._records = ProcessRecords(self.state_dir / PIDS_FILE)
@@ -212,7 +228,7 @@ class LocalLauncher(Launcher):
         try:
             ready = await asyncio.gather(
                 *(
-                    self._wait_ready(engine_id, ready_file, min(deadline_s, self.ready_timeout_s))
+                    self._wait_ready(spec, engine_id, ready_file, deadline_s)
                     for engine_id, ready_file in started
                 )
             )
@@ -235,7 +251,7 @@ class LocalLauncher(Launcher):
         try:
             results = await asyncio.gather(
                 *(
-                    self._wait_ready(engine_id, ready_file, min(deadline_s, self.ready_timeout_s))
+                    self._wait_ready(spec, engine_id, ready_file, deadline_s)
                     for engine_id, ready_file in started
                 ),
                 return_exceptions=True,
@@ -332,40 +348,66 @@ class LocalLauncher(Launcher):
                 )
         return start_detached(command, env=env, log_path=log_path)
 
-    async def _wait_ready(self, engine_id: str, ready_file: Path, timeout_s: float) -> EngineHandle:
-        """Until the agent writes its ready file; how long is `app.launchers.readiness`'s rule (the
-        deadline, stretched on a loaded machine and for an agent still working past it)."""
+    def still_starting(self, deployment: str) -> dict[str, str]:
+        return {
+            engine_id: note for engine_id, (owner, note) in list(self._late.items()) if owner == deployment
+        }
+
+    async def _wait_ready(
+        self, spec: LaunchSpec, engine_id: str, ready_file: Path, deadline_s: float
+    ) -> EngineHandle:
+        """Until the agent writes its ready file; how long is `app.launchers.readiness`'s rule (a set
+        deadline as given; an adaptive one stretched on a loaded machine and for an agent still working
+        past it). A process that exits fails the launch at once, with the end of its log."""
         process = self._processes[engine_id]
         started = time.monotonic()
         cpu_seen: list[tuple[float, float]] = []  # (monotonic, CPU seconds of the process)
-        while True:
-            data = read_ready_file(ready_file)
-            if data is not None:
-                url = str(data["url"]).rstrip("/")
-                entry = self.records().get(engine_id, {})
-                entry.update({"url": url, "pid": process.pid})
-                self._records.set(engine_id, entry)
-                return EngineHandle(engine_id=str(data.get("engine_id", engine_id)), url=url, pid=process.pid)
-            now = time.monotonic()
-            cpu = process_cpu_s(process.pid)
-            if cpu is not None:
-                cpu_seen.append((now, cpu))
-                while len(cpu_seen) > 1 and cpu_seen[1][0] <= now - readiness.PROGRESS_WINDOW_S:
-                    cpu_seen.pop(0)
-            progress = readiness.Progress(
-                elapsed_s=now - started,
-                exit_code=process.poll(),
-                cpu_gain_s=cpu_seen[-1][1] - cpu_seen[0][1]
-                if len(cpu_seen) > 1 and cpu_seen[0][0] <= now - readiness.PROGRESS_WINDOW_S
-                else None,
-                load_per_cpu=load_per_cpu(),
-            )
-            state = readiness.judge(progress, timeout_s)
-            if state is not readiness.LaunchState.waiting:
-                log_path = self.records().get(engine_id, {}).get("log")
-                type_, message = readiness.explain(state, engine_id, progress, log_path)
-                raise LaunchError(message, engine_id, type_=type_)
-            await asyncio.sleep(0.05)
+        adaptive = spec.launch_timeout_s is None
+        try:
+            while True:
+                data = read_ready_file(ready_file)
+                if data is not None:
+                    self.launch_history.record(spec.deployment, time.monotonic() - started)
+                    url = str(data["url"]).rstrip("/")
+                    entry = self.records().get(engine_id, {})
+                    entry.update({"url": url, "pid": process.pid})
+                    self._records.set(engine_id, entry)
+                    return EngineHandle(
+                        engine_id=str(data.get("engine_id", engine_id)), url=url, pid=process.pid
+                    )
+                progress = self._progress(process, started, cpu_seen)
+                state = readiness.judge(progress, deadline_s, adaptive=adaptive)
+                if state is not readiness.LaunchState.waiting:
+                    log_path = self.records().get(engine_id, {}).get("log")
+                    said = log_tail(log_path) if state is readiness.LaunchState.exited else None
+                    type_, message = readiness.explain(state, engine_id, progress, log_path, said)
+                    raise LaunchError(message, engine_id, type_=type_)
+                note = readiness.waiting_note(engine_id, progress, deadline_s)
+                if note is not None:
+                    self._late[engine_id] = (spec.deployment, note)
+                await asyncio.sleep(0.05)
+        finally:
+            self._late.pop(engine_id, None)
+
+    @staticmethod
+    def _progress(
+        process: subprocess.Popen[bytes] | ForkedProcess, started: float, cpu_seen: list[tuple[float, float]]
+    ) -> readiness.Progress:
+        """One look at a launching agent: its exit code, the CPU it used in the last window, the load."""
+        now = time.monotonic()
+        cpu = process_cpu_s(process.pid)
+        if cpu is not None:
+            cpu_seen.append((now, cpu))
+            while len(cpu_seen) > 1 and cpu_seen[1][0] <= now - readiness.PROGRESS_WINDOW_S:
+                cpu_seen.pop(0)
+        return readiness.Progress(
+            elapsed_s=now - started,
+            exit_code=process.poll(),
+            cpu_gain_s=cpu_seen[-1][1] - cpu_seen[0][1]
+            if len(cpu_seen) > 1 and cpu_seen[0][0] <= now - readiness.PROGRESS_WINDOW_S
+            else None,
+            load_per_cpu=load_per_cpu(),
+        )
 
     def _stop_ids(self, engine_ids: Sequence[str]) -> list[str]:
         """Stop these engines' processes and drop their records; the ids of those that were running."""

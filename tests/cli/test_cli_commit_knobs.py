@@ -1,5 +1,6 @@
 """The commit mode and the downtime budget from the CLI: `epctl scale --commit --max-downtime-ms`,
-`epctl deployments create|update --max-downtime-ms` (and `--no-max-downtime`), and what `epctl jobs show`
+`epctl deployments create|update --max-downtime-ms` (and `--no-max-downtime`), the launch timeout
+(`--launch-timeout`, `--no-launch-timeout`), and what `epctl jobs show`
 prints of them, including the engine and part a `downtime-budget-exceeded` rollback names."""
 
 from __future__ import annotations
@@ -78,6 +79,35 @@ def test_deployment_budget_is_set_at_create_changed_and_turned_off_by_update(
     assert both.exit_code == 2 and "not both" in both.output
     refused = epctl(coordinator, "deployments", "update", deployment_name, "--max-downtime-ms", "-3")
     assert refused.exit_code == 1 and "max_downtime_ms" in refused.stderr
+
+
+def test_the_launch_timeout_is_set_at_create_changed_and_made_adaptive_by_update(
+    coordinator: Coordinator, deployment_name: str
+) -> None:
+    created = epctl(
+        coordinator,
+        "deployments",
+        "create",
+        deployment_name,
+        "--launcher",
+        "static",
+        "--launch-timeout",
+        "180",
+    )
+    assert created.exit_code == 0, created.output
+    assert "launch timeout: 180 s" in created.stdout
+    changed = epctl(coordinator, "deployments", "update", deployment_name, "--launch-timeout", "90", "--json")
+    assert changed.exit_code == 0, changed.output
+    assert json.loads(changed.stdout)["launch_timeout_s"] == 90.0
+    adaptive = epctl(coordinator, "deployments", "update", deployment_name, "--no-launch-timeout", "--json")
+    assert adaptive.exit_code == 0, adaptive.output
+    assert json.loads(adaptive.stdout)["launch_timeout_s"] is None
+    both = epctl(
+        coordinator, "deployments", "update", deployment_name, "--launch-timeout", "5", "--no-launch-timeout"
+    )
+    assert both.exit_code == 2 and "not both" in both.output
+    refused = epctl(coordinator, "deployments", "update", deployment_name, "--launch-timeout", "0")
+    assert refused.exit_code == 1 and "launch_timeout_s" in refused.stderr
 
 
 def test_jobs_show_names_the_engine_and_part_that_overran_the_budget(

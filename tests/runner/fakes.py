@@ -353,6 +353,8 @@ class FakeLauncher(Launcher):
         self.started: list[str] = []
         self.released: list[str] = []
         self.capacity: int | None = None  # how many more engines it can start (None: any number)
+        self.asked: list[tuple[LaunchSpec, float]] = []  # each launch's spec and deadline
+        self.late: dict[str, str] = {}  # what `still_starting` says while a launch runs
 
     async def ensure_engines(
         self, spec: LaunchSpec, count: int, idle: Sequence[EngineHandle], *, deadline_s: float
@@ -371,6 +373,7 @@ class FakeLauncher(Launcher):
         deadline_s: float,
         strict: bool = False,
     ) -> tuple[list[EngineHandle], LaunchError | None]:
+        self.asked.append((spec, deadline_s))
         chosen = list(idle[:count])
         missing = count - len(chosen)
         short = self.capacity is not None and missing > self.capacity
@@ -394,6 +397,9 @@ class FakeLauncher(Launcher):
             self.started.append(engine_id)
             chosen.append(EngineHandle(engine_id=engine_id, url=self.agents[engine_id].base_url))
         return chosen, error
+
+    def still_starting(self, deployment: str) -> dict[str, str]:
+        return dict(self.late) if self.launching.is_set() else {}
 
     async def release(self, spec: LaunchSpec, engines: Sequence[EngineHandle]) -> list[str]:
         ids = [e.engine_id for e in engines]

@@ -40,6 +40,7 @@ def test_started_agents_are_recorded_and_released_agents_stopped(tmp_path: Path)
     async def go() -> None:
         engines = await launcher.ensure_engines(SPEC, 2, [], deadline_s=20)
         assert len(engines) == 2 and all(e.url == "http://127.0.0.1:1" for e in engines)
+        assert launcher.launch_budget(SPEC, 60.0).source == "observed"  # their start-to-ready times
         assert set(launcher.records()) == {e.engine_id for e in engines}
         processes = [launcher._processes[e.engine_id] for e in engines]
         gone = await launcher.release(SPEC, engines)
@@ -59,12 +60,20 @@ def test_idle_engines_are_used_before_starting_new_ones(tmp_path: Path) -> None:
 
 
 @pytest.mark.processes
-def test_an_agent_that_exits_before_it_is_ready_is_a_launch_error(tmp_path: Path) -> None:
-    launcher = LocalLauncher(tmp_path, executable=[sys.executable, "-c", "raise SystemExit(3)"])
+def test_an_agent_that_exits_before_it_is_ready_fails_its_launch_at_once_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    """Not at the timeout (an hour here: the test would hang), and with what the agent said last."""
+    fatal = "import sys; print('RuntimeError: no device for rank 3', file=sys.stderr); sys.exit(3)"
+    launcher = LocalLauncher(tmp_path, executable=[sys.executable, "-c", fatal])
+    spec = dataclasses.replace(SPEC, launch_timeout_s=3600.0)
     with pytest.raises(LaunchError) as caught:
-        asyncio.run(launcher.ensure_engines(SPEC, 1, [], deadline_s=20))
+        asyncio.run(launcher.ensure_engines(spec, 1, [], deadline_s=3600.0))
     assert caught.value.engine_id is not None and "exited with code 3" in caught.value.message
+    assert caught.value.type == "launch-failed"
+    assert "RuntimeError: no device for rank 3" in caught.value.message
     assert launcher.records() == {}
+    assert launcher.launch_budget(SPEC, 60.0).source == "default"  # a failed launch is no observation
 
 
 @pytest.mark.processes

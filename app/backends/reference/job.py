@@ -58,6 +58,7 @@ class JobRun:
     # When the previous key's overlap ends (epoch seconds; None: no previous key): engines launched
     # during the overlap get it with the key, so it ends on them too.
     agent_key_previous_until: float | None = None
+    launch_timeout_s: float | None = None  # the deployment's launch readiness timeout (None: adaptive)
     plan: Plan | None = None
     clients: dict[str, AgentClient] = field(default_factory=dict)
     statuses: dict[str, ReconfigStatus] = field(default_factory=dict)

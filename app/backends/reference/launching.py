@@ -42,11 +42,13 @@ def launch_spec(
     *,
     keys: Sequence[str] = (),
     previous_until: float | None = None,
+    launch_timeout_s: float | None = None,
 ) -> LaunchSpec:
     """What a launcher is told about the deployment it starts (or releases) engines for. `coordinators`:
     every live coordinator sharing the database (this one first), for the agents to fail over between.
     `keys`: the deployment's agent keys (`agent_keys_of`); a previous key goes only with its end,
-    `previous_until` (wall-clock epoch seconds, from the sealed record)."""
+    `previous_until` (wall-clock epoch seconds, from the sealed record). `launch_timeout_s`: the
+    deployment's launch readiness timeout (None: adaptive)."""
     urls = list(dict.fromkeys([*coordinators, *([settings.public_url] if settings.public_url else [])]))
     return LaunchSpec(
         deployment=deployment,
@@ -57,6 +59,7 @@ def launch_spec(
         agent_key=keys[0] if keys else None,
         agent_key_previous=keys[1] if len(keys) > 1 and previous_until is not None else None,
         agent_key_previous_until=previous_until if len(keys) > 1 else None,
+        launch_timeout_s=launch_timeout_s,
     )
 
 
@@ -164,24 +167,32 @@ class Participants:
             raise JobFailure(PHASE, "unknown-launcher", f"no launcher {run.launcher_name!r} is configured")
         public_url = self.settings.public_url
         live = await self.record.run_in_session(lambda s: coordinators.live_urls(s, first=public_url))
-        launch = asyncio.ensure_future(
-            self._ensure(
-                launcher,
-                partial,
-                launch_spec(
-                    self.settings,
-                    run.deployment_name,
-                    run.engine_config,
-                    live,
-                    keys=run.agent_keys,
-                    previous_until=run.agent_key_previous_until,
-                ),
-                need,
-                idle,
-                deadline_s=self.settings.launch_deadline_s,
-            )
+        spec = launch_spec(
+            self.settings,
+            run.deployment_name,
+            run.engine_config,
+            live,
+            keys=run.agent_keys,
+            previous_until=run.agent_key_previous_until,
+            launch_timeout_s=run.launch_timeout_s,
         )
-        return await until_cancelled(launch, lambda: self.record.cancel_requested(run), PHASE)
+        budget = launcher.launch_budget(spec, self.settings.launch_deadline_s)
+        await self.record.note(run, "launch", f"launching {need - len(idle)} engine(s): {budget.describe()}")
+        launch = asyncio.ensure_future(
+            self._ensure(launcher, partial, spec, need, idle, deadline_s=budget.deadline_s)
+        )
+        told: set[str] = set()
+
+        async def tell_who_is_late() -> None:
+            # A launch past its deadline that is waited for all the same says so, once, in the job's log.
+            for engine, note in sorted(launcher.still_starting(run.deployment_name).items()):
+                if engine not in told:
+                    told.add(engine)
+                    await self.record.note(run, "launch", note)
+
+        return await until_cancelled(
+            launch, lambda: self.record.cancel_requested(run), PHASE, tell_who_is_late
+        )
 
     @staticmethod
     async def _ensure(
@@ -224,14 +235,22 @@ def reachable_size(members: int, idle: int, target: int) -> int | None:
     return reach if reach > members else None
 
 
-async def until_cancelled(work: asyncio.Future[T], cancelled: Callable[[], Awaitable[bool]], phase: str) -> T:
+async def until_cancelled(
+    work: asyncio.Future[T],
+    cancelled: Callable[[], Awaitable[bool]],
+    phase: str,
+    tick: Callable[[], Awaitable[None]] | None = None,
+) -> T:
     """`work`'s result, unless `cancelled()` turns true first (checked every `CANCEL_CHECK_S`): then
-    `work` is cancelled (and awaited, so it cleans up) and `JobCancelled` raised."""
+    `work` is cancelled (and awaited, so it cleans up) and `JobCancelled` raised. `tick` runs at each
+    check (what the job's log says meanwhile)."""
     try:
         while True:
             done, _ = await asyncio.wait({work}, timeout=CANCEL_CHECK_S)
             if done:
                 return work.result()
+            if tick is not None:
+                await tick()
             if await cancelled():
                 work.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

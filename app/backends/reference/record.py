@@ -63,6 +63,7 @@ class JobRecord(FlowRecord[JobRun]):
                 all_or_nothing=job.all_or_nothing,
                 agent_keys=agent_keys_of(deployment),
                 agent_key_previous_until=previous_until_epoch(deployment),
+                launch_timeout_s=deployment.launch_timeout_s,
             )
 
         return await self.run_in_session(load)

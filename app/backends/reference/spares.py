@@ -102,6 +102,7 @@ def needs(session: Session, settings: RunnerSettings) -> list[SpareNeed]:
             live,
             keys=keys,
             previous_until=previous_until_epoch(deployment),
+            launch_timeout_s=deployment.launch_timeout_s,
         )
         found.append(
             SpareNeed(
@@ -154,8 +155,9 @@ class SpareKeeper:
                 gone = await launcher.release(need.spec, need.extra)
                 await self.record.run_in_session(lambda session: _mark_left(session, gone))
             if launcher is not None and need.launch:
+                budget = launcher.launch_budget(need.spec, self.settings.launch_deadline_s)
                 launched = await launcher.ensure_engines(
-                    need.spec, need.launch, [], deadline_s=self.settings.launch_deadline_s
+                    need.spec, need.launch, [], deadline_s=budget.deadline_s
                 )
                 async with self.new_fleet() as fleet:
                     clients = [fleet.client(h.engine_id, h.url, need.keys) for h in launched]

@@ -25,7 +25,7 @@ from app.core.errors import DomainError
 from app.deployments.engines.models import Engine, EnginePublic
 from app.deployments.incidents import service as incidents
 from app.deployments.models import Deployment, DeploymentStatus, StatusDetail
-from app.deployments.status import set_status
+from app.deployments.status import adopting_from, set_status
 from app.jobs.active import active_job_id
 from app.jobs.models import ReconfigurationCreate, ReconfigurationJob, RequestSource
 from app.jobs.service import create_reconfiguration, link_incident
@@ -67,6 +67,38 @@ def act(session: Session, view: DeploymentView, verdict: Verdict, now: datetime)
     if verdict.job is not None:
         acted.job_id = _request(session, view, verdict.job)
     return acted
+
+
+def write_adopting(session: Session, views: list[DeploymentView], now: datetime) -> list[str]:
+    """A starting coordinator's adoption begins: each of these deployments that says it serves reads
+    `adopting` until the adoption decides (issue 34: past the start's bound it read `ready` with a member
+    frozen), if the record is still what was seen; commits. The ids of those now `adopting`."""
+    marked: list[str] = []
+    for view in views:
+        deployment = session.get(Deployment, view.id)
+        seen = (view.generation, view.current_dp_size, view.status)
+        if (
+            deployment is None
+            or (deployment.generation, deployment.current_dp_size, deployment.status) != seen
+        ):
+            continue
+        if view.current_dp_size > 0 and adopting_from(view.status):
+            set_status(session, deployment, DeploymentStatus.adopting, now=now)
+            marked.append(view.id)
+    session.commit()
+    return marked
+
+
+def write_adopted(session: Session, deployment_ids: list[str], now: datetime) -> None:
+    """The adoption's verdict for the deployments whose every member answered serving: `ready` again
+    (those still `adopting`; another writer that moved one since wins); commits."""
+    for deployment_id in deployment_ids:
+        deployment = session.get(Deployment, deployment_id)
+        if deployment is not None and deployment.status == DeploymentStatus.adopting.value:
+            set_status(
+                session, deployment, DeploymentStatus.ready, serving=deployment.current_dp_size, now=now
+            )
+    session.commit()
 
 
 def write_reported_break(session: Session, view: DeploymentView, verdict: Verdict, now: datetime) -> None:

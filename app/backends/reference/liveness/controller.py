@@ -27,7 +27,7 @@ from sqlmodel import Session
 
 from app.agents.fleet import Fleet
 from app.backends.reference.liveness import observe
-from app.backends.reference.liveness.act import Acted, act
+from app.backends.reference.liveness.act import Acted, act, write_adopted, write_adopting
 from app.backends.reference.liveness.adoption import Adoption, adoption_of, ask_members
 from app.backends.reference.liveness.judge import judge, probe_targets
 from app.backends.reference.liveness.probes import Probe, process_gone
@@ -36,7 +36,7 @@ from app.backends.reference.liveness.view import DeploymentView, Rules
 from app.core.clock import utc_now
 from app.core.shedding import SHED_HEARTBEATS, ShedHeartbeats
 from app.deployments.agent_keys import agent_keys_of
-from app.deployments.models import Deployment
+from app.deployments.models import Deployment, DeploymentStatus
 from app.jobs.async_record import WorkerSessions
 from app.launchers.base import EngineHandle, Launcher
 
@@ -83,12 +83,14 @@ class Liveness:
         self.deaf_at: datetime | None = None
         self.broken_since: dict[str, datetime] = {}
         self._adoption: asyncio.Task[list[Adoption]] | None = None
+        # The deployments an adoption in progress here judges (`adopting`): no pass writes them meanwhile.
+        self._adopting: set[str] = set()
         self._stopping: set[asyncio.Task[None]] = set()  # written-off engines being stopped
 
     async def tick(self) -> Pass:
         """One pass over every reference deployment."""
         views = await self.record.run_in_session(self._observe)
-        views = await self._probed(views)
+        views = await self._probed([v for v in views if v.id not in self._adopting])
         return await self._judge_and_act(views)
 
     def _observe(self, session: Session, *, only_without_a_job: bool = False) -> list[DeploymentView]:
@@ -183,19 +185,30 @@ class Liveness:
             return []
 
     async def adopt(self, fleet: Fleet) -> list[Adoption]:
-        """Ask every recorded member of the deployments no job runs, then one pass with the answers."""
+        """Ask every recorded member of the deployments no job runs, then one pass with the answers. Each
+        one that says it serves reads `adopting` until then (`act.write_adopting`); the adoption alone
+        judges it meanwhile, the periodic pass resumes after."""
         views = await self.record.run_in_session(lambda s: self._observe(s, only_without_a_job=True))
         views = [v for v in views if v.current_dp_size > 0]
-        keys = await self.record.run_in_session(lambda s: _keys(s, views))
-        answers = await ask_members(views, fleet, keys)
-        adoptions = [adoption_of(view, answers.get(view.id, {})) for view in views]
-        unsure = [
-            observe.with_answers(v, answers.get(v.id, {}))
-            for v, a in zip(views, adoptions, strict=True)
-            if not a.adopted
-        ]
-        if unsure:
-            await self._judge_and_act(unsure)
+        marked = await self.record.run_in_session(lambda s: write_adopting(s, views, self.clock()))
+        self._adopting.update(marked)
+        try:
+            adopting = DeploymentStatus.adopting.value
+            views = [replace(v, status=adopting) if v.id in marked else v for v in views]
+            keys = await self.record.run_in_session(lambda s: _keys(s, views))
+            answers = await ask_members(views, fleet, keys)
+            adoptions = [adoption_of(view, answers.get(view.id, {})) for view in views]
+            unsure = [
+                observe.with_answers(v, answers.get(v.id, {}))
+                for v, a in zip(views, adoptions, strict=True)
+                if not a.adopted
+            ]
+            if unsure:
+                await self._judge_and_act(unsure)
+            whole = [v.id for v, a in zip(views, adoptions, strict=True) if a.adopted and v.id in marked]
+            await self.record.run_in_session(lambda s: write_adopted(s, whole, self.clock()))
+        finally:
+            self._adopting.difference_update(marked)
         for adoption in adoptions:
             if adoption.adopted:
                 log.warning("adopted deployment %s as it runs: %s", adoption.deployment, adoption.summary())

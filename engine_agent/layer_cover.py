@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine_agent.layer_coverage import per_unit_counts
+from engine_agent.layer_coverage import UnitCounts, per_unit_counts
 from engine_agent.layer_fresh import BoolArray, FloatArray, IntArray, held_pairs
 
 # Uncovered experts weighed per round for each layer (the coldest ones).
@@ -116,7 +116,7 @@ def _best_conversions(
     held: BoolArray,
     kept: BoolArray,
     counts: IntArray,
-    per_unit: IntArray,
+    per_unit: UnitCounts,
     span: IntArray,
     rank_load: FloatArray,
     loads: FloatArray,
@@ -186,7 +186,7 @@ def _best_pair_trade(
     held: BoolArray,
     kept: BoolArray,
     counts: IntArray,
-    per_unit: IntArray,
+    per_unit: UnitCounts,
     span: IntArray,
     rank_load: FloatArray,
     loads: FloatArray,
@@ -262,7 +262,7 @@ def _convert(
     placement: IntArray,
     held: BoolArray,
     counts: IntArray,
-    per_unit: IntArray,
+    per_unit: UnitCounts,
     span: IntArray,
     rank_load: FloatArray,
     loads: FloatArray,

@@ -78,7 +78,7 @@ def test_the_swap_down_trades_the_fewest_copies_until_the_heaviest_rank_is_under
     assert swapped(placement, loads, target, kept) == expected
 
 
-def test_make_room_gives_an_orphan_the_replica_whose_loss_leaves_the_lightest_peak_first_pair_on_ties() -> None:
+def test_make_room_gives_an_orphan_the_replica_whose_loss_leaves_the_lowest_peak_first_on_ties() -> None:
     """Two layers at once, each with expert 2 held by nobody and no free slot (2 ranks x 2 slots, both
     holding experts 0 and 1). Layer 0, equal loads: every replica scores the same, so the first pair
     (rank 0, expert 0) gives way. Layer 1, loads 6/2/1: dropping a replica of expert 0 would leave its

@@ -302,13 +302,18 @@ def main() -> None:
         "stop at that bound and coverage takes what is left, so its copies can be fewer than without."
     )
     report.notes.append(
-        "Plan time: most of it is the swap-down's trades (`engine_agent/layer_trades.py`). At 63 -> 62 "
-        "without coverage the two ways a layer tries make about 5,000 trades in about 230 rounds, each "
-        "weighing every (replica, partner rank, replica) of the layer's heaviest rank, 5 x 63 x 5 = 1,575 "
-        "candidates: about 15 us a trade at numpy's throughput here, some 70 ms of the plan, against "
-        "vLLM's 30-40 ms for its whole (copy-blind) plan. The trades bring down the 11-13 ranks per layer "
-        "that the fewest-copies placement (copies = the lower bound) leaves over the 0.98 balance target "
-        "at the shrink steps; fewer trades would be other plans (copies, balance), not the same plan faster."
+        "Plan time (CPU time, 2-core machine, one plan each): without coverage the shrinks spend ~2/3 in the "
+        "swap-down's trades (`engine_agent/layer_trades.py`): at 65 -> 63 the two ways a layer tries weigh "
+        "~5,300 trades in ~240 rounds, each trade every (replica, partner rank, replica) of the layer's "
+        "heaviest rank, 5 x 63 x 5 = 1,575 candidates: 8.4 M candidates, ~115 ms, ~14 ns a candidate "
+        "(~140 us a round of fixed numpy calls, ~35 ms; the rest the ~11 array passes and the gathers "
+        "per candidate, which grow with the layers still over target); the rest of the plan "
+        "(keep, make room, fill, fresh placement) is ~55 ms. With coverage the trades are ~1/3 and the "
+        "coverage passes ~1/4. vLLM's whole (copy-blind) plan is ~40-45 ms here. The trades "
+        "bring down the ranks per layer that the fewest-copies placement leaves over the 0.98 balance "
+        "target; fewer trades, or fewer candidates per trade, would be other plans (copies, balance), "
+        "not the same plan faster: the same plans within vLLM's time would need the trade loop compiled "
+        "(an estimate, not measured: 8.4 M candidates at ~2 ns is ~17 ms), not more numpy."
     )
     report.notes.append(
         "vLLM's policy plans every step fresh (its old placement only keeps slots within a rank when the "

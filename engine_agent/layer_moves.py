@@ -43,12 +43,18 @@ def _keep(kept: BoolArray, counts: IntArray, weights: FloatArray, per_rank: int)
     idx = np.flatnonzero(over)
     sub = keep[idx]
     rank_load = (sub * weights[idx][:, None, :]).sum(axis=2)
-    lightest = np.argsort(rank_load, axis=1, kind="stable")[:, :, None]
-    by_load = np.take_along_axis(sub, lightest, axis=1)
-    by_load &= np.cumsum(by_load, axis=1, dtype=np.int32) <= counts[idx][:, None, :]
-    trimmed = np.zeros_like(sub)
-    np.put_along_axis(trimmed, np.broadcast_to(lightest, sub.shape), by_load, axis=1)
-    keep[idx] = trimmed
+    world = kept.shape[1]
+    # Each rank's place in its layer's order, lightest first; then every held pair by (layer,
+    # expert, that place): within an expert, a pair whose place exceeds the count goes.
+    place = np.empty_like(rank_load, dtype=np.int64)
+    np.put_along_axis(place, np.argsort(rank_load, axis=1, kind="stable"), np.arange(world)[None, :], axis=1)
+    layer, rank, expert = np.nonzero(sub)
+    order = np.lexsort((place[layer, rank], expert, layer))
+    group = (layer * kept.shape[2] + expert)[order]
+    nth = np.arange(group.size) - np.searchsorted(group, group)
+    gone = order[nth >= counts[idx[layer[order]], expert[order]]]
+    sub[layer[gone], rank[gone], expert[gone]] = False
+    keep[idx] = sub
     return keep
 
 
@@ -103,11 +109,16 @@ def _make_room(held: BoolArray, loads: FloatArray, per_rank: int) -> None:
         np.maximum.at(holders_peak, (lay, expert), pair_load)
         others = holders_peak[lay, expert] + load[lay, expert] / np.maximum(c[lay, expert] - 1, 1) - weight
         score = np.where(c[lay, expert] >= 2, np.maximum(own, others), np.inf)
-        order = np.lexsort((score, lay))  # by layer, then score: each layer's best comes first
-        first = np.searchsorted(lay[order], np.arange(num))
-        present = first < lay.size
-        best = order[np.minimum(first, lay.size - 1)]
-        found = present & (lay[best] == np.arange(num)) & np.isfinite(score[best])
+        # Each layer's best: its first pair at its lowest score (the pairs are in layer order).
+        start = np.searchsorted(lay, np.arange(num))
+        present = start < np.append(start[1:], lay.size)
+        lowest = np.full(num, np.inf)
+        lowest[present] = np.minimum.reduceat(score, start[present])
+        hit = np.flatnonzero(score == lowest[lay])
+        hit = hit[np.r_[True, lay[hit[1:]] != lay[hit[:-1]]]] if hit.size else hit
+        best = np.zeros(num, dtype=np.int64)
+        best[lay[hit]] = hit
+        found = present & np.isfinite(lowest)
         if not found.any():
             return
         at = layers[found]

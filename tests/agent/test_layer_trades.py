@@ -7,6 +7,7 @@ import pytest
 
 from engine_agent.layer_cover import _other_holders_peak
 from engine_agent.layer_fresh import held_pairs
+from engine_agent.layer_moves import _make_room
 from engine_agent.layer_trades import swap_down
 
 INF = float("inf")
@@ -75,3 +76,18 @@ def test_the_swap_down_trades_the_fewest_copies_until_the_heaviest_rank_is_under
     expected: tuple[list[list[int]], bool],
 ) -> None:
     assert swapped(placement, loads, target, kept) == expected
+
+
+def test_make_room_gives_an_orphan_the_replica_whose_loss_leaves_the_lowest_peak_first_on_ties() -> None:
+    """Two layers at once, each with expert 2 held by nobody and no free slot (2 ranks x 2 slots, both
+    holding experts 0 and 1). Layer 0, equal loads: every replica scores the same, so the first pair
+    (rank 0, expert 0) gives way. Layer 1, loads 6/2/1: dropping a replica of expert 0 would leave its
+    other holder at 4 + 3 = 7, of expert 1 at 4 + 1 = 5, so expert 1 on rank 0 (the first of the tie
+    between the ranks) gives way."""
+    held = np.array([[[True, True, False], [True, True, False]]] * 2)
+    loads = np.array([[4.0, 4.0, 1.0], [6.0, 2.0, 1.0]])
+    _make_room(held, loads, 2)
+    assert held.astype(int).tolist() == [
+        [[0, 1, 1], [1, 1, 0]],
+        [[1, 0, 1], [1, 1, 0]],
+    ]

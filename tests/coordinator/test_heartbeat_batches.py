@@ -86,7 +86,7 @@ def test_a_heartbeat_the_batch_cannot_take_comes_back_alone(client: TestClient) 
     )
 
     async def mixed() -> list[Any]:
-        return await asyncio.gather(
+        return await asyncio.gather(  # type: ignore[return-value]
             batches.record("e0", _beat(0)),
             batches.record("ghost", _beat(1)),  # unknown: the whole path answers 404
             batches.record("e2", broken),  # a broken group: never the steady path

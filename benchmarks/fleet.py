@@ -197,8 +197,11 @@ def form(api: httpx.Client, fleet: Fleet, timeout_s: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and len(states) < len(ids):
         for state in TERMINAL:
-            page = api.get("/v1/reconfigurations", params={"limit": 200, "state": state}).json()["data"]
-            states.update({j["id"]: j["state"] for j in page if j["id"] in ids})
+            try:
+                answer = api.get("/v1/reconfigurations", params={"limit": 200, "state": state})
+            except httpx.TimeoutException:
+                continue  # a saturated coordinator: asked again at the next round
+            states.update({j["id"]: j["state"] for j in answer.json()["data"] if j["id"] in ids})
         time.sleep(1.0)
     return {
         "jobs": len(ids),

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from engine_agent import tensor_wire
 from engine_agent.coordinators import next_heartbeat_s, shed_retry_after_s
 from engine_agent.protocol import (
     LONG_POLL_HEADER,
@@ -293,7 +294,10 @@ def make_app(agent: LightAgent, key: str = "") -> web.Application:
         return _json(CleanupStatus(state=CleanupState.idle))
 
     async def infer(request: web.Request) -> web.Response:
-        body = InferRequest.model_validate_json(await request.read())
+        raw = await request.read()
+        if raw[:4] == tensor_wire.MAGIC:  # the coordinator's canary (a job's probe, an incident's): echoed
+            return web.Response(body=raw, content_type=tensor_wire.MEDIA_TYPE)
+        body = InferRequest.model_validate_json(raw)
         return _json(
             InferResponse(outputs=body.tokens, generation=agent.generation, rank=agent.rank or 0, step=0)
         )

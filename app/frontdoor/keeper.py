@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from app.api.database import Database
@@ -215,10 +216,11 @@ async def publish_feeds(database: Database, interval_s: float = PUBLISH_EVERY_S)
     """Every deployment's feed brought up to date every `interval_s` (heartbeats, fencing, jobs move the
     record without telling the feed): watchers only read versions, so their number costs no derivation."""
     PUBLISHING.running = True
+    memo: service.FeedMemo = {}  # what each deployment's newest version was derived from (this publisher's)
     try:
         while True:
             try:
-                await database.run(service.refresh_all)
+                await database.run(partial(service.refresh_all, memo=memo))
             except Exception:  # a busy database: the next pass catches up
                 log.warning("front door feed: a publishing pass failed", exc_info=True)
             await asyncio.sleep(interval_s)

@@ -153,41 +153,67 @@ def _prune(session: Session, deployment_id: str, newest: int) -> None:
     session.commit()
 
 
-def refresh_all(session: Session) -> list[tuple[str, EndpointSetVersion]]:
+FeedMemo = dict[str, tuple[int, tuple[Any, ...]]]  # deployment id -> (its newest version, what derived it)
+
+
+def refresh_all(session: Session, memo: FeedMemo | None = None) -> list[tuple[str, EndpointSetVersion]]:
     """Every deployment's feed brought up to date; the versions written by this call. Four queries for
-    any number of deployments and engines (it runs every `PUBLISH_EVERY_S`; issue 37: 2,048 engines)."""
+    any number of deployments and engines (it runs every `PUBLISH_EVERY_S`; issue 37: 2,048 engines).
+    `memo` (the publisher's, kept across passes): a deployment whose newest version is the one a pass
+    derived or checked from the same facts (its generation, its engines' columns, its active job) is
+    not derived again, nor its stored rank set read: a steady fleet's pass reads columns and compares."""
     deployments = session.exec(select(Deployment)).all()
     if not deployments:
         return []
     engines, jobs = _engine_facts(session), _active_jobs(session)
-    newest = (
-        select(
-            EndpointSetVersion.deployment_id, sa.func.max(EndpointSetVersion.resource_version).label("newest")
-        )
-        .group_by(col(EndpointSetVersion.deployment_id))
-        .subquery()
-    )
     versions = EndpointSetVersion.__table__  # type: ignore[attr-defined]
-    # The newest versions' columns, not objects: most passes change nothing and write nothing.
-    lasts = {
-        row.deployment_id: row
-        for row in session.execute(
-            sa.select(versions.c.deployment_id, versions.c.generation, versions.c.endpoints).join(
-                newest,
-                sa.and_(
-                    versions.c.deployment_id == newest.c.deployment_id,
-                    versions.c.resource_version == newest.c.newest,
-                ),
+    numbers = dict(
+        session.execute(
+            sa.select(versions.c.deployment_id, sa.func.max(versions.c.resource_version)).group_by(
+                versions.c.deployment_id
             )
         ).all()
+    )
+    pending = []
+    for deployment in deployments:
+        facts = (deployment.generation, engines.get(deployment.id, []), jobs.get(deployment.id))
+        seen = memo.get(deployment.id) if memo is not None else None
+        if seen is not None and seen[0] == numbers.get(deployment.id) and seen[1] == facts:
+            continue
+        pending.append((deployment, facts))
+    if not pending:
+        return []
+    # The newest versions' columns, not objects: most passes change nothing and write nothing.
+    ids = [d.id for d, _ in pending]
+    newest = (
+        sa.select(versions.c.deployment_id, sa.func.max(versions.c.resource_version).label("newest"))
+        .where(versions.c.deployment_id.in_(ids))
+        .group_by(versions.c.deployment_id)
+        .subquery()
+    )
+    columns = (
+        versions.c.deployment_id,
+        versions.c.resource_version,
+        versions.c.generation,
+        versions.c.endpoints,
+    )
+    joined = sa.and_(
+        versions.c.deployment_id == newest.c.deployment_id, versions.c.resource_version == newest.c.newest
+    )
+    lasts = {
+        row.deployment_id: row for row in session.execute(sa.select(*columns).join(newest, joined)).all()
     }
     written = []
-    for deployment in deployments:
-        derived = _derived(deployment, engines.get(deployment.id, []), jobs.get(deployment.id))
+    for deployment, facts in pending:
+        derived = _derived(deployment, facts[1], facts[2])
         last = lasts.get(deployment.id)
         if last is not None and last.endpoints == _stored(derived[0]) and last.generation == derived[2]:
+            if memo is not None:
+                memo[deployment.id] = (last.resource_version, facts)
             continue
         version, changed = _refresh(session, deployment, derived, latest(session, deployment.id))
+        if memo is not None and changed:  # (another coordinator's version: compared again next pass)
+            memo[deployment.id] = (version.resource_version, facts)
         if changed:
             written.append((deployment.id, version))
     return written

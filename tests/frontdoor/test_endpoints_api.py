@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
@@ -272,6 +273,33 @@ def test_one_publishing_pass_brings_every_deployment_up_to_date_and_writes_only_
         states = {e["engine_id"]: e["state"] for e in written[0][1].endpoints}
         assert states == {"fb-engine-0": "ready", "fb-engine-1": "out"}
         assert refresh_all(session) == []
+
+
+def test_a_pass_over_a_steady_fleet_derives_nothing_and_reads_no_stored_rank_set(db_engine: DbEngine) -> None:
+    """With the publisher's memo (issue 37: 128 deployments, 4 passes a second), a deployment whose facts
+    and newest version are those of the last pass is neither derived nor its stored endpoints read; a
+    change of one engine is still written at the next pass."""
+    deployments = [_serving(db_engine, name) for name in ("fa", "fb", "fc")]
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    memo: dict[str, Any] = {}
+    with Session(db_engine, expire_on_commit=False) as session:
+        assert len(refresh_all(session, memo)) == 3
+    sa.event.listen(db_engine, "before_cursor_execute", seen)
+    try:
+        with Session(db_engine, expire_on_commit=False) as session:
+            assert refresh_all(session, memo) == []
+        assert not [s for s in statements if "endpoints" in s.split("FROM")[0]]  # before: every deployment's
+    finally:
+        sa.event.remove(db_engine, "before_cursor_execute", seen)
+    _set_engine(db_engine, "fb-engine-1", state="unreachable")
+    with Session(db_engine, expire_on_commit=False) as session:
+        written = refresh_all(session, memo)
+        assert [(d, v.resource_version) for d, v in written] == [(deployments[1].id, 2)]
+        assert refresh_all(session, memo) == []
 
 
 def test_the_publisher_writes_each_change_of_the_record_without_any_reader(db_engine: DbEngine) -> None:

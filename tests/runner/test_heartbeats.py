@@ -197,3 +197,38 @@ def test_a_heartbeat_that_arrives_while_a_pass_judges_wins(db_engine: DbEngine) 
         {"demo-engine-0": "serving", "demo-engine-1": "serving", "demo-engine-2": "idle"},
     )
     assert announced(db_engine) == {}
+
+
+def test_a_pass_over_a_steady_deployment_writes_nothing_and_commits_nothing(db_engine: DbEngine) -> None:
+    """Issue 37: a verdict with nothing to write costs no worker thread and no transaction (before: a
+    deployment read, its active job read and a commit per deployment every pass); a silent engine in
+    the next pass is still written."""
+    import sqlalchemy as sa
+
+    deployment_id = deployment_with(db_engine, silent=[])
+    liveness = controller(db_engine)
+    commits: list[object] = []
+
+    def committed(connection: object) -> None:
+        commits.append(connection)
+
+    sa.event.listen(db_engine, "commit", committed)
+    try:
+
+        async def go() -> None:
+            for _ in range(2):
+                await liveness.tick()
+
+        asyncio.run(go())
+    finally:
+        sa.event.remove(db_engine, "commit", committed)
+    assert commits == []
+    assert states(db_engine, deployment_id)[1]["demo-engine-0"] == "serving"
+    with Session(db_engine) as session:
+        row = session.get(Engine, "demo-engine-1")
+        assert row is not None
+        row.last_heartbeat_at = utc_now() - timedelta(seconds=60)
+        session.add(row)
+        session.commit()
+    asyncio.run(liveness.tick())
+    assert states(db_engine, deployment_id)[1]["demo-engine-1"] == "unreachable"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from sqlmodel import Session, col, select
@@ -35,7 +35,7 @@ from app.deployments.engines.models import Engine, EngineState
 from app.deployments.engines.service import record_launched
 from app.deployments.models import Deployment, DeploymentStatus, EngineBackend
 from app.deployments.spares import SPARE_STATES, spares_among
-from app.jobs.active import active_job_id
+from app.jobs.active import active_job_ids
 from app.jobs.async_record import WorkerSessions
 from app.launchers.base import EngineHandle, Launcher, LaunchSpec
 from engine_agent.protocol import EngineConfig
@@ -65,31 +65,38 @@ def plan_spares(wanted: int, engines: list[Engine]) -> tuple[list[Engine], int, 
     return has, max(0, wanted - len(has)), every[wanted:]
 
 
-def _settled(session: Session, deployment: Deployment) -> bool:
+def _settled(deployment: Deployment, active: Mapping[str, str]) -> bool:
     return (
         deployment.status == DeploymentStatus.ready.value
         and not deployment.heal_lost
         and deployment.heal_target_dp_size is None
-        and active_job_id(session, deployment_id=deployment.id) is None
+        and deployment.id not in active
     )
 
 
-def needs(session: Session, settings: RunnerSettings) -> list[SpareNeed]:
-    """What each settled deployment keeping (or having kept) spares needs now."""
+def needs(session: Session, settings: RunnerSettings, kept: Collection[str] = frozenset()) -> list[SpareNeed]:
+    """What each settled deployment keeping (or having kept) spares needs now, in three queries for any
+    number of deployments (issue 37: 128 deployments, every `SPARES_INTERVAL_S`). `kept`: engines their
+    launcher kept when given back (a static pool's): never extras again."""
     found: list[SpareNeed] = []
-    rows = session.exec(select(Deployment).where(col(Deployment.backend) == EngineBackend.reference.value))
+    deployments = session.exec(
+        select(Deployment).where(col(Deployment.backend) == EngineBackend.reference.value)
+    ).all()
+    active = active_job_ids(session, [d.id for d in deployments])
+    settled = {d.id: d for d in deployments if _settled(d, active)}
+    by_deployment: dict[str, list[Engine]] = {}
+    if settled:
+        for engine in session.exec(
+            select(Engine).where(
+                col(Engine.deployment_id).in_(list(settled)), col(Engine.state).in_(SPARE_STATES)
+            )
+        ).all():
+            by_deployment.setdefault(engine.deployment_id, []).append(engine)
     live: list[str] | None = None
-    for deployment in rows.all():
-        if not _settled(session, deployment):
-            continue
-        engines = list(
-            session.exec(
-                select(Engine).where(
-                    col(Engine.deployment_id) == deployment.id, col(Engine.state).in_(SPARE_STATES)
-                )
-            ).all()
-        )
+    for deployment in settled.values():
+        engines = by_deployment.get(deployment.id, [])
         has, launch, extra = plan_spares(deployment.spares, engines)
+        extra = [e for e in extra if e.id not in kept]
         if not launch and not extra and not has:
             continue
         if live is None:
@@ -135,9 +142,13 @@ class SpareKeeper:
         self.new_fleet = new_fleet
         self.warm: set[str] = set()  # engines that answered `POST /v1/spare` (this coordinator's memory)
         self.busy: dict[str, asyncio.Task[None]] = {}  # deployment id -> its launch or warm-up
+        # Engines given back that their launcher kept (a static pool keeps its registered agents): offered
+        # again at every pass they would be given back, and logged, for ever (issue 37).
+        self.kept: set[str] = set()
 
     async def tick(self) -> None:
-        found = await self.record.run_in_session(lambda session: needs(session, self.settings))
+        kept = frozenset(self.kept)
+        found = await self.record.run_in_session(lambda session: needs(session, self.settings, kept))
         for need in found:
             task = self.busy.get(need.deployment_id)
             if task is not None and not task.done():
@@ -153,7 +164,9 @@ class SpareKeeper:
                 log.info("deployment %s: giving back spares beyond %d: %s", need.name,
                          len(need.spares), [h.engine_id for h in need.extra])  # fmt: skip
                 gone = await launcher.release(need.spec, need.extra)
-                await self.record.run_in_session(lambda session: _mark_left(session, gone))
+                self.kept.update(h.engine_id for h in need.extra if h.engine_id not in gone)
+                if gone:
+                    await self.record.run_in_session(lambda session: _mark_left(session, gone))
             if launcher is not None and need.launch:
                 budget = launcher.launch_budget(need.spec, self.settings.launch_deadline_s)
                 launched = await launcher.ensure_engines(

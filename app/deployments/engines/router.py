@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Request, Response, status
 from sqlmodel import Session
 
 from app.api.deps import DatabaseDep, EngineAgent, Reader
@@ -9,6 +9,7 @@ from app.coordinators import service as coordinators
 from app.core import wake
 from app.core.problems import problem_responses
 from app.deployments.engines import service
+from app.deployments.engines.batch import HeartbeatBatches
 from app.deployments.engines.models import (
     Engine,
     EngineHeartbeat,
@@ -84,9 +85,22 @@ async def get_engine(engine_id: EngineIdPath, db: DatabaseDep, _: Reader) -> Eng
     return await db.run(lambda session: _public(session, service.get_engine(session, engine_id=engine_id)))
 
 
+def _batches(request: Request, db: DatabaseDep) -> HeartbeatBatches:
+    """The app's steady-heartbeat writer (made on first use, on the app's database)."""
+    batches: HeartbeatBatches | None = getattr(request.app.state, "heartbeat_batches", None)
+    if batches is None or batches.database is not db:
+        batches = request.app.state.heartbeat_batches = HeartbeatBatches(db)
+    return batches
+
+
 @router.post("/{engine_id}/heartbeat", name="heartbeat", responses=problem_responses(404, 409, 503))
 async def heartbeat(
-    engine_id: EngineIdPath, body: EngineHeartbeat, db: DatabaseDep, _: EngineAgent, backends: Reactions
+    engine_id: EngineIdPath,
+    body: EngineHeartbeat,
+    db: DatabaseDep,
+    _: EngineAgent,
+    backends: Reactions,
+    request: Request,
 ) -> EngineHeartbeatAnswer:
     """The engine's own truth (state, generation, rank, a broken group). The answer lists every live
     coordinator sharing the database: the agent fails over to another when this one dies. A saturated
@@ -96,13 +110,14 @@ async def heartbeat(
     def group_broke(session: Session, engine: Engine) -> None:
         backends.group_broke(session, engine.deployment_id)
 
+    # A heartbeat that only renews the record is written with the others waiting (one commit for all:
+    # issue 37, 700 heartbeats a second) and answered once committed; any other takes the whole path.
+    recorded = await _batches(request, db).record(engine_id, body)
+    if recorded is not None:
+        row, live = recorded.row, recorded.coordinators
+        return EngineHeartbeatAnswer.of(row, deployment=row.deployment or "", coordinators=live)
+
     def work(session: Session) -> tuple[EngineHeartbeatAnswer, bool]:
-        # One statement for a heartbeat that only renews the record (issue 37: 700 heartbeats a second),
-        # the whole record's path for any other; the live coordinators are read at most once a second.
-        row = service.record_steady_heartbeat(session, engine_id=engine_id, heartbeat=body)
-        if row is not None:
-            live = coordinators.live_urls_recent(session)
-            return EngineHeartbeatAnswer.of(row, deployment=row.deployment or "", coordinators=live), False
         engine = service.record_heartbeat(session, engine_id=engine_id, heartbeat=body, on_break=group_broke)
         public = _public(session, engine)
         answer = EngineHeartbeatAnswer.of(public, coordinators=coordinators.live_urls_recent(session))

@@ -166,10 +166,31 @@ def record_steady_heartbeat(
     """The heartbeat of an engine whose record it only renews (no broken group, no data link down, no
     control link lost, the key verdict unchanged): one statement that writes it and reads back the row
     with its deployment's name and keys, then the commit (issue 37: 700 heartbeats a second). None, with
-    nothing written, when it needs `record_heartbeat` (what this path leaves out, that one does)."""
-    if heartbeat.broken_generation is not None or heartbeat.group_error or heartbeat.data_unreachable:
-        return None
+    nothing written, when it needs `record_heartbeat` (what this path leaves out, that one does). The
+    coordinator writes these in batches (`batch.HeartbeatBatches`: one commit for many)."""
     now = utc_now()
+    params = steady_params(engine_id, heartbeat, now)
+    if params is None:
+        return None
+    # On the session's connection, past the ORM's statement handling (no object is loaded here).
+    row = session.connection().execute(steady_statement(), params).one_or_none()
+    if row is None or key_verdict_moves(row, heartbeat.key_check, now):
+        session.rollback()
+        return None
+    session.commit()
+    return row
+
+
+def is_steady(heartbeat: AgentHeartbeat) -> bool:
+    """Whether the heartbeat may only renew its engine's record (its engine's row decides the rest)."""
+    broken = heartbeat.broken_generation is not None or heartbeat.group_error
+    return not broken and not heartbeat.data_unreachable
+
+
+def steady_params(engine_id: str, heartbeat: AgentHeartbeat, now: datetime) -> dict[str, Any] | None:
+    """`steady_statement`'s parameters for this heartbeat, or None when it is not a steady one."""
+    if not is_steady(heartbeat):
+        return None
     values = {
         "state": EngineState(heartbeat.state.value).value,
         "generation": heartbeat.generation,
@@ -179,18 +200,11 @@ def record_steady_heartbeat(
         "last_heartbeat_at": now,
         "updated_at": now,
     }
-    params = {"engine_id": engine_id, **{f"new_{name}": value for name, value in values.items()}}
-    # On the session's connection, past the ORM's statement handling (no object is loaded here).
-    row = session.connection().execute(_steady_statement(), params).one_or_none()
-    if row is None or _key_verdict_moves(row, heartbeat.key_check, now):
-        session.rollback()
-        return None
-    session.commit()
-    return row
+    return {"engine_id": engine_id, **{f"new_{name}": value for name, value in values.items()}}
 
 
 @functools.cache
-def _steady_statement() -> sa.Update:
+def steady_statement() -> sa.Update:
     """`record_steady_heartbeat`'s statement, built once (building it costs more than running it)."""
     engines, deployments = Engine.__table__, Deployment.__table__  # type: ignore[attr-defined]
 
@@ -233,7 +247,7 @@ def _steady_statement() -> sa.Update:
     )
 
 
-def _key_verdict_moves(row: Row[Any], reported: str | None, now: datetime) -> bool:
+def key_verdict_moves(row: Row[Any], reported: str | None, now: datetime) -> bool:
     if row.agent_key is None:
         return False
     sealed = SealedKeys(row.agent_key, row.agent_key_previous, row.agent_key_previous_until)

@@ -105,6 +105,18 @@ class Verdict:
     deaf: bool = False  # the coordinator hears no engine at all
     notes: tuple[str, ...] = ()  # what the pass decided, in words (logged)
 
+    @property
+    def writes_nothing(self) -> bool:
+        """Nothing to write, log or ask for (a steady deployment's verdict: most of them, every pass)."""
+        return (
+            not self.engines
+            and self.status is None
+            and self.memory is None
+            and not self.lost_to_incident
+            and self.job is None
+            and not self.notes
+        )
+
     def fate(self, engine_id: str) -> Fate | None:
         return next((e.fate for e in self.engines if e.engine_id == engine_id), None)
 

@@ -1,0 +1,126 @@
+"""Steady heartbeats written together (`app.deployments.engines.batch`, issue 37): the heartbeats waiting
+at once go in one transaction with one commit, every one is recorded and answered only after that
+commit, and one that needs the whole path is handed back without failing the others."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine as DbEngine
+from sqlmodel import Session, select
+
+from app.api.database import Database
+from app.deployments.engines.batch import HeartbeatBatches
+from app.deployments.engines.models import Engine
+from engine_agent.protocol import AgentHeartbeat
+
+ENGINES = 16
+
+
+def _fleet(client: TestClient) -> None:
+    assert client.post("/v1/deployments", json={"name": "demo", "launcher": "static"}).status_code == 201
+    for i in range(ENGINES):
+        body = {
+            "engine_id": f"e{i}",
+            "deployment": "demo",
+            "url": f"http://127.0.0.1:{9000 + i}",
+            "platform": "cpu",
+            "device": "cpu",
+            "engine": {},
+        }
+        assert client.post("/v1/engines", json=body).status_code == 201
+
+
+def _beat(i: int, generation: int = 4) -> AgentHeartbeat:
+    return AgentHeartbeat.model_validate(
+        {"state": "serving", "generation": generation, "rank": i, "world_size": ENGINES}
+    )
+
+
+class Statements:
+    """The UPDATEs and the commits the database engine runs."""
+
+    def __init__(self, engine: DbEngine) -> None:
+        self.updates = 0
+        self.commits = 0
+        sa.event.listen(engine, "before_cursor_execute", self._statement)
+        sa.event.listen(engine, "commit", self._commit)
+
+    def _statement(self, _conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE ENGINES"):
+            self.updates += 1
+
+    def _commit(self, _conn: Any) -> None:
+        self.commits += 1
+
+
+def test_heartbeats_waiting_at_once_are_one_transaction(client: TestClient) -> None:
+    _fleet(client)
+    database: Database = client.app.state.database  # type: ignore[attr-defined]
+    batches = HeartbeatBatches(database)
+    counted = Statements(database.engine)
+
+    async def all_at_once() -> list[Any]:
+        return await asyncio.gather(*(batches.record(f"e{i}", _beat(i)) for i in range(ENGINES)))
+
+    recorded = asyncio.run(all_at_once())
+    assert all(r is not None for r in recorded)
+    assert [r.row.id for r in recorded] == [f"e{i}" for i in range(ENGINES)]
+    assert (counted.updates, counted.commits) == (ENGINES, 1)  # one per heartbeat before: 16 commits
+    with Session(database.engine) as session:
+        rows = session.exec(select(Engine)).all()
+    assert sorted((r.id, r.generation, r.state) for r in rows) == sorted(
+        (f"e{i}", 4, "serving") for i in range(ENGINES)
+    )
+
+
+def test_a_heartbeat_the_batch_cannot_take_comes_back_alone(client: TestClient) -> None:
+    _fleet(client)
+    database: Database = client.app.state.database  # type: ignore[attr-defined]
+    batches = HeartbeatBatches(database)
+    broken = AgentHeartbeat.model_validate(
+        {"state": "serving", "generation": 4, "broken_generation": 4, "unresponsive_peers": ["e1"]}
+    )
+
+    async def mixed() -> list[Any]:
+        return await asyncio.gather(  # type: ignore[return-value]
+            batches.record("e0", _beat(0)),
+            batches.record("ghost", _beat(1)),  # unknown: the whole path answers 404
+            batches.record("e2", broken),  # a broken group: never the steady path
+            batches.record("e3", _beat(3)),
+        )
+
+    first, ghost, broke, last = asyncio.run(mixed())
+    assert ghost is None and broke is None
+    assert first is not None and last is not None
+    with Session(database.engine) as session:
+        generations = {r.id: r.generation for r in session.exec(select(Engine)).all()}
+    assert (generations["e0"], generations["e3"], generations["e2"]) == (4, 4, 0)
+
+
+def test_every_heartbeat_sent_at_once_through_the_api_is_recorded(client: TestClient) -> None:
+    """Through the route, concurrently: every heartbeat answered 200 with its own engine's row."""
+    _fleet(client)
+    transport_app = client.app
+
+    async def send_all() -> list[Any]:
+        import httpx
+
+        transport = httpx.ASGITransport(app=transport_app)  # type: ignore[arg-type]
+        headers = dict(client.headers)
+        async with httpx.AsyncClient(transport=transport, base_url="http://c", headers=headers) as http:
+            return await asyncio.gather(
+                *(
+                    http.post(f"/v1/engines/e{i}/heartbeat", json=_beat(i, generation=7).model_dump())
+                    for i in range(ENGINES)
+                )
+            )
+
+    answers = asyncio.run(send_all())
+    assert [a.status_code for a in answers] == [200] * ENGINES
+    assert [(a.json()["id"], a.json()["generation"], a.json()["deployment"]) for a in answers] == [
+        (f"e{i}", 7, "demo") for i in range(ENGINES)
+    ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +29,7 @@ from app.frontdoor.haproxy import (
     host_port,
     next_slot_name,
 )
-from app.frontdoor.models import EndpointSetPublic
+from app.frontdoor.models import EndpointPublic, EndpointSetPublic
 from app.frontdoor.requestlog import RequestLog, held_in_window
 from app.frontdoor.rules import EndpointState
 from app.frontdoor.settings import FrontDoorSpec
@@ -180,9 +181,29 @@ class HaproxyKeeper:
         self.slots[engine_id] = free
         return free
 
+    async def serve_ahead(self, endpoints: list[EndpointPublic]) -> float | None:
+        """A rank set a job is about to write as the feed's next version (`derive_switched`), applied
+        now, before the write (a job's commit is on the front door's critical path; the write may wait
+        for the database). `applied` stays: the version itself is offered once written (`offer`: the
+        same commands again, which change nothing). When (monotonic) HAProxy answered, or None where the
+        keeper is not in step with HAProxy (the version is applied as usual then)."""
+        async with self._applying:
+            if not self.in_sync:
+                return None
+            try:
+                await self._apply(endpoints)
+            except (HaproxyError, OSError):
+                self.in_sync = False  # the loop takes the slots over again
+                log.warning("front door %s: applying a rank set ahead failed", self.spec.deployment)
+                return None
+            return time.monotonic()
+
     async def apply(self, feed: EndpointSetPublic) -> None:
+        await self._apply(feed.endpoints)
+
+    async def _apply(self, endpoints: list[EndpointPublic]) -> None:
         """One exchange: drains and removals first, then new addresses and readies."""
-        listed = {e.engine_id for e in feed.endpoints}
+        listed = {e.engine_id for e in endpoints}
         away: list[str] = []
         added: list[str] = []
         towards: list[str] = []
@@ -190,7 +211,7 @@ class HaproxyKeeper:
         self.stale.clear()
         for engine_id in [e for e in self.slots if e not in listed]:
             away.append(f"set server {self.backend}/{self.slots.pop(engine_id)} state maint")
-        for endpoint in feed.endpoints:
+        for endpoint in endpoints:
             if endpoint.state == EndpointState.out:
                 slot = self.slots.get(endpoint.engine_id)
                 if slot is not None:

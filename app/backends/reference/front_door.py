@@ -28,7 +28,7 @@ from app.backends.base import JobMovedOn
 from app.backends.reference.job import JobRun
 from app.backends.reference.record import JobRecord
 from app.frontdoor.keeper import counters_of
-from app.frontdoor.publish import DoorStep, publish, settle, write
+from app.frontdoor.publish import DoorStep, publish, serve_ahead, settle, write
 from app.jobs.models import ReconfigurationJob
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,9 @@ async def commit_observed(record: JobRecord, run: JobRun) -> asyncio.Task[DoorSt
             session.commit()
 
     try:
-        written = await write(record.run_in_session, run.deployment_id, before=switched)
+        # HAProxy gets the new rank set first; the write may wait for the database's write lock.
+        ahead = await serve_ahead(record.run_in_session, run.deployment_id, (run.job_id, state), results)
+        written = await write(record.run_in_session, run.deployment_id, before=switched, ahead=ahead)
     except Exception:  # never fails the job
         log.warning("job %s: publishing the observed commit failed", run.job_id, exc_info=True)
         return None

@@ -53,6 +53,7 @@ class HaproxyKeeper:
         self.in_sync = False  # HAProxy's slots are known and say what `applied` says
         self._applying = asyncio.Lock()  # one exchange at a time: the loop's, or a job's `offer`
         self._recording: set[asyncio.Task[None]] = set()
+        self._warned: set[str] = set()  # engine addresses the slots cannot speak to, said once
 
     @property
     def description(self) -> str:
@@ -175,7 +176,7 @@ class HaproxyKeeper:
         free = next((name for name in self.slot_names if name not in taken), None)
         if free is None:
             free = next_slot_name(self.slot_names)
-            added.append(add_server_command(self.backend, free))
+            added.append(add_server_command(self.backend, free, self.spec.tls_ca_file))
             self.slot_names.append(free)
             self.addresses[free] = PARKED
         self.slots[engine_id] = free
@@ -198,6 +199,24 @@ class HaproxyKeeper:
                 return None
             return time.monotonic()
 
+    def _speaks(self, address: str) -> bool:
+        """Whether the slots speak the engine's protocol: TLS verified against the deployment's CA to an
+        `https://` engine where the door was given that CA (`haproxy.slot_options`), plain HTTP to an
+        `http://` one where it was not. An engine the door cannot reach as it serves is kept out."""
+        https = address.startswith("https://")
+        if https == (self.spec.tls_ca_file is not None):
+            return True
+        if address not in self._warned:
+            self._warned.add(address)
+            log.warning(
+                "front door %s: engine %s kept out: the front door speaks %s to engines%s",
+                self.spec.deployment,
+                address,
+                "TLS" if self.spec.tls_ca_file else "plain HTTP",
+                "" if https else " (configure it with the CA that signed the engines' certificates)",
+            )
+        return False
+
     async def apply(self, feed: EndpointSetPublic) -> None:
         await self._apply(feed.endpoints)
 
@@ -212,7 +231,7 @@ class HaproxyKeeper:
         for engine_id in [e for e in self.slots if e not in listed]:
             away.append(f"set server {self.backend}/{self.slots.pop(engine_id)} state maint")
         for endpoint in endpoints:
-            if endpoint.state == EndpointState.out:
+            if endpoint.state == EndpointState.out or not self._speaks(endpoint.address):
                 slot = self.slots.get(endpoint.engine_id)
                 if slot is not None:
                     away.append(f"set server {self.backend}/{slot} state maint")

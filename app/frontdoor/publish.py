@@ -98,11 +98,12 @@ async def serve_ahead(
     deployment_id: str,
     job: tuple[str, str],
     engine_results: list[dict[str, Any]],
+    derived: list[EndpointPublic] | None = None,
 ) -> Ahead | None:
     """The rank set job `job` (id, state) will make the feed say once its results are
     `engine_results`, given to this process's keeper of the deployment's front door now (reads only;
     `service.derive_switched`, `keeper.serve_ahead`); None where no keeper here is in step with
-    HAProxy, or the job moved on."""
+    HAProxy, or the job moved on. `derived`: that set, derived already (before the commit window)."""
     started, started_at = time.monotonic(), time.time()
     if KEEPERS.get(deployment_id) is None:
         return None
@@ -110,7 +111,7 @@ async def serve_ahead(
     def derive(session: Session) -> list[EndpointPublic] | None:
         return service.derive_switched(session, deployment_id, *job, engine_results)
 
-    endpoints = await in_session(derive)
+    endpoints = derived if derived is not None else await in_session(derive)
     keeper = KEEPERS.get(deployment_id)
     served_at = None if keeper is None or endpoints is None else await keeper.serve_ahead(endpoints)
     return None if served_at is None else Ahead(served_at, endpoints, started, started_at)

@@ -42,7 +42,7 @@ from app.backends.base import EXPECTED_FAILURES, JobCancelled, JobFailure, JobMo
 from app.backends.reference.confirm import confirm_while_publishing
 from app.backends.reference.endings import Endings
 from app.backends.reference.fanout import Fanout, ShouldCancel
-from app.backends.reference.front_door import drain_leavers
+from app.backends.reference.front_door import drain_leavers, prederive
 from app.backends.reference.job import JobRun
 from app.backends.reference.launching import Participants
 from app.backends.reference.probes import JobProbes, open_job_probes
@@ -375,6 +375,7 @@ class Flow:
         """The engine-agreed commit: arm every participant; each answers once it committed (one held
         exchange per engine, none of them inside the window)."""
         await self.record.progress(run, "switching")
+        prederive(self.record, run)  # the front door's new rank set, ready for the observed commit
         run.mark("arm_sent")
         try:
             await drive_arm(run, fanout, self.settings)

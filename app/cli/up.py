@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from app.cli.down import state_dir, stop_recorded
-from app.cli.front_door import open_front_door
+from app.cli.front_door import agent_tls_ca, open_front_door
 from app.cli.heartbeat import Heartbeat
 from app.cli.serve import PortUnavailableError, claim_or_close, listening_socket, server_config
 from app.cli.welcome import print_welcome
@@ -116,7 +116,12 @@ def up(
     door: RunningDoor | None = None
     specs: list[FrontDoorSpec] = []
     if front_door:
-        door, specs = open_front_door(state_dir(settings), DEMO, front_door_port or settings.port + 1)
+        door, specs = open_front_door(
+            state_dir(settings),
+            DEMO,
+            front_door_port or settings.port + 1,
+            agent_tls_ca(settings.agent_ca_file, os.environ),
+        )
     try:
         asyncio.run(_run(settings, engines, sock, specs))
     except KeyboardInterrupt:

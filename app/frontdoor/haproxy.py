@@ -47,6 +47,8 @@ class DoorConfig:
     bind_port: int
     slots: int = SLOTS
     hold_socket: str | None = None  # where the `hold` frontend listens (None: beside the admin socket)
+    # The CA bundle that signed the engines' certificates, for engines serving HTTPS (`slot_options`).
+    tls_ca_file: str | None = None
 
     @property
     def backend(self) -> str:
@@ -117,7 +119,7 @@ def render_config(
             f"backend {door.backend}",
             "    balance leastconn",
             *(["    option allbackups"] if hold else []),
-            f"    server-template e 1-{door.slots} {PARKED[0]}:{PARKED[1]} disabled maxconn {SLOT_MAXCONN}",
+            f"    server-template e 1-{door.slots} {PARKED[0]}:{PARKED[1]} {slot_options(door.tls_ca_file)}",
             *([f"    server {HOLD_SERVER} unix@{hold_path} backup maxconn 1"] if hold else []),
             "",
         ]
@@ -213,6 +215,7 @@ def _harmless(part: str) -> bool:
         or part.startswith("IP changed from")
         or "port changed from" in part
         or part.startswith("New server registered")  # `add server`
+        or part.startswith("server ssl setting updated")  # `set server ... ssl`
     )
 
 
@@ -222,12 +225,23 @@ def next_slot_name(names: list[str]) -> str:
     return f"e{max(numbers, default=0) + 1}"
 
 
-def add_server_command(backend: str, name: str) -> str:
+def slot_options(tls_ca_file: str | None = None) -> str:
+    """An engine slot's settings. `tls_ca_file`: the slot can speak TLS to an engine serving HTTPS,
+    verifying its certificate against that bundle (`ssl verify required ca-file`); the keeper turns
+    TLS on or off per slot after the engine's address (`set server ... ssl on|off`). HAProxy 2.6
+    checks a certificate's host name only against an SNI or `verifyhost` name, fixed per server line,
+    and a slot serves whichever engine the feed gives it: so it checks that the deployment's CA signed
+    the certificate, not the name in it (docs/front-door.md)."""
+    options = f"disabled maxconn {SLOT_MAXCONN}"
+    return f"{options} ssl verify required ca-file {tls_ca_file}" if tls_ca_file else options
+
+
+def add_server_command(backend: str, name: str, tls_ca_file: str | None = None) -> str:
     """A slot added at run time (HAProxy 2.6 `add server`), like the template's: parked, in
     maintenance (a dynamic server starts so) until the keeper points it at an engine and sets it ready.
     Its settings are those of `render_config`'s slots, written out: a dynamic server takes no
     `default-server` line."""
-    return f"add server {backend}/{name} {PARKED[0]}:{PARKED[1]} maxconn {SLOT_MAXCONN} disabled"
+    return f"add server {backend}/{name} {PARKED[0]}:{PARKED[1]} {slot_options(tls_ca_file)}"
 
 
 MAINT = 0x01

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
@@ -29,7 +30,7 @@ from app.frontdoor.haproxy import (
     host_port,
     next_slot_name,
 )
-from app.frontdoor.models import EndpointSetPublic
+from app.frontdoor.models import EndpointPublic, EndpointSetPublic
 from app.frontdoor.requestlog import RequestLog, held_in_window
 from app.frontdoor.rules import EndpointState
 from app.frontdoor.settings import FrontDoorSpec
@@ -53,6 +54,7 @@ class HaproxyKeeper:
         self.in_sync = False  # HAProxy's slots are known and say what `applied` says
         self._applying = asyncio.Lock()  # one exchange at a time: the loop's, or a job's `offer`
         self._recording: set[asyncio.Task[None]] = set()
+        self._warned: set[str] = set()  # engine addresses the slots cannot speak to, said once
 
     @property
     def description(self) -> str:
@@ -175,15 +177,53 @@ class HaproxyKeeper:
         free = next((name for name in self.slot_names if name not in taken), None)
         if free is None:
             free = next_slot_name(self.slot_names)
-            added.append(add_server_command(self.backend, free))
+            added.append(add_server_command(self.backend, free, self.spec.tls_ca_file))
             self.slot_names.append(free)
             self.addresses[free] = PARKED
         self.slots[engine_id] = free
         return free
 
+    async def serve_ahead(self, endpoints: list[EndpointPublic]) -> float | None:
+        """A rank set a job is about to write as the feed's next version (`derive_switched`), applied
+        now, before the write (a job's commit is on the front door's critical path; the write may wait
+        for the database). `applied` stays: the version itself is offered once written (`offer`: the
+        same commands again, which change nothing). When (monotonic) HAProxy answered, or None where the
+        keeper is not in step with HAProxy (the version is applied as usual then)."""
+        async with self._applying:
+            if not self.in_sync:
+                return None
+            try:
+                await self._apply(endpoints)
+            except (HaproxyError, OSError):
+                self.in_sync = False  # the loop takes the slots over again
+                log.warning("front door %s: applying a rank set ahead failed", self.spec.deployment)
+                return None
+            return time.monotonic()
+
+    def _speaks(self, address: str) -> bool:
+        """Whether the slots speak the engine's protocol: TLS verified against the deployment's CA to an
+        `https://` engine where the door was given that CA (`haproxy.slot_options`), plain HTTP to an
+        `http://` one where it was not. An engine the door cannot reach as it serves is kept out."""
+        https = address.startswith("https://")
+        if https == (self.spec.tls_ca_file is not None):
+            return True
+        if address not in self._warned:
+            self._warned.add(address)
+            log.warning(
+                "front door %s: engine %s kept out: the front door speaks %s to engines%s",
+                self.spec.deployment,
+                address,
+                "TLS" if self.spec.tls_ca_file else "plain HTTP",
+                "" if https else " (configure it with the CA that signed the engines' certificates)",
+            )
+        return False
+
     async def apply(self, feed: EndpointSetPublic) -> None:
+        await self._apply(feed.endpoints)
+
+    async def _apply(self, endpoints: list[EndpointPublic]) -> None:
         """One exchange: drains and removals first, then new addresses and readies."""
-        listed = {e.engine_id for e in feed.endpoints}
+        listed = {e.engine_id for e in endpoints}
         away: list[str] = []
         added: list[str] = []
         towards: list[str] = []
@@ -191,8 +231,8 @@ class HaproxyKeeper:
         self.stale.clear()
         for engine_id in [e for e in self.slots if e not in listed]:
             away.append(f"set server {self.backend}/{self.slots.pop(engine_id)} state maint")
-        for endpoint in feed.endpoints:
-            if endpoint.state == EndpointState.out:
+        for endpoint in endpoints:
+            if endpoint.state == EndpointState.out or not self._speaks(endpoint.address):
                 slot = self.slots.get(endpoint.engine_id)
                 if slot is not None:
                     away.append(f"set server {self.backend}/{slot} state maint")

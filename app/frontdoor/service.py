@@ -79,6 +79,24 @@ def derive(session: Session, deployment: Deployment) -> tuple[list[Endpoint], st
     return _derived(deployment, engines, _active_jobs(session, [deployment.id]).get(deployment.id))
 
 
+def derive_switched(
+    session: Session, deployment_id: str, job_id: str, state: str, engine_results: list[dict[str, Any]]
+) -> list[EndpointPublic] | None:
+    """The rank set the record will imply once job `job_id`, still in `state`, has `engine_results`
+    (a job that saw every member commit, before it writes so): reads only, so the front door can be
+    given the set before the write, which may wait for SQLite's write lock (`keeper.serve_ahead`).
+    None where that job is not the deployment's active one in that state (moved on elsewhere)."""
+    deployment = session.get(Deployment, deployment_id)
+    job = _active_jobs(session, [deployment_id]).get(deployment_id)
+    if deployment is None or job is None or job.id != job_id or job.state != state:
+        return None
+    engines = _engine_facts(session, [deployment_id]).get(deployment_id, [])
+    switched_to, new_ranks = switch_of(engine_results)
+    job = JobFacts(job.id, job.state, roles_of(engine_results), switched_to, new_ranks)
+    endpoints, _, _ = _derived(deployment, engines, job)
+    return [EndpointPublic.model_validate(e) for e in _stored(endpoints)]
+
+
 def _stored(endpoints: list[Endpoint]) -> list[dict[str, Any]]:
     return [
         {

@@ -31,6 +31,12 @@ class FrontDoorSpec(BaseModel):
         "(`log <path> local0` and `requestlog.LOG_FORMAT`): jobs count the requests held in their window",
     )
     poll_s: float = Field(0.1, gt=0, le=10, description="how often the keeper re-reads the feed")
+    tls_ca_file: str | None = Field(
+        None,
+        max_length=400,
+        description="the CA bundle HAProxy's slots verify engines serving HTTPS with (the same path its "
+        "configuration names: `haproxy.slot_options`); without it an https engine is kept out",
+    )
 
     @property
     def backend_name(self) -> str:

@@ -3,6 +3,7 @@ HTTP servers that say who answered."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,6 +13,7 @@ import pytest
 
 from app.frontdoor.haproxy import DoorConfig
 from app.frontdoor.launch import RunningDoor, haproxy_binary, start_front_door
+from tests.support.certs import ServerFiles
 from tests.support.processes import free_port
 
 
@@ -25,7 +27,8 @@ def require_haproxy() -> None:
 class NamedServer:
     """An HTTP server on 127.0.0.1 that answers every request with its name."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, tls: ServerFiles | None = None) -> None:
+        """`tls`: served over HTTPS with this certificate and key (`https://127.0.0.1:port`)."""
         self.name = name
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,7 +48,12 @@ class NamedServer:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(str(tls.cert), str(tls.key))
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

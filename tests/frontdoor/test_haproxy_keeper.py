@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections import Counter
 from typing import Any
@@ -20,7 +21,10 @@ from app.frontdoor.haproxy import RuntimeApi, host_port
 from app.frontdoor.keeper import KEEPERS
 from app.frontdoor.launch import RunningDoor
 from app.frontdoor.models import EndpointSetPublic
+from app.frontdoor.publish import Ahead, Written, serve_ahead, write
 from app.frontdoor.settings import FrontDoorSpec
+from app.jobs.async_record import WorkerSessions
+from app.jobs.models import ReconfigurationJob
 from app.main import create_app
 from tests.frontdoor.conftest import NamedServer
 from tests.support.factories import static_deployment
@@ -211,3 +215,73 @@ def test_a_deployment_larger_than_haproxys_slots_grows_its_backend_through_the_r
             lambda: keeper.applied == feed["resourceVersion"], timeout_s=30, what="the new keeper applies"
         )
         assert len(keeper.slots) == size and len(_slots(haproxy)) == size
+
+
+def test_a_commit_is_served_at_the_front_door_before_its_version_is_written(
+    settings: Settings,
+    db_engine: DbEngine,
+    haproxy: RunningDoor,
+    named_servers: list[NamedServer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job that saw every participant commit gives HAProxy the new rank set first (`serve_ahead`:
+    reads only), then writes its results and the feed's version. With SQLite's write lock held
+    elsewhere (a busy coordinator: heartbeats, the probe's recordings), the joiner already answers at
+    the front door while the write waits; the version written says the same set, so the step counts
+    the set in service from HAProxy's answer, before the write ended."""
+    if not settings.database_url.startswith("sqlite:///"):
+        pytest.skip("holds SQLite's write lock")
+    _deployment(db_engine, named_servers, size=2)
+    app = _app(settings, haproxy, monkeypatch)
+    with TestClient(app, headers=ADMIN_HEADERS) as client:
+        response = client.post("/v1/reconfigurations", json={"deployment": "fd", "target_dp_size": 3})
+        assert response.status_code == 202, response.text
+        job_id = response.json()["id"]
+        plan = [{"engine_id": f"fd-engine-{i}", "role": "joining" if i == 2 else "staying"} for i in range(3)]
+        with Session(db_engine) as session:
+            job = session.get(ReconfigurationJob, job_id)
+            assert job is not None
+            job.state, job.engine_results = "committing", plan
+            session.add(job)
+            session.commit()
+        feed = _applied(client)
+        assert {e["engine_id"]: e["state"] for e in feed["endpoints"]}["fd-engine-2"] == "out"
+        (keeper,) = app.state.front_door_keepers
+        wait_until(lambda: keeper.in_sync, timeout_s=30, what="the keeper in step")
+        committed = [
+            {**p, "new_rank": i, "generation_before": 1 if i < 2 else 0, "generation_after": 2}
+            for i, p in enumerate(plan)
+        ]
+
+        def switched(session: Session) -> None:
+            row = session.get(ReconfigurationJob, job_id)
+            assert row is not None
+            row.engine_results = committed
+            session.add(row)
+            session.commit()
+
+        blocker = sqlite3.connect(settings.database_url.removeprefix("sqlite:///"), check_same_thread=False)
+        in_session = WorkerSessions(db_engine).run_in_session
+        deployment_id = next(iter(KEEPERS))
+
+        async def commit() -> tuple[Ahead | None, Counter[str], bool, Written]:
+            blocker.execute("BEGIN IMMEDIATE")  # the write lock, elsewhere
+            ahead = await serve_ahead(in_session, deployment_id, (job_id, "committing"), committed)
+            writing = asyncio.create_task(write(in_session, deployment_id, before=switched, ahead=ahead))
+            served = await asyncio.to_thread(_answers, haproxy, 12)
+            waiting = not writing.done()
+            blocker.rollback()
+            return ahead, served, waiting, await writing
+
+        assert client.portal is not None
+        ahead, served, waiting, written = client.portal.call(commit)
+        blocker.close()
+        assert ahead is not None and waiting
+        assert set(served) == {"s0", "s1", "s2"}  # the joiner serves while the write waits
+        assert written.served_at == ahead.served_at  # the version says what HAProxy was given
+        assert {e["engine_id"]: e["state"] for e in _applied(client)["endpoints"]} == {
+            "fd-engine-0": "ready",
+            "fd-engine-1": "ready",
+            "fd-engine-2": "ready",
+        }
+        assert set(_answers(haproxy, 12)) == {"s0", "s1", "s2"}

@@ -13,10 +13,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from sqlmodel import Session
 
@@ -28,6 +29,7 @@ from app.backends.reference.launching import launch_spec
 from app.backends.reference.record import JobRecord, apply_generation, degrade
 from app.core.clock import utc_now
 from app.core.runner_settings import RunnerSettings, hang_for_test
+from app.frontdoor.publish import DoorStep
 from app.jobs.models import CleanupState, JobError, ReconfigurationJob
 from app.jobs.states import JobState
 from app.launchers.base import EngineHandle, Launcher
@@ -118,15 +120,23 @@ class Endings:
             also=lambda session: degrade(session, run.deployment_id, generations, run.job_id),
         )
 
-    async def finish(self, run: JobRun, recorded: Callable[[], Awaitable[None]] | None = None) -> None:
+    async def finish(
+        self,
+        run: JobRun,
+        recorded: Callable[[], Awaitable[None]] | None = None,
+        early: asyncio.Task[DoorStep] | Literal["unpublished"] | None = "unpublished",
+    ) -> None:
         """Every participant switched and every member confirmed serving: give the front door the new
-        rank set (from the observed commit) while recording the new generation, then `recorded` (the
-        flow's probe figures), release leavers, succeed."""
+        rank set (from the observed commit; `early`: published already, while the members were asked)
+        while recording the new generation, then `recorded` (the flow's probe figures), release
+        leavers, succeed."""
         plan = run.plan
         assert plan is not None
-        early = None
+        if early == "unpublished":
+            early = None
+            if run.state == S.committing:
+                early = await commit_observed(self.record, run)  # the front door has it while we record
         if run.state == S.committing:
-            early = await commit_observed(self.record, run)  # the front door has it while we record
             downtime = run.downtime()
             recovery = await self.record.run_in_session(lambda session: serving_again(session, run.job_id))
 

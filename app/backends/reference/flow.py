@@ -39,10 +39,10 @@ from typing import Any
 from app.agents.client import AgentClient
 from app.agents.fleet import Fleet
 from app.backends.base import EXPECTED_FAILURES, JobCancelled, JobFailure, JobMovedOn
-from app.backends.reference.confirm import confirm_serving
+from app.backends.reference.confirm import confirm_while_publishing
 from app.backends.reference.endings import Endings
 from app.backends.reference.fanout import Fanout, ShouldCancel
-from app.backends.reference.front_door import drain_leavers
+from app.backends.reference.front_door import drain_leavers, prederive
 from app.backends.reference.job import JobRun
 from app.backends.reference.launching import Participants
 from app.backends.reference.probes import JobProbes, open_job_probes
@@ -188,13 +188,13 @@ class Flow:
                 return
         await hang_for_test(self.settings, "switched")
         try:
-            await confirm_serving(run, fanout.fleet)
+            early = await confirm_while_publishing(self.record, run, fanout.fleet)
         except JobFailure as failure:
             await self._record_probe(run, probe)
             await self.end(OnFailure.fail_and_degrade, run, fanout, failure)
             return
         # The probe's figures once the front door serves the new rank set: its canaries cover it too.
-        await self.endings.finish(run, recorded=lambda: self._record_probe(run, probe))
+        await self.endings.finish(run, recorded=lambda: self._record_probe(run, probe), early=early)
 
     async def _open_probe(self, run: JobRun) -> JobProbes | None:
         """Canaries to the engines serving now, and through the front door if any, while the job runs."""
@@ -375,6 +375,7 @@ class Flow:
         """The engine-agreed commit: arm every participant; each answers once it committed (one held
         exchange per engine, none of them inside the window)."""
         await self.record.progress(run, "switching")
+        prederive(self.record, run)  # the front door's new rank set, ready for the observed commit
         run.mark("arm_sent")
         try:
             await drive_arm(run, fanout, self.settings)

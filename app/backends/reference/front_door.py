@@ -27,8 +27,10 @@ from sqlmodel import Session
 from app.backends.base import JobMovedOn
 from app.backends.reference.job import JobRun
 from app.backends.reference.record import JobRecord
-from app.frontdoor.keeper import counters_of
-from app.frontdoor.publish import DoorStep, publish, settle, write
+from app.frontdoor import service
+from app.frontdoor.keeper import KEEPERS, counters_of
+from app.frontdoor.models import EndpointPublic
+from app.frontdoor.publish import DoorStep, publish, serve_ahead, settle, write
 from app.jobs.models import ReconfigurationJob
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,34 @@ async def follow_drain(deployment_id: str, leavers: list[str]) -> dict[str, dict
 NEW_RANK_SET = "new rank set"
 
 
+def prederive(record: JobRecord, run: JobRun) -> None:
+    """As the commit is armed (before the window): the rank set the job's results will make the feed
+    say once every member switched, derived now (reads only; `service.derive_switched`), so that at
+    the observed commit the front door is given it in one Runtime API exchange and nothing else. Only
+    where a keeper of the deployment's front door runs here."""
+    if KEEPERS.get(run.deployment_id) is None:
+        return
+    results, state = run.engine_results(ended_on="new"), run.state.value
+
+    def derive(session: Session) -> list[EndpointPublic] | None:
+        return service.derive_switched(session, run.deployment_id, run.job_id, state, results)
+
+    task = asyncio.ensure_future(record.run_in_session(derive))
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure here is only a miss
+    run.rank_set_ahead = task
+
+
+async def _rank_set_ahead(run: JobRun) -> list[EndpointPublic] | None:
+    task, run.rank_set_ahead = run.rank_set_ahead, None
+    if task is None:
+        return None
+    try:
+        result: list[EndpointPublic] | None = await task
+    except Exception:
+        return None
+    return result
+
+
 async def commit_observed(record: JobRecord, run: JobRun) -> asyncio.Task[DoorStep] | None:
     """Every member confirmed serving the new generation: nothing can take the job back to the old one
     now, so its results say so at once (only while it is still `committing`: a job moved on by another
@@ -119,7 +149,12 @@ async def commit_observed(record: JobRecord, run: JobRun) -> asyncio.Task[DoorSt
             session.commit()
 
     try:
-        written = await write(record.run_in_session, run.deployment_id, before=switched)
+        # HAProxy gets the new rank set first; the write may wait for the database's write lock.
+        derived = await _rank_set_ahead(run)
+        ahead = await serve_ahead(
+            record.run_in_session, run.deployment_id, (run.job_id, state), results, derived=derived
+        )
+        written = await write(record.run_in_session, run.deployment_id, before=switched, ahead=ahead)
     except Exception:  # never fails the job
         log.warning("job %s: publishing the observed commit failed", run.job_id, exc_info=True)
         return None

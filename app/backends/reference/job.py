@@ -71,6 +71,9 @@ class JobRun:
     progress_percent: float = 0.0
     # Coordinator-side timing of the commit window (monotonic seconds), to show where downtime goes.
     commit_marks: dict[str, float] = field(default_factory=dict)
+    # The rank set the front door is given at the observed commit, derived before the window
+    # (`front_door.prederive`): a task, or None where there is nothing to give it ahead.
+    rank_set_ahead: Any = None
 
     def mark(self, name: str) -> None:
         self.commit_marks[name] = time.monotonic()

@@ -13,6 +13,7 @@ modules import it through `import_ray()`.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import tempfile
@@ -86,6 +87,7 @@ def ray_cluster() -> Iterator[RayCluster]:
             "dashboard_host": "127.0.0.1",
             "dashboard_port": free_port(),
         },
+        shutdown_at_exit=False,  # the fixture shuts it down; an exit hook would run after its GCS is gone
     )
     try:
         worker = cluster.add_node(num_cpus=CPUS_PER_NODE, node_ip_address="127.0.0.1")
@@ -99,6 +101,12 @@ def ray_cluster() -> Iterator[RayCluster]:
         )
     finally:
         ray.shutdown()
+        # The Cluster's own GCS connection (its global state accessor, with a native I/O thread) must go
+        # while the GCS still runs: left to the interpreter's exit, its destructor joined that thread with
+        # the GIL held and the GCS gone, and the finished suite hung after its summary (seen 2 of 2 whole
+        # runs, 3 and 24 minutes, until a debugger's attach woke the thread).
+        cluster.global_state.disconnect()
+        gc.collect()
         cluster.shutdown()  # the processes of the two nodes this fixture started, and nothing else
         shutil.rmtree(temp_dir, ignore_errors=True)
         for key, value in saved.items():

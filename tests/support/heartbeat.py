@@ -75,6 +75,10 @@ class Heartbeat:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         grace_s = float(os.environ.get("EPCTL_TEST_EXIT_GRACE_S", "60"))
+        # A thread that cannot run Python cannot bound anything: a native destructor joining a thread with
+        # the GIL held stalled the exit once (Ray's GCS client, tests/ray/conftest.py). faulthandler's own
+        # watchdog needs no GIL: it only prints every thread's Python stack, 30 s after the bound below.
+        faulthandler.dump_traceback_later(grace_s + 30, file=_TERMINAL)
         threading.Thread(
             target=self._bound_exit, args=(grace_s,), name="pytest-exit-bound", daemon=True
         ).start()

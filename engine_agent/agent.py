@@ -116,6 +116,7 @@ class Agent:
         self._broken: BrokenGroup | None = None  # the last group that broke under us, and who stalled
         self._broken_last_step_at: float | None = None  # when that group last stepped (its clients served)
         self._early: BrokenGroup | None = None  # a probe made while a serving collective waited long
+        self._early_at = 0.0  # when that probe started (monotonic)
         self._last_peers: list[tuple[str, StoreAddress]] = []  # our generation's peers' data addresses
         grouped = moe.grouped_step(settings.grouped_step, self.device)
         graphs = step_graphs.graphs_wanted(settings.cuda_graphs, self.device, grouped)
@@ -173,12 +174,18 @@ class Agent:
         return self._last_peers
 
     def _on_stall(self, active: ActiveGeneration) -> None:
-        """A serving collective has waited far longer than a step: probe the other members now, so
-        that if the group breaks at its deadline, who stalled is known at once (`_on_broken`)."""
+        """A serving collective has waited far longer than a step: tell the coordinator now (the
+        heartbeat says how long, `stuck_ms`), probe the other members, and tell it again with whom the
+        probe found silent (issue 39: a frozen member is fenced on that evidence, and the coordinator
+        tells the survivors to leave, well before the serving deadline); if the group breaks at its
+        deadline all the same, who stalled is known at once (`_on_broken`)."""
+        probed_at = time.monotonic()
 
         def found(broken: BrokenGroup) -> None:
-            self._early = broken
+            self._early, self._early_at = broken, probed_at
+            self._beat_now.set()
 
+        self._beat_now.set()
         check_peers(active.generation, self._others(active), found)
 
     def _on_unresponsive(self, generation: int, engine_ids: list[str]) -> None:
@@ -290,7 +297,24 @@ class Agent:
             group_steps=counters.steps + counters.dummy_steps,
             data_unreachable=self.data_reach.unreachable,
             key_check=self.keys.key_check(),
+            **self._stuck(active),
         )
+
+    def _stuck(self, active: ActiveGeneration | None) -> dict[str, object]:
+        """The heartbeat's `stuck_*` fields while a serving collective has waited past the slow mark
+        (with the names of the probe made during this wait), else none."""
+        now = time.monotonic()
+        stuck_s = active.group.stuck_s(now) if active is not None else None
+        if active is None or stuck_s is None:
+            return {}
+        early = self._early
+        probed = early is not None and early.generation == active.generation
+        fresh = probed and self._early_at >= now - stuck_s  # made during this wait, not an earlier one
+        return {
+            "stuck_generation": active.generation,
+            "stuck_ms": round(stuck_s * 1000.0, 1),
+            "stuck_unanswered": list(early.unresponsive) if fresh and early is not None else [],
+        }
 
     def _announce(self) -> None:
         """Register with a coordinator, then heartbeat. Every coordinator sharing the database will do:
@@ -314,7 +338,7 @@ class Agent:
                             log.info("registered with %s as %s", base, self.engine_id)
                         response = client.post(
                             f"{base}/v1/engines/{self.engine_id}/heartbeat",
-                            json=self.heartbeat().model_dump(mode="json"),
+                            json=heartbeat_body(self.heartbeat()),
                         )
                         if response.status_code == 404:
                             registered = False  # the coordinators forgot us: register again
@@ -387,6 +411,15 @@ class Agent:
         self.executor.shutdown()
         self.engine.stop()
         self.cleanup.stop()
+
+
+STUCK_FIELDS = frozenset({"stuck_generation", "stuck_ms", "stuck_unanswered"})
+
+
+def heartbeat_body(beat: AgentHeartbeat) -> dict[str, object]:
+    """The heartbeat as sent: the `stuck_*` fields only while stuck (a coordinator that predates them
+    refuses fields it does not know; it judges a freeze at the serving deadline, as before)."""
+    return beat.model_dump(mode="json", exclude=None if beat.stuck_ms is not None else set(STUCK_FIELDS))
 
 
 def use_data_interface(address: str) -> None:

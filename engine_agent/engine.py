@@ -85,6 +85,7 @@ class ReferenceEngine(ServingLoop):
         self._serving_since: float | None = None  # monotonic: the first iteration after a switch/resume
         self._stopped = False
         self._iterations_since_start = 0  # lock-step iterations since the last switch or resume
+        self._slow_steps, self._slow_step_s = 0, 0.0  # test-only: slow (not frozen) steps to come
         self.counters = EngineCounters()
         # Tokens routed per layer and logical expert, summed on the device step by step (read on demand).
         self._load = torch.zeros(
@@ -174,6 +175,13 @@ class ReferenceEngine(ServingLoop):
                 self._state = AgentState.serving
                 self._iterations_since_start = 0
             self._cond.notify_all()
+
+    def slow_down(self, steps: int, step_s: float) -> None:
+        """Test-only (`/v1/faults`): the next `steps` iterations each compute `step_s` in the serving
+        thread before their collective, as a slow step under load would; the engine still heartbeats
+        and answers (issue 39: a slow step is not a freeze)."""
+        with self._cond:
+            self._slow_steps, self._slow_step_s = steps, step_s
 
     def abandon(self, generation: int, reason: str) -> bool:
         """Give up `generation`'s group (a peer found it broken): the loop leaves it within one wait

@@ -63,7 +63,9 @@ class GroupAbandoned(CollectiveTimeout):
     """The group was given up (broken, as a peer or this engine found): its collectives end at once."""
 
 
-SLOW_AFTER_S = 2.0  # a serving collective this slow (far above any step): who stalled is asked
+# A serving collective this slow (far above a step, even a loaded host's): who stalled is asked, and the
+# coordinator told (issue 39: a frozen member is fenced on that evidence, not at the serving deadline).
+SLOW_AFTER_S = 0.5
 WAIT_SLICE_S = 0.05  # a CPU collective is waited in slices of this: an abandoned group is left within one
 POLL_SPIN_S = 0.005  # a GPU operation's completion is polled without a pause this long, then every
 POLL_SLEEP_S = 0.0002  # this
@@ -141,6 +143,17 @@ class CommGroup:
     # engine starts finding out who stalled, so the evidence is there by the serving deadline.
     on_slow: Callable[[], None] | None = field(default=None, repr=False)
     slow_after_s: float = SLOW_AFTER_S
+    # When the collective this engine waits on now started (monotonic; None: not waiting): how long it
+    # has been stuck is read from here by the heartbeat (`stuck_s`).
+    waiting_since: float | None = field(default=None, repr=False)
+
+    def stuck_s(self, now: float | None = None) -> float | None:
+        """How long the collective waited on now has waited, once past `slow_after_s`; else None."""
+        since = self.waiting_since
+        if since is None:
+            return None
+        waited = (time.monotonic() if now is None else now) - since
+        return waited if waited >= self.slow_after_s else None
 
     def abandon(self, reason: str) -> bool:
         """Give the group up: a collective waiting on it (or started later) raises GroupAbandoned
@@ -221,17 +234,21 @@ class CommGroup:
         give_up = started + deadline_s
         spin_until = started + POLL_SPIN_S
         slow_told = self.on_slow is None
-        while not done():
-            now = time.monotonic()
-            if self.abandoned.is_set():
-                raise GroupAbandoned(f"{what}: the group was given up ({self.abandon_reason})")
-            if now > give_up:
-                raise CollectiveTimeout(f"{what}: not done within {deadline_s:g} s")
-            if not slow_told and now - started >= self.slow_after_s and self.on_slow is not None:
-                slow_told = True  # as the CPU wait does: who stalled is known by the deadline
-                self.on_slow()
-            if now > spin_until:
-                time.sleep(POLL_SLEEP_S)
+        self.waiting_since = started
+        try:
+            while not done():
+                now = time.monotonic()
+                if self.abandoned.is_set():
+                    raise GroupAbandoned(f"{what}: the group was given up ({self.abandon_reason})")
+                if now > give_up:
+                    raise CollectiveTimeout(f"{what}: not done within {deadline_s:g} s")
+                if not slow_told and now - started >= self.slow_after_s and self.on_slow is not None:
+                    slow_told = True  # as the CPU wait does: who stalled is known by the deadline
+                    self.on_slow()
+                if now > spin_until:
+                    time.sleep(POLL_SLEEP_S)
+        finally:
+            self.waiting_since = None
 
     def check_abandoned(self, what: str) -> None:
         """Raise GroupAbandoned once the group is given up (what a collective on it would do)."""
@@ -252,9 +269,15 @@ class CommGroup:
             except RuntimeError as exc:
                 raise collective_failed(what, exc) from exc
             return
+        started = self.waiting_since = time.monotonic()
+        try:
+            self._wait_cpu(work, what, deadline_s, started)
+        finally:
+            self.waiting_since = None
+
+    def _wait_cpu(self, work: Any, what: str, deadline_s: float, started: float) -> None:
         # Gloo ends the operation itself at `deadline_s` (a peer's error ends it sooner); the
         # backstop only guards against a work that never completes.
-        started = time.monotonic()
         backstop = started + deadline_s + 1.0
         slow_told = self.on_slow is None
         while True:

@@ -67,6 +67,8 @@ class ServingLoop:
     _on_stall: Callable[[ActiveGeneration], None] | None
     _stopped: bool
     _iterations_since_start: int
+    _slow_steps: int
+    _slow_step_s: float
     _load: torch.Tensor
     _step_ms: collections.deque[float]
     _on_paused: Callable[[PausedAt], None] | None
@@ -139,6 +141,9 @@ class ServingLoop:
     ) -> bool:
         """One lock-step iteration. False when it did no real step (paused, or nothing anywhere)."""
         started = time.perf_counter()
+        if self._slow_steps:  # test-only: a slow step (`slow_down`)
+            self._slow_steps -= 1
+            _compute_for(self._slow_step_s)
         group = active.group
         my_count = sum(r.tokens.shape[0] for r in batch)
         boundary = lockstep.agree_boundary(
@@ -284,3 +289,11 @@ class ServingLoop:
                 self._on_broken(active, exc)
             except Exception:
                 log.exception("reporting the broken generation %s failed", active.generation)
+
+
+def _compute_for(seconds: float) -> None:
+    """Python work in this thread for `seconds` (it takes the GIL as a busy step does, and gives it up
+    at each switch interval as any Python thread)."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        sum(range(1000))

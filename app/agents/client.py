@@ -34,6 +34,7 @@ from app.agents.transport import (
     PATH_CLEANUP_ACKNOWLEDGE,
     PATH_CLEANUP_RETRY,
     PATH_FAULTS,
+    PATH_GENERATION_BROKEN,
     PATH_HEALTH,
     PATH_INFER,
     PATH_INFO,
@@ -58,6 +59,7 @@ from engine_agent.protocol import (
     ArmRequest,
     CleanupStatus,
     FaultInjection,
+    GenerationBroken,
     InferRequest,
     InferResponse,
     JobRef,
@@ -251,6 +253,13 @@ class AgentClient(AgentTransport):
     async def cleanup_acknowledge(self, *, timeout_s: float | None = None) -> CleanupStatus:
         body = await self._request("POST", PATH_CLEANUP_ACKNOWLEDGE, timeout_s=timeout_s)
         return self._parse(CleanupStatus, body, "cleanup acknowledge")
+
+    async def generation_broken(self, notice: GenerationBroken, *, timeout_s: float | None = None) -> bool:
+        """Tell the agent to give up `notice.generation`'s group now; whether it served that one."""
+        body = await self._request(
+            "POST", PATH_GENERATION_BROKEN, body=notice.model_dump_json().encode(), timeout_s=timeout_s
+        )
+        return bool(body.get("abandoned")) if isinstance(body, dict) else False
 
     async def inject_faults(self, faults: FaultInjection, *, timeout_s: float | None = None) -> None:
         await self._request("POST", PATH_FAULTS, body=faults.model_dump_json().encode(), timeout_s=timeout_s)

@@ -40,6 +40,7 @@ PATH_FAULTS = "/v1/faults"
 PATH_INFER = "/v1/infer"
 PATH_AGENT_KEY = "/v1/agent-key"
 PATH_SPARE = "/v1/spare"
+PATH_GENERATION_BROKEN = "/v1/generation/broken"
 
 # The `operation` label of `epctl_agent_calls` for each path (a small, fixed set).
 OPERATIONS = {
@@ -54,6 +55,7 @@ OPERATIONS = {
     PATH_FAULTS: "faults",
     PATH_INFER: "infer",
     PATH_AGENT_KEY: "agent_key",
+    PATH_GENERATION_BROKEN: "generation_broken",
 }
 
 DEFAULT_CALL_TIMEOUT_S = 5.0

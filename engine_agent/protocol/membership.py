@@ -112,6 +112,12 @@ class FaultInjection(BaseModel):
     warmup_policy_override: WarmupPolicy | None = Field(
         None, description="pretend the job said this policy (to show the mismatch check)"
     )
+    slow_steps: int = Field(
+        0, ge=0, le=1000, description="the next this many serving iterations each compute `slow_step_s` first"
+    )
+    slow_step_s: float = Field(
+        0.0, ge=0, le=30, description="a slow (not frozen) step: CPU work in the serving thread, this long"
+    )
 
 
 class AgentHeartbeat(BaseModel):
@@ -152,6 +158,19 @@ class AgentHeartbeat(BaseModel):
         max_length=1024,
         description="peers (of its current generation, or the last it was in) whose data address did not "
         "accept a connection from this engine: the data network's view from here",
+    )
+    stuck_generation: int | None = Field(
+        None,
+        ge=1,
+        description="the generation one of whose serving collectives this engine has waited on for "
+        "`stuck_ms` (past the slow mark, far above a step); sent only while so",
+    )
+    stuck_ms: float | None = Field(None, ge=0, description="how long it has waited on that collective")
+    stuck_unanswered: list[str] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="members of `stuck_generation` that did not answer this engine's health probe, made "
+        "while it waited (the coordinator fences a frozen member on this, issue 39)",
     )
     key_check: str | None = Field(
         None,

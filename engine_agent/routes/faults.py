@@ -17,4 +17,6 @@ def faults(body: FaultInjection, agent: AgentDep) -> FaultInjection:
     if not agent.settings.enable_fault_injection:  # a second lock: never reached when unregistered
         raise ProblemError(404, "fault-injection-disabled", "fault injection is not enabled on this agent")
     agent.executor.inject(body)
+    if body.slow_steps:
+        agent.engine.slow_down(body.slow_steps, body.slow_step_s)
     return body

@@ -1,12 +1,14 @@
 """Serving never depends on the coordinator (issue 22), on real processes: a coordinator that is gone
 for longer than the old 15 s orphan grace costs no request and a restarted one adopts what runs (the
 coordinator's boundary), and a frozen member is fenced on its peers' evidence, not at its heartbeat
-timeout, then re-admitted (the one real-process test of a freeze outside a job). What a restarted
+timeout, then re-admitted (the one real-process test of a freeze outside a job), while a member that is
+only slow, on a loaded host, is never fenced (issue 39). What a restarted
 coordinator does with a member that is gone, frozen or changed is the liveness judge's (rows of
 tests/runner/test_liveness_rules.py, written in tests/runner/test_stalls.py).
 
-The heartbeat timeout here is 15 s, as in production, so a frozen member is fenced on evidence (the
-survivors leave its group at the 5 s serving deadline and name it) before its silence could expire it.
+The heartbeat timeout here is 15 s, as in production, so a frozen member is fenced on evidence (its
+peers report that they wait on it and that it does not answer their probe, the coordinator's own probe
+gets no answer either, issue 39) before the 5 s serving deadline, let alone its heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +26,7 @@ from typing import Any
 from app.launchers.local import LocalLauncher
 from tests.support.e2e import Stack
 from tests.support.invariants import assert_recovered
-from tests.support.stack import SteadyClient, agent_info
+from tests.support.stack import SteadyClient, agent_http, agent_info
 from tests.support.waiting import wait_until
 
 COORDINATOR_ENV = {
@@ -119,7 +123,10 @@ def test_a_frozen_member_is_fenced_on_evidence_and_re_admitted_once_it_thaws(sta
                 assert LocalLauncher(coordinator.data_dir).records().get(frozen_id), "still recorded"
                 jobs = coordinator.api.get("/v1/reconfigurations", params={"deployment": name}).json()["data"]
                 heal = next(j for j in jobs if j["requested_by"] == "self-heal")
-                assert f"{frozen_id} (stalled: named by every survivor)" in heal["reason"], heal["reason"]
+                # Issue 39: fenced on the frozen rule (its peer waited on it, nobody got an answer, the
+                # survivor told to leave), not at the serving deadline (`stalled`).
+                frozen_why = "frozen: its peers wait on it, nobody gets an answer"
+                assert f"{frozen_id} ({frozen_why})" in heal["reason"], heal["reason"]
             finally:
                 os.kill(frozen_pid, signal.SIGCONT)
 
@@ -142,3 +149,50 @@ def test_a_frozen_member_is_fenced_on_evidence_and_re_admitted_once_it_thaws(sta
         assert_recovered(stack, name)
         wrong = [s for s in client.samples if s.ok and (s.max_abs_error or 0.0) > 1e-4]
         assert wrong == []
+
+
+def test_a_slow_member_on_a_loaded_host_is_never_fenced(stack: Stack) -> None:
+    """Issue 39: rank 1's serving loop computes 2.5 s (Python work in its serving thread) before each of
+    its next 3 steps while two busy processes load the cores: rank 0 waits on it in the step's collective
+    past its slow mark (0.5 s) and tells the coordinator, but rank 1 heartbeats and answers every probe
+    meanwhile, so it is only slow: never fenced, the generation serves on, no job, no incident."""
+    coordinator = stack.coordinator
+    with deployment_of(stack, "replace") as (name, members):
+        before = coordinator.deployment(name)
+        waiting, slow = members
+        client = steady(stack, [m["url"] for m in members])
+        load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+        try:
+            client.wait_serving()
+            steps_before = agent_info(slow["url"])["serving_steps"]
+            fault = {"slow_steps": 3, "slow_step_s": 2.5}
+            agent_http.post(f"{slow['url']}/v1/faults", json=fault, timeout=5).raise_for_status()
+            # The evidence path ran: the waiting member said it is stuck in the slow one's collective.
+            said = f"engine {waiting['engine_id']} stuck"
+            wait_until(lambda: said in coordinator.log_tail(400_000), timeout_s=60, what="a stuck report")
+            # The slow steps are over once it stepped well past them (each is one iteration).
+            wait_until(
+                lambda: agent_info(slow["url"])["serving_steps"] >= steps_before + 10,
+                timeout_s=120,
+                what="the slow member stepping on",
+                interval_s=0.2,
+            )
+            client.wait_serving()
+        finally:
+            for burner in load:
+                burner.kill()
+                burner.wait()
+            client.stop()
+        states = {e["id"]: e["state"] for e in coordinator.engines(name)}
+        assert states == {m["engine_id"]: "serving" for m in members}, states
+        after = coordinator.deployment(name)
+        assert (after["generation"], after["status"], after["current_dp_size"]) == (
+            before["generation"],
+            "ready",
+            2,
+        )
+        jobs = coordinator.api.get("/v1/reconfigurations", params={"deployment": name}).json()["data"]
+        assert [j for j in jobs if j["requested_by"] == "self-heal"] == []
+        assert coordinator.api.get("/v1/incidents", params={"deployment": name}).json()["data"] == []
+        assert f"fenced {slow['engine_id']}" not in coordinator.log_tail(400_000)
+        assert client.failures() == []

@@ -46,7 +46,7 @@ class ReferenceBackend(Backend):
             fence_grace_s=timeout,
             health_confirm_s=context.settings.health_confirm_s,
         )
-        self.liveness = Liveness(self.record, context.launchers, rules)
+        self.liveness = Liveness(self.record, context.launchers, rules, new_fleet=context.new_fleet)
         self.incident_probes = IncidentProbes(self.record)
         self.spares = SpareKeeper(self.record, context.settings, context.launchers, context.new_fleet)
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, Request, Response, status
 from sqlmodel import Session
 
@@ -7,7 +9,9 @@ from app.api.deps import DatabaseDep, EngineAgent, Reader
 from app.api.params import DeploymentFilterQuery, EngineIdPath
 from app.coordinators import service as coordinators
 from app.core import wake
+from app.core.clock import utc_now
 from app.core.problems import problem_responses
+from app.core.stuck import STUCK
 from app.deployments.engines import service
 from app.deployments.engines.batch import HeartbeatBatches
 from app.deployments.engines.models import (
@@ -23,6 +27,7 @@ from app.deployments.models import Deployment
 from app.deployments.reactions import Reactions
 from app.deployments.spares import role_of, spare_ids
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/engines", tags=["engines"], responses=problem_responses(401, 403, 422))
 
 
@@ -110,10 +115,22 @@ async def heartbeat(
     def group_broke(session: Session, engine: Engine) -> None:
         backends.group_broke(session, engine.deployment_id)
 
+    # Stuck in a serving collective (issue 39): this coordinator's memory, judged at once when news.
+    stuck_news = STUCK.note(engine_id, body.stuck_generation, body.stuck_ms, body.stuck_unanswered, utc_now())
+    if stuck_news:
+        log.warning(
+            "engine %s stuck %.0f ms in a serving collective of generation %s; its probe found silent: %s",
+            engine_id,
+            body.stuck_ms,
+            body.stuck_generation,
+            body.stuck_unanswered or "none",
+        )
     # A heartbeat that only renews the record is written with the others waiting (one commit for all:
     # issue 37, 700 heartbeats a second) and answered once committed; any other takes the whole path.
     recorded = await _batches(request, db).record(engine_id, body)
     if recorded is not None:
+        if stuck_news:
+            wake.ring(wake.LIVENESS)
         row, live = recorded.row, recorded.coordinators
         return EngineHeartbeatAnswer.of(row, deployment=row.deployment or "", coordinators=live)
 
@@ -124,7 +141,7 @@ async def heartbeat(
         return answer, service.reported_break_now(engine)
 
     answer, broke = await db.run(work)
-    if broke:
+    if broke or stuck_news:
         # The status is written already (`group_broke`); the liveness pass fences and heals now, not at
         # its next interval (issue 34).
         wake.ring(wake.LIVENESS)

@@ -12,6 +12,7 @@ from app.backends.reference.liveness.verdict import (
     EngineVerdict,
     Fate,
     HealMemory,
+    Leave,
     NoJob,
     StatusVerdict,
     Verdict,
@@ -49,6 +50,7 @@ class Board:
     action: Action | None = None
     broken_since: datetime | None = None
     deaf: bool = False
+    leave: Leave | None = None
     notes: list[str] = field(default_factory=list)
 
     @classmethod
@@ -243,5 +245,6 @@ class Board:
             lost_to_incident=tuple(self.lost_to_incident),
             broken_since=self.broken_since,
             deaf=self.deaf,
+            leave=self.leave,
             notes=tuple(self.notes),
         )

@@ -4,10 +4,14 @@ members answered (`adoption`).
 
     observe   the views of every reference deployment (`observe.views`), then the probes as a separate
               observation step: `/healthz` of the engines still recorded on a broken generation
-              (`judge.probe_targets`, `probes.process_gone`)
+              (`judge.probe_targets`, `probes.process_gone`); the heartbeats' reports of engines stuck
+              in a serving collective (`app.core.stuck`), and the probe of a freeze suspect
+              (`judge.freeze_suspects`, `probes.reply_of`), which runs in the background and wakes the
+              pass with its reply (issue 39)
     judge     one pure verdict per view and `now` (`judge.judge`)
     act       each verdict through the one writers, if the record is still what was seen (`act.act`);
-              the engines written off are stopped by their launchers
+              the engines written off are stopped by their launchers; the members waiting on a fenced
+              frozen one are told to leave its group (`leave.tell_to_leave`)
 
 What it remembers between passes (in memory, this coordinator's): when it started watching (silence
 counts from then), when it last heard no engine at all, and since when each deployment has not been
@@ -22,6 +26,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlmodel import Session
 
@@ -29,12 +34,15 @@ from app.agents.fleet import Fleet
 from app.backends.reference.liveness import observe
 from app.backends.reference.liveness.act import Acted, act, write_adopted, write_adopting
 from app.backends.reference.liveness.adoption import Adoption, adoption_of, ask_members
-from app.backends.reference.liveness.judge import judge, probe_targets
-from app.backends.reference.liveness.probes import Probe, process_gone
-from app.backends.reference.liveness.verdict import Verdict
-from app.backends.reference.liveness.view import DeploymentView, Rules
+from app.backends.reference.liveness.judge import freeze_suspects, judge, probe_targets
+from app.backends.reference.liveness.leave import tell_to_leave
+from app.backends.reference.liveness.probes import Probe, Reply_of, process_gone, reply_of
+from app.backends.reference.liveness.verdict import Leave, Verdict
+from app.backends.reference.liveness.view import DeploymentView, Probed, Rules
+from app.core import wake
 from app.core.clock import utc_now
 from app.core.shedding import SHED_HEARTBEATS, ShedHeartbeats
+from app.core.stuck import STUCK, StuckReports
 from app.deployments.agent_keys import agent_keys_of
 from app.deployments.models import Deployment, DeploymentStatus
 from app.jobs.async_record import WorkerSessions
@@ -72,8 +80,16 @@ class Liveness:
         clock: Clock = utc_now,
         watching_since: datetime | None = None,
         shed: ShedHeartbeats = SHED_HEARTBEATS,
+        stuck: StuckReports = STUCK,
+        reply: Reply_of = reply_of,
+        new_fleet: Callable[[], Fleet] | None = None,
     ) -> None:
         self.shed = shed
+        self.stuck = stuck
+        self.reply = reply
+        self.new_fleet = new_fleet  # None: the survivors of a frozen member leave at the serving deadline
+        self.probed: dict[str, Probed] = {}  # freeze suspects probed (engine id -> start and reply)
+        self._background: set[asyncio.Task[None]] = set()  # suspects' probes, leave notices
         self.record = record
         self.launchers = launchers
         self.rules = rules
@@ -91,7 +107,39 @@ class Liveness:
         """One pass over every reference deployment."""
         views = await self.record.run_in_session(self._observe)
         views = await self._probed([v for v in views if v.id not in self._adopting])
-        return await self._judge_and_act(views)
+        return await self._judge_and_act(self._suspects(views))
+
+    def _suspects(self, views: list[DeploymentView]) -> list[DeploymentView]:
+        """Start the probe of each new freeze suspect (in the background: its reply wakes the pass);
+        the views show it pending."""
+        now = self.clock()
+        self.stuck.prune(now - timedelta(seconds=self.rules.heartbeat_timeout_s))
+        for engine_id in [k for k, v in self.probed.items() if v.started_at < now - timedelta(minutes=1)]:
+            del self.probed[engine_id]
+        stuck = self.stuck.snapshot()
+        seen = [observe.with_stuck(v, stuck, self.probed) for v in views]
+        started = False
+        for view in seen:
+            for engine in freeze_suspects(view):
+                self.probed[engine.id], started = Probed(now), True
+                self._spawn(self._probe_suspect(engine.id, engine.url, now), "probe-freeze-suspect")
+        return [observe.with_stuck(v, stuck, self.probed) for v in views] if started else seen
+
+    async def _probe_suspect(self, engine_id: str, url: str, started_at: datetime) -> None:
+        reply = await self.reply(url)
+        if self.probed.get(engine_id, Probed(started_at)).started_at == started_at:
+            self.probed[engine_id] = Probed(started_at, reply)
+        log.warning("freeze suspect %s probed: %s", engine_id, reply.value)
+        wake.ring(wake.LIVENESS)
+
+    def _spawn(self, work: Any, name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _tell(self, deployment_id: str, leave: Leave) -> None:
+        if self.new_fleet is not None:
+            self._spawn(tell_to_leave(self.record, self.new_fleet, deployment_id, leave), "tell-to-leave")
 
     def _observe(self, session: Session, *, only_without_a_job: bool = False) -> list[DeploymentView]:
         # The heartbeats this coordinator shed while saturated count as heard (`app.core.shedding`).
@@ -134,6 +182,8 @@ class Liveness:
                 functools.partial(act, view=view, verdict=verdict, now=now)
             )
             found.acted[view.name] = acted
+            if acted.applied and verdict.leave is not None:
+                self._tell(view.id, verdict.leave)
             if acted.applied and view.current_dp_size > 0:  # `health`'s, or a job's (`serving_in_a_job`)
                 if verdict.broken_since is None:
                     self.broken_since.pop(view.id, None)

@@ -8,7 +8,10 @@ ones decided:
               is recorded as it says, one where nothing listens is lost, one that does not answer is
               fenced, unless it is the only one and every other member serves with it (a lost link);
 2. `gone`     an engine whose process is gone (connection refused, `probes`) is lost at once;
-3. `stalled`  a member every other member named when their group broke at the serving deadline, and
+3. `frozen`   a member every other member waits on in a serving collective, that nobody (they, nor the
+              coordinator's own probe) gets an answer from, and not heard from since, is fenced, and
+              the others are told to leave its group now (`engines.frozen_member`, issue 39);
+   `stalled`  a member every other member named when their group broke at the serving deadline, and
               not heard from since, is fenced on that evidence (`engines.stalled_members`);
 4. `silence`  an engine silent past the heartbeat timeout is lost, unless its peers vouch for it (a lost
               control link) or the coordinator hears no engine at all (its own network is cut);
@@ -44,7 +47,7 @@ from app.backends.reference.liveness.health import (
     assess,
     serves,
 )
-from app.backends.reference.liveness.verdict import EMPTY, JOB_OWNS_IT, Fate, NoJob, Verdict
+from app.backends.reference.liveness.verdict import EMPTY, JOB_OWNS_IT, Fate, Leave, NoJob, Verdict
 from app.backends.reference.liveness.view import LIVE_STATES, Answer, DeploymentView, EngineSeen, Rules
 from app.core.shedding import heard_at
 from app.deployments.engines.models import SERVING_STATES, EngineState
@@ -62,6 +65,7 @@ def judge(view: DeploymentView, now: datetime, rules: Rules) -> Verdict:
     if not owned and view.current_dp_size > 0:
         answers(board)
         gone(board)
+        frozen(board)
     if view.current_dp_size > 0:
         stalled(board)  # in a job too: evidence, ahead of the silence that would write it off
     silence(board)
@@ -101,6 +105,19 @@ def deaf(view: DeploymentView, now: datetime, rules: Rules) -> bool:
     timeout, so some heartbeat is always fresher than that while it can hear anyone."""
     newest = view.hearing.newest_heartbeat_at
     return newest is not None and newest < now - timedelta(seconds=rules.heartbeat_timeout_s / 2)
+
+
+def freeze_suspects(view: DeploymentView) -> list[EngineSeen]:
+    """The engines the coordinator probes itself as freeze suspects (`engines.freeze_suspect`), in a
+    deployment no job runs: at most one, and only while no probe of it started since its peers got
+    stuck (the probe's reply is judged by `frozen`)."""
+    if view.active_job is not None or view.current_dp_size < 2:
+        return []
+    suspect = engine_rules.freeze_suspect(view.current_dp_size, view.generation, view.engines)
+    if suspect is None:
+        return []
+    probed = suspect.engine.probed
+    return [] if probed is not None and probed.started_at >= suspect.since else [suspect.engine]
 
 
 def probe_targets(view: DeploymentView) -> list[EngineSeen]:
@@ -171,6 +188,32 @@ def gone(board: Board) -> None:
     for engine in board.live():
         if engine.process_gone and engine.state in LIVE_STATES:
             mark_lost(board, engine, "gone (connection refused)")
+
+
+def frozen(board: Board) -> None:
+    found = engine_rules.frozen_member(board.size, board.generation, board.live())
+    if found is None:
+        return
+    engine = found.engine
+    waited_s = (board.now - found.since).total_seconds()
+    board.take_out(
+        [engine], EngineState.fenced, Fate.frozen, "frozen: its peers wait on it, nobody gets an answer"
+    )
+    message = (
+        f"{engine.id} stopped answering: every other member of generation {board.generation} has waited "
+        f"on it in a serving collective for {waited_s:.1f} s, and neither they nor the coordinator get an "
+        f"answer from it; fenced, the others leave its group and the generation re-forms without it"
+    )
+    hint = (
+        "a frozen engine that comes back within the heartbeat timeout is re-admitted; one that does not "
+        "is written off and stopped"
+    )
+    board.write_status("degraded", REASON_STALLED, message, hint=hint)
+    board.leave = Leave(
+        board.generation,
+        tuple((e.id, e.url) for e in found.waiting),
+        f"the coordinator fenced {engine.id}: frozen (its peers waited {waited_s:.1f} s on it)",
+    )
 
 
 def stalled(board: Board) -> None:
@@ -280,4 +323,4 @@ def health(board: Board) -> None:
     board.degrade_for_health(found)
 
 
-__all__ = ["deaf", "judge", "judge_reported_break", "probe_targets", "serves"]
+__all__ = ["deaf", "freeze_suspects", "judge", "judge_reported_break", "probe_targets", "serves"]

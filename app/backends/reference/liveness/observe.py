@@ -18,8 +18,10 @@ from app.backends.reference.liveness.view import (
     EngineSeen,
     Hearing,
     JobSeen,
+    Probed,
 )
 from app.core.shedding import heard_at
+from app.core.stuck import Stuck
 from app.deployments.engines.models import Engine, EngineState, refuses_key
 from app.deployments.models import Deployment, EngineBackend, effective_on_engine_loss
 from app.jobs.models import ReconfigurationJob
@@ -192,6 +194,21 @@ def with_probes(view: DeploymentView, gone: Mapping[str, bool]) -> DeploymentVie
     if not gone:
         return view
     engines = tuple(replace(e, process_gone=gone[e.id]) if e.id in gone else e for e in view.engines)
+    return replace(view, engines=engines)
+
+
+def with_stuck(
+    view: DeploymentView, stuck: Mapping[str, Stuck], probed: Mapping[str, Probed]
+) -> DeploymentView:
+    """The view with the heartbeats' stuck reports (`app.core.stuck`) and the freeze suspects' probes."""
+    if not stuck and not probed:
+        return view
+    engines = tuple(
+        replace(e, stuck=stuck.get(e.id), probed=probed.get(e.id))
+        if e.id in stuck or e.id in probed or e.stuck or e.probed
+        else e
+        for e in view.engines
+    )
     return replace(view, engines=engines)
 
 

@@ -13,6 +13,7 @@ class Fate(StrEnum):
     lost = "lost"  # unreachable: silent past the heartbeat timeout, or its process is gone
     link_lost = "link-lost"  # not heard, but its group steps (or the coordinator hears nobody)
     stalled = "stalled"  # fenced: every other member named it when the group broke
+    frozen = "frozen"  # fenced: every other member waits on it in a collective, and nobody gets an answer
     cut_off = "cut-off"  # fenced: its data network does not reach the others
     silent_at_start = "silent-at-start"  # fenced: it did not answer a starting coordinator
     written_off = "written-off"  # left for good, stopped by its launcher
@@ -93,6 +94,16 @@ class HealMemory:
 
 
 @dataclass(frozen=True)
+class Leave:
+    """Tell these members to give up `generation`'s group now (`POST /v1/generation/broken`): the member
+    they wait on was fenced (issue 39), so they stop waiting before the serving deadline."""
+
+    generation: int
+    engines: tuple[tuple[str, str], ...]  # (engine id, url)
+    reason: str
+
+
+@dataclass(frozen=True)
 class Verdict:
     deployment: str
     engines: tuple[EngineVerdict, ...] = ()
@@ -103,6 +114,7 @@ class Verdict:
     lost_to_incident: tuple[tuple[tuple[str, ...], datetime], ...] = ()
     broken_since: datetime | None = None  # the controller's memory for the next pass
     deaf: bool = False  # the coordinator hears no engine at all
+    leave: Leave | None = None  # the survivors of a frozen member to tell, once the verdict is written
     notes: tuple[str, ...] = ()  # what the pass decided, in words (logged)
 
     @property
@@ -114,6 +126,7 @@ class Verdict:
             and self.memory is None
             and not self.lost_to_incident
             and self.job is None
+            and self.leave is None
             and not self.notes
         )
 

@@ -11,6 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from app.core.stuck import Stuck
 from app.deployments.engines.models import EngineState
 from app.deployments.models import OnEngineLoss
 
@@ -47,6 +48,22 @@ class Asked:
     world_size: int = 0
 
 
+class Reply(StrEnum):
+    """What a suspect answered the coordinator's own `/healthz` probe (`probes.reply_of`)."""
+
+    answered = "answered"  # any HTTP answer: its process runs (slow, perhaps, but not frozen)
+    silent = "silent"  # connected, no answer within the probe's deadline: frozen (or hopelessly slow)
+    gone = "gone"  # connection refused: nothing listens
+
+
+@dataclass(frozen=True)
+class Probed:
+    """The coordinator's probe of a freeze suspect: when it started, and its reply (None: pending)."""
+
+    started_at: datetime
+    reply: Reply | None = None
+
+
 @dataclass(frozen=True)
 class EngineSeen:
     """One engine of the deployment (not `left`), as its row says."""
@@ -74,6 +91,10 @@ class EngineSeen:
     # It refuses the coordinator's agent key (issue 32's condition `engine-refuses-agent-key`, filled in by
     # the observer once the record carries it): never counted a serving member, never a survivor.
     refuses_agent_key: bool = False
+    # Its heartbeat's report that it is stuck in a serving collective (`app.core.stuck`), and this
+    # coordinator's probe of it as a freeze suspect (issue 39; None: none).
+    stuck: Stuck | None = None
+    probed: Probed | None = None
     # Observations of this pass's I/O steps (None: not asked).
     process_gone: bool | None = None  # `probes.process_gone`: connection refused at its URL
     asked: Asked | None = None  # a starting coordinator's question (`adoption`)

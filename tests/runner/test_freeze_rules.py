@@ -21,6 +21,7 @@ from app.backends.reference.liveness.judge import freeze_suspects
 from app.backends.reference.liveness.verdict import Fate, Leave, NoJob
 from app.backends.reference.liveness.view import DeploymentView, Probed, Reply
 from app.core.stuck import Stuck, StuckReports
+from app.deployments.engines.fenced import stays_fenced
 from tests.runner.liveness_views import NOW, ago, engine, job, verdict, view
 
 STUCK_SINCE = 1.0
@@ -153,3 +154,23 @@ def test_reports_not_renewed_are_pruned() -> None:
     reports.note("e1", 1, 600.0, [], NOW + timedelta(seconds=20))
     reports.prune(NOW + timedelta(seconds=10))
     assert list(reports.snapshot()) == ["e1"]
+
+
+# --- a fenced engine that thaws on the group its peers left (`app.deployments.engines.fenced`) ------------
+
+
+@pytest.mark.parametrize(
+    ("state", "generation", "deployment_generation", "broken_elsewhere", "stays"),
+    [
+        ("serving", 4, 5, False, True),  # the deployment re-formed without it
+        ("serving", 4, 4, True, True),  # its peers left the group and said so
+        ("paused", 4, 5, False, True),
+        ("serving", 4, 4, False, False),  # its group still steps (fenced at a coordinator's start): back
+        ("idle", 0, 5, True, False),  # it left the old generation: re-admitted by the grow-back
+        ("idle", 4, 5, False, False),
+    ],
+)
+def test_a_fenced_engine_reporting_a_group_that_is_gone_stays_fenced(
+    state: str, generation: int, deployment_generation: int, broken_elsewhere: bool, stays: bool
+) -> None:
+    assert stays_fenced(state, generation, deployment_generation, broken_elsewhere) is stays

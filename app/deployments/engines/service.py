@@ -19,6 +19,7 @@ from app.core.errors import ConflictError, NotFoundError
 from app.core.sealing import SealingError
 from app.deployments.agent_keys import SealedKeys, key_verdicts
 from app.deployments.coverage import coverage_condition
+from app.deployments.engines.fenced import left_behind_by
 from app.deployments.engines.models import Engine, EngineState, refuses_key
 from app.deployments.incidents import service as incidents
 from app.deployments.models import Condition, Deployment
@@ -115,11 +116,19 @@ def record_heartbeat(
     # A fenced engine comes back only once its data network reaches its peers again (a broken data
     # link leaves it heartbeating over the control network): until then it stays out of every job.
     cut_off = engine.state == EngineState.fenced.value and bool(heartbeat.data_unreachable)
-    if not cut_off:
+    # A frozen engine fenced while its peers left its group may thaw still on that group (its last
+    # collective can complete against a peer's abandoned one): it stays fenced, off any rank, until
+    # it leaves that generation by itself (issue 39: no stale generation comes back as serving).
+    left_behind = engine.state == EngineState.fenced.value and left_behind_by(session, engine, heartbeat)
+    if left_behind:
+        log.warning("fenced engine %s still reports generation %s, which re-formed without it", engine_id,
+                    heartbeat.generation)  # fmt: skip
+    if not cut_off and not left_behind:
         engine.state = EngineState(heartbeat.state.value).value
-    engine.generation = heartbeat.generation
-    engine.dp_rank = heartbeat.rank
-    engine.world_size = heartbeat.world_size
+    if not left_behind:
+        engine.generation = heartbeat.generation
+        engine.dp_rank = heartbeat.rank
+        engine.world_size = heartbeat.world_size
     if heartbeat.broken_generation is None:
         engine.broken_generation, engine.unresponsive_peers, engine.broken_reported_at = None, None, None
         engine.broken_last_step_at = None
@@ -231,6 +240,8 @@ def steady_statement() -> sa.Update:
         .where(
             engines.c.id == sa.bindparam("engine_id"),
             engines.c.state != EngineState.left.value,
+            # A fenced engine takes the whole path (`stays_fenced`).
+            engines.c.state != EngineState.fenced.value,
             engines.c.link_lost_at.is_(None),
         )
         .values(

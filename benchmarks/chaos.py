@@ -693,7 +693,8 @@ def main() -> int:
         report.add_table(
             f"SIGSTOP of 1 of {args.engines} engines while serving (`replace`, heartbeat timeout 15 s)",
             ["run", "fenced s", "heal job created s", "heal job s", "serving again s", "fenced on",
-             "client outage ms", "incident client outage ms", "re-admitted", "full size s", "failed requests"],
+             "client outage ms", "incident client outage ms", "re-admitted", "full size s",
+             "failed requests"],
             [
                 [i + 1, f["fenced_s"], f["heal_job_created_s"], f["heal_job_s"], f["serving_s"],
                  f["fenced_on"] if f["fenced"] else "not fenced", f["client_outage_ms"],
@@ -719,13 +720,13 @@ def main() -> int:
         )
     if slows:
         report.add_table(
-            f"1 of {args.engines} engines slow, not frozen ({SLOW_STEPS} steps of {SLOW_STEP_S} s of Python work "
-            f"in its serving thread), {args.burners} busy processes beside",
+            f"1 of {args.engines} engines slow, not frozen ({SLOW_STEPS} steps of {SLOW_STEP_S} s of Python "
+            f"work in its serving thread), {args.burners} busy processes beside",
             ["run", "slow for s", "load (1 min) start/end", "fenced", "same generation, ready",
              "self-heal jobs", "longest client gap ms", "failed requests"],
             [
-                [i + 1, f["slow_for_s"], f"{f['load'][0]} / {f['load'][1]}", f["fenced"], f["same_generation"],
-                 f["self_heal_jobs"], f["longest_client_gap_ms"], f["failed_requests"]]
+                [i + 1, f["slow_for_s"], f"{f['load'][0]} / {f['load'][1]}", f["fenced"],
+                 f["same_generation"], f["self_heal_jobs"], f["longest_client_gap_ms"], f["failed_requests"]]
                 for i, f in enumerate(slows)
             ],
         )  # fmt: skip

@@ -7,11 +7,14 @@ the new ("standby") group is built while the old one serves, and the old one is 
 cleanup worker.
 
 A serving collective is waited in slices (`WAIT_SLICE_S`) on CPU, so the serving loop can give up on it
-the moment the group is known broken (`CommGroup.abandon`: a peer reported it, or this engine saw it
-break): gloo cannot abort a collective in flight (`ProcessGroupGloo.abort` does not end a peer's wait),
-so without this a survivor whose ring neighbours were alive sat out the whole deadline. An abandoned
-group is kept alive by a reaper until its last collective has timed out, because dropping a gloo group
-joins its worker threads, which would block whichever thread let go of it.
+the moment the group is known broken (`CommGroup.abandon`: a peer or the coordinator reported it, or this
+engine saw it break; past `SLOW_AFTER_S` the engine says it is stuck, and the coordinator fences a frozen
+peer on that and tells the others to leave, issue 39): gloo cannot abort a collective in flight
+(`ProcessGroupGloo.abort` does not end a peer's wait), so without this a survivor whose ring neighbours
+were alive sat out the whole deadline. An abandoned group is kept alive by a reaper until its last
+collective has timed out, because dropping a gloo group joins its worker threads, which would block
+whichever thread let go of it; until then that collective still runs in gloo's threads (a frozen peer
+that thaws meanwhile can complete it: the coordinator keeps such a peer fenced).
 
 On a GPU a collective's completion is polled (`CommGroup._poll`) against its deadline rather than
 waited with NCCL's timed wait, which sleeps a millisecond between checks; the collectives inside a

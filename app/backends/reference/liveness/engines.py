@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from app.backends.reference.liveness.health import serves
 from app.backends.reference.liveness.view import EngineSeen, Reply
@@ -91,6 +91,12 @@ def peers_vouch(
     )
 
 
+# A heartbeat is recorded when the coordinator handles it, up to this long after it was sent (a loaded
+# host's): one recorded this long after the others got stuck was sent while they waited. One recorded
+# sooner may have left before the freeze (seen on the 2-core machine); the probes judge that case.
+HEARTBEAT_LATENCY_S = 1.0
+
+
 @dataclass(frozen=True)
 class Suspect:
     """The one member of a generation that every other member waits on (see the module doc)."""
@@ -112,8 +118,8 @@ def freeze_suspect(size: int, generation: int, engines: Sequence[EngineSeen]) ->
         return None
     since = min(e.stuck.since for e in waiting if e.stuck is not None)
     heard = heard_at(rest[0].last_heartbeat_at, rest[0].shed_at)
-    if heard is not None and heard >= since:
-        return None  # its heartbeat runs: slow, not frozen
+    if heard is not None and heard >= since + timedelta(seconds=HEARTBEAT_LATENCY_S):
+        return None  # a heartbeat it sent while they waited: it runs, slow, not frozen
     return Suspect(rest[0], tuple(waiting), since)
 
 

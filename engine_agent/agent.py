@@ -417,8 +417,9 @@ STUCK_FIELDS = frozenset({"stuck_generation", "stuck_ms", "stuck_unanswered"})
 
 
 def heartbeat_body(beat: AgentHeartbeat) -> dict[str, object]:
-    """The heartbeat as sent: the `stuck_*` fields only while stuck (a coordinator that predates them
-    refuses fields it does not know; it judges a freeze at the serving deadline, as before)."""
+    """The heartbeat as sent: the `stuck_*` fields only while stuck. A coordinator that predates them
+    refuses fields it does not know (422): only the heartbeats of those seconds are lost to it, and it
+    judges a freeze at the serving deadline, as before."""
     return beat.model_dump(mode="json", exclude=None if beat.stuck_ms is not None else set(STUCK_FIELDS))
 
 

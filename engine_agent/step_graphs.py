@@ -131,7 +131,8 @@ class Bucket:
     runs: list[Callable[[], tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
 
     def set_counts(self, valid: int, start: int, end: int) -> None:
-        self.host_counts[0], self.host_counts[1], self.host_counts[2] = valid, start, end
+        # Through numpy: three tensor item writes cost ~10 us of dispatch in a 1-token step.
+        self.host_counts.numpy()[:] = (valid, start, end)
         self.counts.copy_(self.host_counts, non_blocking=True)
 
     def run(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,8 @@
 """The `direct` expert kernel fused in Triton (`direct_triton`) on a GPU: the same partial outputs and
 routing counts as its torch form and as the sorted grouped step, for a rank holding every expert and
 for one of two ranks, padding tokens included, eagerly and replayed from a captured graph; and the
-bucket tuner offers it for a few tokens. In-process; skipped without CUDA and Triton."""
+bucket tuner offers it for a few tokens. In-process, but Triton builds its kernels in child processes
+(the compiler), hence `processes`; skipped without CUDA and Triton."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.agent.driver import relative_error
 DEVICE = torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.processes,
     pytest.mark.skipif(
         not step_graphs.fused_direct_available(DEVICE), reason="needs a CUDA device and Triton"
     ),

@@ -1,3 +1,4 @@
+# mypy: allow-untyped-defs
 """The `direct` expert kernel of a few tokens as three fused Triton kernels: one MoE layer of one rank
 with no sort, no dispatch bookkeeping and no scatter (`grouped`'s module doc says why).
 

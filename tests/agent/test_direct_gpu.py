@@ -41,10 +41,11 @@ def views_of(rank: int, kernel: Kernel) -> list[moe.LayerView]:
         view.copy_(moe.expert_weights(CONFIG, expert))
     routers = [moe.router_weights(CONFIG, DEVICE, layer) for layer in range(CONFIG.num_moe_layers)]
     views = moe.layer_views(CONFIG, [PLACEMENT] * 2, weights, routers, DEVICE, rank=rank, stacks=stacks)
-    return [
-        dataclasses.replace(v, grouped=dataclasses.replace(v.grouped, kernel=kernel))  # type: ignore[arg-type]
-        for v in views
-    ]
+    chosen = []
+    for layer in views:
+        assert layer.grouped is not None
+        chosen.append(dataclasses.replace(layer, grouped=dataclasses.replace(layer.grouped, kernel=kernel)))
+    return chosen
 
 
 def counts(valid: int, start: int, end: int) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:

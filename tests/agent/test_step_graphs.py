@@ -168,3 +168,14 @@ def test_the_direct_kernel_serves_a_few_tokens_with_no_sort(monkeypatch: pytest.
     torch.testing.assert_close(out, sorted_out, rtol=1e-5, atol=1e-6)
     assert torch.count_nonzero(out[3:]) == 0
     assert torch.equal(load, sorted_load) and int(load.sum()) == 2 * CONFIG.top_k
+
+
+def test_a_faster_kernel_is_offered_only_if_it_computes_the_same_step() -> None:
+    """The bucket tuner's guard: a candidate kernel (the fused `direct` one on a GPU) is timed only if
+    its outputs and load equal the views' own kernel's on random tokens; a wrong one is left out."""
+    view = layer_views()[0]
+    assert view.grouped is not None
+    direct = dataclasses.replace(view, grouped=dataclasses.replace(view.grouped, kernel="direct"))
+    assert step_graphs.agrees(CONFIG, view, direct, 0, 4)
+    wrong = dataclasses.replace(direct, router=-direct.router)  # other experts chosen: other outputs
+    assert not step_graphs.agrees(CONFIG, view, wrong, 0, 4)

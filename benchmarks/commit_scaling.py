@@ -169,12 +169,19 @@ def figures(run: JobRun, old_ids: set[str], sent: dict[str, float]) -> dict[str,
     else:
         inside = max(0.0, (sent["arm"] - first) * 1000.0)  # > 0 only if the arm went out after a stop
     window = (last_resume - first) * 1000.0
+    first_resume = min(p.resumed_at or p.paused_at for p in pauses)
     return {
         "window_ms": window,
         "engine_work_ms": work,
         "coordinator_inside_ms": inside,
         "rest_ms": max(0.0, window - work - inside),
         "stop_skew_ms": (last_stop - first) * 1000.0,
+        # The window's parts (issue 37 item 3): first stop -> last stop (the skew) + last stop -> last
+        # resume; inside the engines, the longest switch and resume; the resumes' own spread.
+        "after_last_stop_ms": (last_resume - last_stop) * 1000.0,
+        "switch_max_ms": max(p.switch_ms for p in pauses),
+        "resume_max_ms": max(p.resume_ms for p in pauses),
+        "resume_skew_ms": (last_resume - first_resume) * 1000.0,
     }
 
 
@@ -336,6 +343,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                 1.3,
                 "x",
             )
+    parts = ("stop_skew_ms", "after_last_stop_ms", "switch_max_ms", "resume_max_ms", "resume_skew_ms")
+    if engines:
+        report.add_table(
+            "Engines mode: where the window goes (p50 ms): first stop -> last stop (stop skew) + last "
+            "stop -> last resume; the longest switch and resume of one engine; the resumes' spread",
+            ["engines", "window", "floor", "stop skew", "last stop -> last resume", "switch (longest)",
+             "resume (longest)", "resume skew"],
+            [[n, r["window_ms"]["p50"], floor.get(n, {}).get("p50"), *(r[k]["p50"] for k in parts)]
+             for n, r in engines.items()],
+        )  # fmt: skip
+        if small in engines and large in engines and small != large:
+            report.results["engines_parts_growth_ms"] = {
+                k: round(engines[large][k]["p50"] - engines[small][k]["p50"], 3) for k in parts
+            }
     if small in coordinator and large in coordinator and small != large:
         ratio = coordinator[large]["window_ms"]["p50"] / coordinator[small]["window_ms"]["p50"]
         report.results["coordinator_window_ratio"] = round(ratio, 3)

@@ -8,6 +8,12 @@ is missing, in two batched matmuls over a buffer padded to a fixed capacity per 
 a tensor's value on the host: no device synchronisation and no shape that depends on the routing, so
 the same ops can be captured once as a CUDA graph per token count and replayed (`step_graphs`).
 
+For a few tokens the sort and its bookkeeping cost more than the experts (a 1-token step on an H100:
+~30 small kernels around two grouped matmuls). The `direct` kernel skips them: each (token, choice) pair
+runs its expert's rows directly and each token sums its own k choices, no sort and no scatter. Here it
+is torch ops over the gathered rows (the CPU's form, the tests' check); on CUDA the step runs it as
+three fused Triton kernels, routing included (`direct_triton`).
+
 `valid` and `own` may be host numbers (the eager step) or 0-dim device tensors (a captured graph,
 whose padded tokens past `valid` must count for nothing).
 """
@@ -21,7 +27,7 @@ import torch
 
 from engine_agent.protocol import EngineConfig
 
-Kernel = Literal["grouped_mm", "padded"]
+Kernel = Literal["grouped_mm", "padded", "direct"]
 Count = int | torch.Tensor  # a host number, or a 0-dim int64 tensor on the step's device
 
 
@@ -82,6 +88,8 @@ def grouped_share(
     if valid is not None:
         padding = torch.arange(count, device=tokens.device) >= valid
         key = key.masked_fill(padding.unsqueeze(-1), rows)
+    if grouped.kernel == "direct":
+        return _direct_experts(config, grouped, tokens, key, gate_weights)
     key = key.flatten()
     order = torch.argsort(key, stable=True)
     sorted_key = key[order]
@@ -127,3 +135,27 @@ def _padded_experts(
     h = torch.bmm(batched, grouped.gate_up.transpose(1, 2))
     y = torch.bmm(torch.nn.functional.silu(h[..., :inter]) * h[..., inter:], grouped.down.transpose(1, 2))
     return y.reshape(spare, -1)[slot.clamp(max=spare - 1)]
+
+
+def _direct_experts(
+    config: EngineConfig,
+    grouped: GroupedExperts,
+    tokens: torch.Tensor,
+    key: torch.Tensor,
+    gate_weights: torch.Tensor,
+) -> torch.Tensor:
+    """Each pair through its own expert's rows (gathered: a copy, fine for the few tokens this is for),
+    in the same dtype steps as the grouped matmul; each token's k contributions summed in choice order.
+    `key` [T, k]: the stack row of each pair here, or R (another rank's, or padding)."""
+    rows, inter = grouped.rows, config.intermediate_size
+    mine = key < rows
+    safe = key.clamp(max=rows - 1)
+    x = tokens.to(grouped.gate_up.dtype)
+    h = torch.matmul(grouped.gate_up[safe], x[:, None, :, None]).squeeze(-1)  # [T, k, 2I]
+    act = torch.nn.functional.silu(h[..., :inter]) * h[..., inter:]
+    y = torch.matmul(grouped.down[safe], act.unsqueeze(-1)).squeeze(-1)  # [T, k, H]
+    contribution = torch.where(mine.unsqueeze(-1), y.float() * gate_weights.unsqueeze(-1), 0.0)
+    out = torch.zeros_like(tokens)
+    for choice in range(key.shape[1]):  # in choice order, as the fused kernel adds them
+        out += contribution[:, choice]
+    return out

@@ -20,6 +20,8 @@ masking are checked where graphs cannot be captured.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 GraphSetting = Literal["auto", "on", "off"]
 Outputs = tuple[torch.Tensor, torch.Tensor]  # one layer's partial output and routing counts
 TUNE_REPLAYS = 10  # timed replays of each expert kernel's graph, to choose one per bucket
+DIRECT_MAX_TOKENS = 16  # the largest bucket the `direct` kernel is timed for (`direct_triton.MAX_TOKENS`)
+AGREE_REL_TOL = 2e-2  # bf16 experts: kernels sum in different orders (tests/agent/test_gpu.py's tolerance)
 
 
 class GraphsUnavailable(ValueError):
@@ -73,6 +77,13 @@ def layer_step(
     """One layer's compute for this rank over the gathered `tokens`: (partial output [T, H] fp32,
     routing counts of this rank's own rows [L]). The eager and the captured step are this function
     (`valid`: tokens past it are padding; None: none are)."""
+    if view.grouped is not None and view.grouped.kernel == "direct" and fused_direct_available(tokens.device):
+        from engine_agent import direct_triton  # Triton: imported only where it runs
+
+        return direct_triton.direct_layer(
+            config, view.router, view.grouped, tokens.float().contiguous(),
+            *_device_counts(tokens, valid, own),
+        )  # fmt: skip
     if view.grouped is None and not view.placement[rank]:  # no expert here: the load still counts
         experts, _ = moe.route(config, view.router, tokens)
         partial = torch.zeros_like(tokens, dtype=torch.float32)
@@ -82,6 +93,30 @@ def layer_step(
             valid=valid, capacity=capacity,
         )  # fmt: skip
     return partial, moe.own_load(config, experts, *own)
+
+
+def fused_direct_available(device: torch.device) -> bool:
+    """Whether the `direct` kernel runs fused (`direct_triton`): on CUDA with Triton (not ROCm: not
+    tried there). Elsewhere a `direct` view runs its torch form (`grouped`)."""
+    return device.type == "cuda" and torch.version.hip is None and _triton_installed()
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _device_counts(
+    tokens: torch.Tensor, valid: moe.Count | None, own: tuple[moe.Count, moe.Count]
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """`valid` and `own` as 0-dim int64 tensors on the tokens' device (a bucket's already are)."""
+
+    def on_device(value: moe.Count) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            return value
+        return torch.tensor(value, dtype=torch.int64, device=tokens.device)
+
+    return on_device(tokens.shape[0] if valid is None else valid), (on_device(own[0]), on_device(own[1]))
 
 
 @dataclass
@@ -97,7 +132,8 @@ class Bucket:
     runs: list[Callable[[], tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
 
     def set_counts(self, valid: int, start: int, end: int) -> None:
-        self.host_counts[0], self.host_counts[1], self.host_counts[2] = valid, start, end
+        # Through numpy: three tensor item writes cost ~10 us of dispatch in a 1-token step.
+        self.host_counts.numpy()[:] = (valid, start, end)
         self.counts.copy_(self.host_counts, non_blocking=True)
 
     def run(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,31 +266,72 @@ def _captured(run: Callable[[], Outputs], pool: Any) -> tuple[Any, Outputs]:
 
 def _fastest_kernel(config: EngineConfig, views: list[moe.LayerView], rank: int, bucket: Bucket) -> Kernel:
     """The expert kernel whose graph of this bucket's first layer replays fastest here (median of a
-    few replays, CUDA events); the padded batch only where the grouped matmul is the views' own."""
+    few replays, CUDA events): the padded batch only where the grouped matmul is the views' own, the
+    direct kernel (no sort) for buckets of a few tokens where it runs fused. One that fails to build
+    or capture here is left out."""
     grouped = views[0].grouped
-    if grouped is None or grouped.kernel != "grouped_mm":
-        return grouped.kernel if grouped is not None else "padded"
+    if grouped is None:
+        return "padded"
+    candidates: list[Kernel] = [grouped.kernel]
+    if grouped.kernel == "grouped_mm":
+        candidates.append("padded")
+    if bucket.size <= DIRECT_MAX_TOKENS and fused_direct_available(bucket.inputs.device):
+        candidates.append("direct")
+    if len(candidates) == 1:
+        return candidates[0]
     timed: dict[Kernel, float] = {}
-    for kernel in ("grouped_mm", "padded"):
-        run = _runner(config, _with_kernel(views[0], kernel), rank, bucket)
-        run()  # warm-up, outside the graph
-        # Its own pool: resetting a graph of the shared pool would release the pool for all of them.
-        graph, outputs = _captured(run, None)
-        times = []
-        for replay in range(TUNE_REPLAYS + 2):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            if replay >= 2:
-                times.append(start.elapsed_time(end))
-        timed[kernel] = sorted(times)[len(times) // 2]
-        graph.reset()
-        del outputs
+    for kernel in candidates:
+        try:
+            if kernel != grouped.kernel and not agrees(
+                config, views[0], _with_kernel(views[0], kernel), rank, bucket.size
+            ):
+                log.error(
+                    "bucket %d: the %s kernel's outputs differ from %s's; left out",
+                    bucket.size,
+                    kernel,
+                    grouped.kernel,
+                )
+                continue
+            timed[kernel] = _replay_ms(_runner(config, _with_kernel(views[0], kernel), rank, bucket))
+        except Exception:  # e.g. Triton cannot build here: the other kernels serve
+            if kernel != "direct":
+                raise
+            log.exception("bucket %d: the direct kernel failed here; left out", bucket.size)
     choice: Kernel = min(timed, key=lambda k: timed[k])
     log.info("bucket %d: expert kernel %s (replay ms %s)", bucket.size, choice, timed)
     return choice
+
+
+def agrees(config: EngineConfig, want: moe.LayerView, got: moe.LayerView, rank: int, size: int) -> bool:
+    """Whether `got`'s kernel gives `want`'s outputs for `size` random tokens (fixed seed), eagerly: a
+    faster kernel is offered only if it computes the same step (a wrong one would serve wrong answers)."""
+    device = want.router.device
+    generator = torch.Generator(device=device).manual_seed(size)
+    tokens = torch.randn((size, config.hidden_size), generator=generator, device=device)
+    own = (0, size)
+    want_partial, want_load = layer_step(config, want, rank, tokens, size, own, capacity=size)
+    got_partial, got_load = layer_step(config, got, rank, tokens, size, own, capacity=size)
+    error = float((got_partial - want_partial).norm()) / max(float(want_partial.norm()), 1e-12)
+    return error <= AGREE_REL_TOL and torch.equal(got_load, want_load)
+
+
+def _replay_ms(run: Callable[[], Outputs]) -> float:
+    """The median replay time of `run` captured as a graph (ms, CUDA events)."""
+    run()  # warm-up, outside the graph
+    # Its own pool: resetting a graph of the shared pool would release the pool for all of them.
+    graph, outputs = _captured(run, None)
+    times = []
+    for replay in range(TUNE_REPLAYS + 2):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        if replay >= 2:
+            times.append(start.elapsed_time(end))
+    graph.reset()
+    del outputs
+    return sorted(times)[len(times) // 2]
 
 
 def summary(graphs: StepGraphs | None) -> GraphCapture | None:

@@ -220,7 +220,7 @@ class GraphCapture(BaseModel):
     graph_bytes: int = Field(description="device memory the graphs hold (their pool and inputs)")
     in_window: bool = Field(description="captured inside the commit window (else in prepare)")
     kernels: list[str] = Field(
-        default_factory=list, description="the expert kernel of each bucket (grouped_mm or padded)"
+        default_factory=list, description="the expert kernel of each bucket (grouped_mm, padded or direct)"
     )
 
 

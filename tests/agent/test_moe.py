@@ -98,7 +98,9 @@ def test_stacked_buffers_are_views_of_one_row_each() -> None:
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize("tokens_count", [1, 5, 37])
-@pytest.mark.parametrize(("kernel", "capacity"), [("grouped_mm", None), ("padded", None), ("padded", 37)])
+@pytest.mark.parametrize(
+    ("kernel", "capacity"), [("grouped_mm", None), ("padded", None), ("padded", 37), ("direct", None)]
+)
 def test_the_grouped_step_sums_to_the_same_output_as_the_per_expert_loop(
     world_size: int, tokens_count: int, kernel: Kernel, capacity: int | None
 ) -> None:

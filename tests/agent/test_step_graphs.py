@@ -50,7 +50,7 @@ def layer_views() -> list[moe.LayerView]:
     return moe.layer_views(config, [PLACEMENT] * 2, weights, routers, "cpu", rank=0, stacks=stacks)
 
 
-@pytest.mark.parametrize("kernel", ["grouped_mm", "padded"])
+@pytest.mark.parametrize("kernel", ["grouped_mm", "padded", "direct"])
 def test_padding_rows_change_no_output_and_count_no_load(kernel: Kernel) -> None:
     view = layer_views()[0]
     assert view.grouped is not None
@@ -144,3 +144,38 @@ def test_a_one_member_group_given_up_still_ends_its_serving(engine: ReferenceEng
     assert engine.counters.last_error is not None and "told by a test" in engine.counters.last_error
     with pytest.raises(EngineUnavailable):
         engine.submit(torch.randn(1, CONFIG.hidden_size))
+
+
+def test_the_direct_kernel_serves_a_few_tokens_with_no_sort(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The small-token kernel: each pair through its expert directly, no sort and no search (on a GPU
+    those and their bookkeeping were most of a 1-token step), the same outputs and load as the sorted
+    grouped step, padding included."""
+    view = layer_views()[0]
+    assert view.grouped is not None
+    tokens = torch.cat([torch.randn(3, CONFIG.hidden_size), torch.randn(1, CONFIG.hidden_size)])
+    valid = torch.tensor(3)
+    sorted_out, sorted_load = step_graphs.layer_step(
+        CONFIG, view, 0, tokens, valid, (torch.tensor(1), valid), capacity=4
+    )
+
+    def forbidden(*args: object, **kwargs: object) -> torch.Tensor:
+        raise AssertionError("the direct kernel sorted")
+
+    monkeypatch.setattr(torch, "argsort", forbidden)
+    monkeypatch.setattr(torch, "searchsorted", forbidden)
+    direct = dataclasses.replace(view, grouped=dataclasses.replace(view.grouped, kernel="direct"))
+    out, load = step_graphs.layer_step(CONFIG, direct, 0, tokens, valid, (torch.tensor(1), valid), capacity=4)
+    torch.testing.assert_close(out, sorted_out, rtol=1e-5, atol=1e-6)
+    assert torch.count_nonzero(out[3:]) == 0
+    assert torch.equal(load, sorted_load) and int(load.sum()) == 2 * CONFIG.top_k
+
+
+def test_a_faster_kernel_is_offered_only_if_it_computes_the_same_step() -> None:
+    """The bucket tuner's guard: a candidate kernel (the fused `direct` one on a GPU) is timed only if
+    its outputs and load equal the views' own kernel's on random tokens; a wrong one is left out."""
+    view = layer_views()[0]
+    assert view.grouped is not None
+    direct = dataclasses.replace(view, grouped=dataclasses.replace(view.grouped, kernel="direct"))
+    assert step_graphs.agrees(CONFIG, view, direct, 0, 4)
+    wrong = dataclasses.replace(direct, router=-direct.router)  # other experts chosen: other outputs
+    assert not step_graphs.agrees(CONFIG, view, wrong, 0, 4)

@@ -38,6 +38,7 @@ from app.core.runner_settings import load_runner_settings
 from app.core.shedding import SHED_HEARTBEATS, bearer_secret, retry_after_s
 from app.dashboard.router import router as dashboard_router
 from app.deployments.companions import DeploymentCompanions
+from app.deployments.engines.batch import HeartbeatBatches
 from app.deployments.engines.fast_path import HeartbeatFastPath
 from app.deployments.engines.router import router as engines_router
 from app.deployments.incidents.router import router as incidents_router
@@ -156,6 +157,12 @@ def _heard_shed(app: FastAPI, scope: dict[str, Any], engine_id: str) -> None:
         SHED_HEARTBEATS.record(engine_id, utc_now())
 
 
+def _heartbeat_backlog_s(app: FastAPI) -> float:
+    """How long the oldest heartbeat waiting for its batch's commit has waited (`app.core.shedding`)."""
+    batches: HeartbeatBatches | None = getattr(app.state, "heartbeat_batches", None)
+    return batches.backlog_age_s() if batches is not None else 0.0
+
+
 def _fast_heartbeats(app: FastAPI) -> bool:
     settings: Settings | None = getattr(app.state, "settings", None)
     return settings is not None and settings.heartbeat_fast_path
@@ -244,6 +251,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         RequestLimits,
         limits=lambda: getattr(app.state, "limits", Limits()),
         on_shed=partial(_heard_shed, app),
+        backlog_age_s=partial(_heartbeat_backlog_s, app),
     )
     app.add_middleware(KubernetesStatusErrors)  # errors under /api, /apis as Kubernetes `Status`
     app.add_middleware(metrics.HttpMetrics)  # outermost: counts the limits' refusals too

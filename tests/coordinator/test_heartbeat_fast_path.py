@@ -214,9 +214,9 @@ def test_an_engine_the_batch_cannot_take_is_written_once_by_the_whole_path(
     calls: list[str] = []
     real = batch.HeartbeatBatches.record
 
-    async def counting(self: batch.HeartbeatBatches, engine_id: str, heartbeat: Any) -> Any:
+    async def counting(self: batch.HeartbeatBatches, engine_id: str, heartbeat: Any, **kwargs: Any) -> Any:
         calls.append(engine_id)
-        return await real(self, engine_id, heartbeat)
+        return await real(self, engine_id, heartbeat, **kwargs)
 
     monkeypatch.setattr(batch.HeartbeatBatches, "record", counting)
     missing = client.post("/v1/engines/ghost/heartbeat", json=STEADY)
@@ -228,7 +228,7 @@ def test_an_engine_the_batch_cannot_take_is_written_once_by_the_whole_path(
 def test_a_database_failure_is_answered_as_the_route_answers_it(
     both: dict[bool, TestClient], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def failing(self: batch.HeartbeatBatches, engine_id: str, heartbeat: Any) -> Any:
+    async def failing(self: batch.HeartbeatBatches, engine_id: str, heartbeat: Any, **kwargs: Any) -> Any:
         raise sa.exc.OperationalError("UPDATE engines", {}, Exception("database is locked"))
 
     monkeypatch.setattr(batch.HeartbeatBatches, "record", failing)

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.api.database import Database
 from app.api.params import ENGINE_ID_PATTERN
 from app.core.auth import Permission
+from app.core.limits import LEAVE_GATE
 from app.core.shedding import heartbeat_engine
 from app.deployments.engines.batch import HeartbeatBatches
 from app.deployments.engines.models import EngineHeartbeat, EngineHeartbeatAnswer
@@ -52,12 +53,14 @@ def batches_of(state: Any, database: Database) -> HeartbeatBatches:
 
 
 async def steady_answer(
-    state: Any, database: Database, engine_id: str, heartbeat: EngineHeartbeat
+    state: Any, database: Database, engine_id: str, heartbeat: EngineHeartbeat, scope: Scope
 ) -> EngineHeartbeatAnswer | None:
     """A heartbeat that only renews its engine's record, written with the others waiting (one commit
     for all) and answered once committed; None when it needs the whole path (`service.record_heartbeat`),
-    with nothing written that the whole path would not write. The route and the fast path both call this."""
-    recorded = await batches_of(state, database).record(engine_id, heartbeat)
+    with nothing written that the whole path would not write. The route and the fast path both call this.
+    Once queued for its batch the request leaves the admission gate (`LEAVE_GATE`): it holds nothing but
+    a future, and the gate's 16 places would otherwise cap a batch at 16 heartbeats."""
+    recorded = await batches_of(state, database).record(engine_id, heartbeat, on_queued=scope.get(LEAVE_GATE))
     if recorded is None:
         return None
     row = recorded.row
@@ -138,7 +141,7 @@ class HeartbeatFastPath:
             await self.app(scope, replay, send)
             return
         try:
-            answer = await steady_answer(app.state, database, engine_id, heartbeat)
+            answer = await steady_answer(app.state, database, engine_id, heartbeat, scope)
         except Exception as exc:  # answered by the app's own handler, as the route's would be
             await self._failed(app, scope, replay, send, exc)
             return

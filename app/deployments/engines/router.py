@@ -107,7 +107,7 @@ async def heartbeat(
     # Most come answered by the fast path already (`fast_path.HeartbeatFastPath`, the same function);
     # one it found needing the whole path comes marked, not to be tried again.
     if not request.scope.get(WHOLE_PATH):
-        steady = await steady_answer(request.app.state, db, engine_id, body)
+        steady = await steady_answer(request.app.state, db, engine_id, body, request.scope)
         if steady is not None:
             return steady
 

@@ -14,6 +14,10 @@ else (no or unknown token, a 401/403/422/429, a broken group, an engine the batc
 the FastAPI route, which answers it as it always did; an engine the batch could not take is marked in
 the scope (`WHOLE_PATH`), so the route goes straight to the whole path instead of trying the batch
 again. The answer's bytes, headers and metrics labels are the route's (tested against it).
+
+Once queued for its batch, a heartbeat leaves the admission gate (`steady_answer`): one the batch then
+hands back (its engine unknown, its key verdict moving: rare) takes the whole path outside the gate,
+its database work still bounded by the request database slots (`app.api.database`).
 """
 
 from __future__ import annotations

@@ -38,6 +38,8 @@ from app.core.runner_settings import load_runner_settings
 from app.core.shedding import SHED_HEARTBEATS, bearer_secret, retry_after_s
 from app.dashboard.router import router as dashboard_router
 from app.deployments.companions import DeploymentCompanions
+from app.deployments.engines.batch import HeartbeatBatches
+from app.deployments.engines.fast_path import HeartbeatFastPath
 from app.deployments.engines.router import router as engines_router
 from app.deployments.incidents.router import router as incidents_router
 from app.deployments.router import router as deployments_router
@@ -155,6 +157,17 @@ def _heard_shed(app: FastAPI, scope: dict[str, Any], engine_id: str) -> None:
         SHED_HEARTBEATS.record(engine_id, utc_now())
 
 
+def _heartbeat_backlog_s(app: FastAPI) -> float:
+    """How long the oldest heartbeat waiting for its batch's commit has waited (`app.core.shedding`)."""
+    batches: HeartbeatBatches | None = getattr(app.state, "heartbeat_batches", None)
+    return batches.backlog_age_s() if batches is not None else 0.0
+
+
+def _fast_heartbeats(app: FastAPI) -> bool:
+    settings: Settings | None = getattr(app.state, "settings", None)
+    return settings is not None and settings.heartbeat_fast_path
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Without `settings`, the app reads them from the environment at start-up and, owning the process
     (`uvicorn app.main:app`), sets up its logging; with them, the caller owns the process's logging."""
@@ -229,11 +242,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,  # served by app.api.docs from local assets, not a CDN
         redoc_url=None,
     )
+    # Steady heartbeats answered ahead of routing (issue 37), inside the input limits below: added first,
+    # so it is the innermost middleware.
+    heartbeat = next(r for r in engines_router.routes if isinstance(r, APIRoute) and r.name == "heartbeat")
+    app.add_middleware(HeartbeatFastPath, route=heartbeat, enabled=partial(_fast_heartbeats, app))
     # Input limits before parsing, routing or authentication (settings resolve at start-up).
     app.add_middleware(
         RequestLimits,
         limits=lambda: getattr(app.state, "limits", Limits()),
         on_shed=partial(_heard_shed, app),
+        backlog_age_s=partial(_heartbeat_backlog_s, app),
     )
     app.add_middleware(KubernetesStatusErrors)  # errors under /api, /apis as Kubernetes `Status`
     app.add_middleware(metrics.HttpMetrics)  # outermost: counts the limits' refusals too

@@ -525,6 +525,7 @@ def run_size(kind: str, engines: int, args: argparse.Namespace) -> dict[str, Any
             time.sleep(HEARTBEAT_S * 2)  # every agent past its first heartbeat
             beats(fleet, reset=True)
             db0, cpu0, w0 = db_figures(url), cpu_s(pid), time.perf_counter()
+            print(f"steady phase: {args.steady_s:g} s", flush=True)  # a profiler attached waits for it
             time.sleep(args.steady_s)
             cpu1, w1 = cpu_s(pid), time.perf_counter()
             steady = beats(fleet, reset=True)

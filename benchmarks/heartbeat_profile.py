@@ -1,10 +1,13 @@
 """Where one heartbeat's coordinator time goes (issue 37), in-process: the real app (`create_app`, SQLite,
-the job runner off) behind httpx's ASGI transport, one deployment of 16 engines, `--heartbeats`
-heartbeats round-robin after a warm-up; then the mean time per heartbeat and, with `--profile`,
-cProfile's top functions by cumulative time. No sockets, no other process: the route, its dependencies,
-the middleware and the record, nothing else.
+the job runner off), one deployment of 16 engines registered through httpx's ASGI transport, then
+`--heartbeats` heartbeats round-robin after a warm-up, each one ASGI call of the app as uvicorn makes it
+(the same scope and messages; no client library's own cost in the figure); then the mean CPU per
+heartbeat and, with `--profile`, cProfile's top functions by cumulative time. No sockets, no other
+process: the middleware, the route (or the fast path, `app.deployments.engines.fast_path`), the record,
+nothing else; the HTTP server's own share is `benchmarks/fleet.py`'s. `--no-fast-path`: every heartbeat
+through FastAPI's route (`EPCTL_HEARTBEAT_FAST_PATH=false`).
 
-    .venv/bin/python benchmarks/heartbeat_profile.py [--heartbeats 2000] [--profile]
+    .venv/bin/python benchmarks/heartbeat_profile.py [--heartbeats 2000] [--no-fast-path] [--profile]
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import asyncio
 import cProfile
 import io
+import json
 import os
 import pstats
 import sys
@@ -20,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 from sqlmodel import Session
@@ -39,7 +43,49 @@ ENGINES = 16
 T = TypeVar("T")
 
 
-async def run(heartbeats: int, profile: bool) -> None:
+async def call(app: Any, path: str, body: bytes) -> int:
+    """One request as uvicorn hands it to the app: the status of its answer."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1:8000"),
+            (b"authorization", f"Bearer {ADMIN_TOKEN}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    given = False
+    never = asyncio.Event()
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await never.wait()  # the client stays
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    await app(scope, receive, send)
+    return status
+
+
+async def run(heartbeats: int, profile: bool, fast_path: bool) -> None:
     if profile:  # cProfile sees one thread: the database work runs on the loop's own (in the profile only)
 
         async def inline(self: Database, work: Callable[[Session], T]) -> T:
@@ -55,6 +101,7 @@ async def run(heartbeats: int, profile: bool) -> None:
         auto_migrate=False,
         runner_enabled=False,
         webhook_worker_enabled=False,
+        heartbeat_fast_path=fast_path,
     )
     app = create_app(settings)
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -77,8 +124,8 @@ async def run(heartbeats: int, profile: bool) -> None:
             async def beat(n: int) -> None:
                 i = n % ENGINES
                 body = {"state": "serving", "generation": 1, "rank": i, "world_size": ENGINES}
-                answer = await http.post(f"/v1/engines/e{i}/heartbeat", json=body)
-                answer.raise_for_status()
+                status = await call(app, f"/v1/engines/e{i}/heartbeat", json.dumps(body).encode())
+                assert status == 200, status
 
             for n in range(200):
                 await beat(n)
@@ -92,10 +139,12 @@ async def run(heartbeats: int, profile: bool) -> None:
                 profiler.disable()
             elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     print(
-        f"{heartbeats} heartbeats: {elapsed / heartbeats * 1e3:.3f} ms each (wall, one at a time), "
-        f"{cpu / heartbeats * 1e3:.3f} ms of CPU each (the client's included)"
+        f"{heartbeats} heartbeats ({'fast path' if fast_path else 'FastAPI route'}): "
+        f"{elapsed / heartbeats * 1e3:.3f} ms each (wall, one at a time), "
+        f"{cpu / heartbeats * 1e3:.3f} ms of CPU each"
     )
     if profiler is not None:
+        Path("/tmp/i37").mkdir(exist_ok=True)
         profiler.dump_stats("/tmp/i37/hb.prof")
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats(os.environ.get("SORT", "cumulative")).print_stats(45)
@@ -106,8 +155,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--heartbeats", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--no-fast-path", dest="fast_path", action="store_false")
     args = parser.parse_args()
-    asyncio.run(run(args.heartbeats, args.profile))
+    asyncio.run(run(args.heartbeats, args.profile, args.fast_path))
 
 
 if __name__ == "__main__":

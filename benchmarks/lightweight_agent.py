@@ -495,16 +495,18 @@ async def serve_fleet(args: argparse.Namespace) -> None:
         connector=connector, headers=headers, timeout=aiohttp.ClientTimeout(total=10.0)
     )
     gate = asyncio.Semaphore(8)
+    tasks: dict[str, asyncio.Task[None]] = {}
 
     async def register(agent: LightAgent, deployment: str) -> None:
         async with gate:
             await _register_with(session, args.register, deployment, agent)
+        # Heartbeating from its registration on, as the real agent does: not once the process's last
+        # engine registered (on a loaded machine that took longer than the heartbeat timeout, and the
+        # first engines registered were written off before they ever heartbeated).
+        beat = _beat(session, args.register, agent, deployment, args.heartbeat_s, beats)
+        tasks[agent.engine_id] = asyncio.create_task(beat)
 
     await asyncio.gather(*(register(a, d) for a, _, d in agents.values()))
-    tasks: dict[str, asyncio.Task[None]] = {
-        engine_id: asyncio.create_task(_beat(session, args.register, agent, d, args.heartbeat_s, beats))
-        for engine_id, (agent, _, d) in agents.items()
-    }
     killed: dict[str, float] = {}
 
     async def stats(request: web.Request) -> web.Response:

@@ -168,6 +168,11 @@ class Settings(BaseSettings):
         description="a heartbeat arriving while requests have waited longer than this is answered 503 "
         "with Retry-After at once, and its engine counted as heard (0: never shed)",
     )
+    heartbeat_fast_path: bool = Field(
+        True,
+        description="answer steady heartbeats ahead of the API framework's routing and validation (the same "
+        "answers, a fraction of the CPU); false: every heartbeat through the framework's route",
+    )
     # Retention: rows older than these are pruned every `retention_interval_s`.
     retention_interval_s: float = Field(3600.0, gt=0, description="how often old records are pruned")
     retention_hook_requests_s: float = Field(

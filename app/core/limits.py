@@ -42,7 +42,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from app.core.shedding import SHED, heartbeat_engine, shed
+from app.core.shedding import SHED, heartbeat_engine, shed_now
 from app.metrics import REGISTRY
 from engine_agent.problems import VALIDATION_TITLE, problem_document, render_problem
 
@@ -53,6 +53,10 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# The scope's key of a callable that lets the request leave the admission gate before its answer starts:
+# for a request that holds nothing from then on but a future (a heartbeat waiting for its batch's
+# commit), so that up to a batch's worth of them wait at once rather than `max_active_requests`.
+LEAVE_GATE = "epctl.leave_gate"
 PROBLEM_MEDIA_TYPE = b"application/problem+json"
 HEALTH_BODY = b'{"status":"ok"}'
 
@@ -201,10 +205,13 @@ class RequestLimits:
         app: ASGIApp,
         limits: Limits | Callable[[], Limits],
         on_shed: Callable[[Scope, str], None] | None = None,
+        backlog_age_s: Callable[[], float] | None = None,
     ) -> None:
         self.app = app
         self._limits = limits
         self._on_shed = on_shed  # told of each heartbeat shed (its scope, its engine id)
+        # How long admitted heartbeats have waited for their commit (they leave the gate once queued).
+        self._backlog_age_s = backlog_age_s
         # One gate per event loop: its futures belong to a loop (a server runs one; an in-process
         # test client may run one per request).
         self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AdmissionGate] = (
@@ -240,7 +247,8 @@ class RequestLimits:
         engine_id = heartbeat_engine(scope["method"], scope["path"])
         if engine_id is not None:
             gate = self.gate
-            if shed(gate.waiting_count, gate.queue_age_s(), limits.heartbeat_shed_after_s):
+            backlog = self._backlog_age_s() if self._backlog_age_s is not None else 0.0
+            if shed_now(gate.waiting_count, gate.queue_age_s(), backlog, limits.heartbeat_shed_after_s):
                 await self._shed(scope, send, engine_id, limits)
                 return
         if body:
@@ -306,19 +314,24 @@ class RequestLimits:
             return
         inside = True
 
-        async def send_and_leave(message: Message) -> None:
+        def leave_now() -> None:
             nonlocal inside
-            if inside and message["type"] == "http.response.start":
+            if inside:
                 inside = False
                 gate.leave()
+
+        async def send_and_leave(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                leave_now()
             await send(message)
+
+        # A request that only waits from here on (a heartbeat queued for its batch's commit) leaves early.
+        scope[LEAVE_GATE] = leave_now
 
         try:
             await self.app(scope, receive, send_and_leave)
         finally:
-            if inside:
-                inside = False
-                gate.leave()
+            leave_now()
 
 
 async def _wait_for_disconnect(receive: Receive, client_gone: asyncio.Event) -> None:

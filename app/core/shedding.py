@@ -62,6 +62,13 @@ def shed(waiting: int, queue_age_s: float, after_s: float) -> bool:
     return after_s > 0 and waiting > 0 and queue_age_s > after_s
 
 
+def shed_now(waiting: int, queue_age_s: float, backlog_age_s: float, after_s: float) -> bool:
+    """`shed`, or the heartbeats already admitted wait longer than `after_s` for their commit
+    (`backlog_age_s`: they leave the gate once queued for their batch, so the gate alone no longer shows
+    a coordinator that falls behind)."""
+    return shed(waiting, queue_age_s, after_s) or (after_s > 0 and backlog_age_s > after_s)
+
+
 def retry_after_s(heartbeat_timeout_s: float) -> int:
     """How long a shed agent waits before its next heartbeat: a third of the heartbeat timeout (at least
     1 s), so two more heartbeats (shed or recorded) still fall inside the timeout."""

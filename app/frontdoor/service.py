@@ -180,8 +180,11 @@ def refresh_all(session: Session, memo: FeedMemo | None = None) -> list[tuple[st
     `memo` (the publisher's, kept across passes): a deployment whose newest version is the one a pass
     derived or checked from the same facts (its generation, its engines' columns, its active job) is
     not derived again, nor its stored rank set read: a steady fleet's pass reads columns and compares."""
-    deployments = session.exec(select(Deployment)).all()
-    if not deployments:
+    # Each deployment's id and generation as columns: a steady pass loads no deployment object (each
+    # decodes its JSON columns; 128 deployments 4 times a second), only those whose feed may move.
+    table = Deployment.__table__  # type: ignore[attr-defined]
+    heads = session.execute(sa.select(table.c.id, table.c.generation)).all()
+    if not heads:
         return []
     engines, jobs = _engine_facts(session), _active_jobs(session)
     versions = EndpointSetVersion.__table__  # type: ignore[attr-defined]
@@ -192,15 +195,17 @@ def refresh_all(session: Session, memo: FeedMemo | None = None) -> list[tuple[st
             )
         ).all()
     )
-    pending = []
-    for deployment in deployments:
-        facts = (deployment.generation, engines.get(deployment.id, []), jobs.get(deployment.id))
-        seen = memo.get(deployment.id) if memo is not None else None
-        if seen is not None and seen[0] == numbers.get(deployment.id) and seen[1] == facts:
+    moving: dict[str, tuple[Any, ...]] = {}
+    for deployment_id, generation in heads:
+        facts = (generation, engines.get(deployment_id, []), jobs.get(deployment_id))
+        seen = memo.get(deployment_id) if memo is not None else None
+        if seen is not None and seen[0] == numbers.get(deployment_id) and seen[1] == facts:
             continue
-        pending.append((deployment, facts))
-    if not pending:
+        moving[deployment_id] = facts
+    if not moving:
         return []
+    loaded = {d.id: d for d in session.exec(select(Deployment).where(col(Deployment.id).in_(list(moving))))}
+    pending = [(loaded[i], facts) for i, facts in moving.items() if i in loaded]
     # The newest versions' columns, not objects: most passes change nothing and write nothing.
     ids = [d.id for d, _ in pending]
     newest = (

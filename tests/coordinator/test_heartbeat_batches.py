@@ -124,3 +124,23 @@ def test_every_heartbeat_sent_at_once_through_the_api_is_recorded(client: TestCl
     assert [(a.json()["id"], a.json()["generation"], a.json()["deployment"]) for a in answers] == [
         (f"e{i}", 7, "demo") for i in range(ENGINES)
     ]
+
+
+def test_a_heartbeat_is_told_once_queued_and_the_backlog_ages_until_its_commit(client: TestClient) -> None:
+    """`on_queued` (the request leaves the admission gate) comes once the heartbeat waits for its batch;
+    the backlog's age (read by the shedding rule) is 0 once every heartbeat is committed."""
+    _fleet(client)
+    database: Database = client.app.state.database  # type: ignore[attr-defined]
+    batches = HeartbeatBatches(database)
+
+    async def one() -> tuple[list[float], float, float]:
+        queued: list[float] = []
+        idle = batches.backlog_age_s()
+        told = lambda: queued.append(batches.backlog_age_s())  # noqa: E731
+        recorded = await batches.record("e0", _beat(0), on_queued=told)
+        assert recorded is not None
+        return queued, idle, batches.backlog_age_s()
+
+    queued, before, after = asyncio.run(one())
+    assert len(queued) == 1 and queued[0] >= 0.0
+    assert before == 0.0 and after == 0.0

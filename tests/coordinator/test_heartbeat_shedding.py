@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app.core.limits import Limits, Receive, RequestLimits, Send
+from app.core.limits import LEAVE_GATE, Limits, Receive, RequestLimits, Send
 from app.core.shedding import (
     ShedHeartbeats,
     bearer_secret,
@@ -19,6 +19,7 @@ from app.core.shedding import (
     heartbeat_engine,
     retry_after_s,
     shed,
+    shed_now,
 )
 from engine_agent.coordinators import next_heartbeat_s, shed_retry_after_s
 
@@ -239,3 +240,80 @@ def test_a_shed_heartbeat_counts_while_its_token_was_found_valid_within_the_time
     assert cache.seen("other", within_s=15.0) is None
     cache.clear()  # a revoke through this coordinator
     assert cache.seen("h", within_s=15.0) is None
+
+
+@pytest.mark.parametrize(
+    ("waiting", "age_s", "backlog_s", "after_s", "expected"),
+    [
+        (0, 0.0, 0.0, 1.0, False),  # nothing waits
+        (0, 0.0, 0.5, 1.0, False),  # heartbeats wait for their commit, within the bound
+        (0, 0.0, 1.5, 1.0, True),  # ... longer than the bound: the coordinator falls behind
+        (10, 2.0, 0.0, 1.0, True),  # the gate's own queue is old (as `shed`)
+        (0, 0.0, 9.0, 0.0, False),  # shedding off
+    ],
+)
+def test_a_heartbeat_is_shed_when_the_gate_or_the_commit_backlog_is_old(
+    waiting: int, age_s: float, backlog_s: float, after_s: float, expected: bool
+) -> None:
+    assert shed_now(waiting, age_s, backlog_s, after_s) is expected
+
+
+def test_a_request_that_only_waits_leaves_the_gate_before_its_answer() -> None:
+    """A heartbeat queued for its batch's commit holds nothing but a future: it leaves the gate
+    (`LEAVE_GATE`), so the next request is admitted while it waits (before, the gate's places capped a
+    batch at `max_active_requests` heartbeats: 16)."""
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+        ran: list[str] = []
+
+        async def app(scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+            ran.append(scope["path"])
+            if scope["path"].endswith("/heartbeat"):
+                scope[LEAVE_GATE]()  # queued: from here on it only waits
+                await release.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        async def ignore(message: Message) -> None:
+            del message
+
+        middleware = RequestLimits(app, Limits(max_active_requests=1))
+        heartbeat = request("POST", "/v1/engines/e1/heartbeat")
+        first = asyncio.create_task(middleware(heartbeat, body(b"{}"), ignore))
+        second = asyncio.create_task(middleware(request("GET", "/v1/engines"), body(b""), ignore))
+        for _ in range(100):  # loop turns, not time
+            if second.done():
+                break
+            await asyncio.sleep(0)
+        done = second.done()
+        release.set()
+        await asyncio.gather(first, second)
+        assert done and ran == ["/v1/engines/e1/heartbeat", "/v1/engines"]
+        assert middleware.gate.active == 0  # left once, not twice
+
+    asyncio.run(scenario())
+
+
+def test_a_heartbeat_is_shed_while_admitted_heartbeats_wait_too_long_for_their_commit() -> None:
+    async def scenario() -> None:
+        answers: dict[str, int] = {}
+
+        async def app(scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        def sender(name: str) -> Send:
+            async def send(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    answers[name] = message["status"]
+
+            return send
+
+        limits = Limits(heartbeat_shed_after_s=1.0)
+        middleware = RequestLimits(app, limits, backlog_age_s=lambda: 3.0)  # the oldest waits 3 s
+        await middleware(request("POST", "/v1/engines/e1/heartbeat"), body(b"{}"), sender("hb"))
+        await middleware(request("GET", "/v1/engines"), body(b""), sender("read"))
+        assert answers == {"hb": 503, "read": 200}  # nobody waits at the gate: shed for the backlog alone
+
+    asyncio.run(scenario())

@@ -293,6 +293,8 @@ def test_a_pass_over_a_steady_fleet_derives_nothing_and_reads_no_stored_rank_set
         with Session(db_engine, expire_on_commit=False) as session:
             assert refresh_all(session, memo) == []
         assert not [s for s in statements if "endpoints" in s.split("FROM")[0]]  # before: every deployment's
+        # Nor any deployment loaded as an object (its JSON columns decoded): their ids and generations.
+        assert not [s for s in statements if "deployments.engine_config" in s]
     finally:
         sa.event.remove(db_engine, "before_cursor_execute", seen)
     _set_engine(db_engine, "fb-engine-1", state="unreachable")

@@ -20,8 +20,9 @@ what that path writes for the same heartbeat.
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -53,12 +54,14 @@ class _Waiting:
     engine_id: str
     heartbeat: AgentHeartbeat
     answer: asyncio.Future[Recorded | None]
+    since: float  # monotonic: when it joined
 
 
 @dataclass
 class _Queue:
     waiting: list[_Waiting] = field(default_factory=list)
     writer: asyncio.Task[None] | None = None
+    writing_since: float | None = None  # the oldest heartbeat of the batch being written
 
 
 def record_batch(
@@ -88,9 +91,12 @@ class HeartbeatBatches:
             weakref.WeakKeyDictionary()
         )
 
-    async def record(self, engine_id: str, heartbeat: AgentHeartbeat) -> Recorded | None:
+    async def record(
+        self, engine_id: str, heartbeat: AgentHeartbeat, on_queued: Callable[[], None] | None = None
+    ) -> Recorded | None:
         """The heartbeat written and committed with its batch, or None (nothing written that the whole
-        path would not write) when it needs `service.record_heartbeat`."""
+        path would not write) when it needs `service.record_heartbeat`. `on_queued` is called once it
+        waits for its batch (the request then leaves the admission gate: `app.core.limits.LEAVE_GATE`)."""
         if not service.is_steady(heartbeat):
             return None
         loop = asyncio.get_running_loop()
@@ -98,27 +104,46 @@ class HeartbeatBatches:
         if queue is None:
             queue = self._queues[loop] = _Queue()
         answer: asyncio.Future[Recorded | None] = loop.create_future()
-        queue.waiting.append(_Waiting(engine_id, heartbeat, answer))
+        queue.waiting.append(_Waiting(engine_id, heartbeat, answer, time.monotonic()))
         if queue.writer is None or queue.writer.done():
             queue.writer = loop.create_task(self._write(queue), name="heartbeat-batches")
+        if on_queued is not None:
+            on_queued()
         return await answer
+
+    def backlog_age_s(self) -> float:
+        """How long the oldest heartbeat waiting for its commit (queued, or in the batch being written)
+        on this event loop has waited; 0 when none waits. The shedding rule reads it beside the gate's
+        queue (`app.core.shedding.shed_now`): heartbeats wait here, not at the gate."""
+        try:
+            queue = self._queues.get(asyncio.get_running_loop())
+        except RuntimeError:
+            return 0.0
+        if queue is None:
+            return 0.0
+        oldest = [t for t in (queue.writing_since, queue.waiting[0].since if queue.waiting else None) if t]
+        return time.monotonic() - min(oldest) if oldest else 0.0
 
     async def _write(self, queue: _Queue) -> None:
         while queue.waiting:
             batch, queue.waiting = queue.waiting[: self.max_batch], queue.waiting[self.max_batch :]
             beats = [(w.engine_id, w.heartbeat) for w in batch]
+            queue.writing_since = batch[0].since
             try:
                 rows, live = await self.database.run(partial(record_batch, beats=beats))
             except asyncio.CancelledError:
+                queue.writing_since = None
                 for w in [*batch, *queue.waiting]:
                     w.answer.cancel()
                 queue.waiting.clear()
                 raise
             except Exception as exc:  # the database failed the batch: each heartbeat's request fails
+                queue.writing_since = None
                 for w in batch:
                     if not w.answer.done():
                         w.answer.set_exception(exc)
                 continue
+            queue.writing_since = None
             for w, row in zip(batch, rows, strict=True):
                 if not w.answer.done():  # a request whose client left was cancelled meanwhile
                     w.answer.set_result(None if row is None else Recorded(row, live))

@@ -13,7 +13,7 @@ from app.core.clock import utc_now
 from app.core.problems import problem_responses
 from app.core.stuck import STUCK
 from app.deployments.engines import service
-from app.deployments.engines.batch import HeartbeatBatches
+from app.deployments.engines.fast_path import WHOLE_PATH, steady_answer
 from app.deployments.engines.models import (
     Engine,
     EngineHeartbeat,
@@ -90,14 +90,6 @@ async def get_engine(engine_id: EngineIdPath, db: DatabaseDep, _: Reader) -> Eng
     return await db.run(lambda session: _public(session, service.get_engine(session, engine_id=engine_id)))
 
 
-def _batches(request: Request, db: DatabaseDep) -> HeartbeatBatches:
-    """The app's steady-heartbeat writer (made on first use, on the app's database)."""
-    batches: HeartbeatBatches | None = getattr(request.app.state, "heartbeat_batches", None)
-    if batches is None or batches.database is not db:
-        batches = request.app.state.heartbeat_batches = HeartbeatBatches(db)
-    return batches
-
-
 @router.post("/{engine_id}/heartbeat", name="heartbeat", responses=problem_responses(404, 409, 503))
 async def heartbeat(
     engine_id: EngineIdPath,
@@ -127,12 +119,15 @@ async def heartbeat(
         )
     # A heartbeat that only renews the record is written with the others waiting (one commit for all:
     # issue 37, 700 heartbeats a second) and answered once committed; any other takes the whole path.
-    recorded = await _batches(request, db).record(engine_id, body)
-    if recorded is not None:
-        if stuck_news:
-            wake.ring(wake.LIVENESS)
-        row, live = recorded.row, recorded.coordinators
-        return EngineHeartbeatAnswer.of(row, deployment=row.deployment or "", coordinators=live)
+    # Most come answered by the fast path already (`fast_path.HeartbeatFastPath`, the same function);
+    # one it found needing the whole path comes marked, not to be tried again. A stuck report comes
+    # here always (the fast path leaves it to this route, for the note above and the wake).
+    if not request.scope.get(WHOLE_PATH):
+        steady = await steady_answer(request.app.state, db, engine_id, body, request.scope)
+        if steady is not None:
+            if stuck_news:
+                wake.ring(wake.LIVENESS)
+            return steady
 
     def work(session: Session) -> tuple[EngineHeartbeatAnswer, bool]:
         engine = service.record_heartbeat(session, engine_id=engine_id, heartbeat=body, on_break=group_broke)

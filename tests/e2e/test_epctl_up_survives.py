@@ -30,7 +30,7 @@ from tests.support.waiting import wait_until
 # The demo deployment's engine (`epctl up` creates it with the default engine config).
 DEMO_ENGINE = EngineConfig()
 # How long the killed `epctl up` stays down before the restart. Engines serving through an absence
-# longer than the old 15 s orphan grace is tests/e2e/test_engines_outlive_the_coordinator.py's (20 s, the
+# longer than the old 15 s orphan grace is tests/e2e/test_engines_outlive_the_coordinator.py's (16 s, the
 # same local launcher); here that `epctl up` opts its engines into no orphan watch is read from their
 # command lines, and the adoption needs only some time down.
 COORDINATOR_DOWN_S = 2.0

@@ -99,6 +99,14 @@ class WebhookReceiver:
         status = scripted.status
         if self.secret is not None and not valid:
             status = 401
+        # Recorded before the answer goes out: a sender that has its answer (a test that drained its
+        # worker) then finds the request here. Recorded after it, this thread could still be on its way
+        # to the list when the test read it (seen once: `[request] = receiver.requests` found none).
+        with self.arrived:
+            self.requests.append(ReceivedRequest(webhook_id, headers, body, valid, status))
+            if 200 <= status < 300 and webhook_id not in self.processed:
+                self.processed[webhook_id] = json.loads(body)
+            self.arrived.notify_all()
         try:
             handler.send_response(status)
             for name, value in scripted.headers.items():
@@ -108,11 +116,6 @@ class WebhookReceiver:
             handler.wfile.write(scripted.body)
         except OSError:  # the sender gave up (killed, or timed out) while we held the request
             pass
-        with self.arrived:
-            self.requests.append(ReceivedRequest(webhook_id, headers, body, valid, status))
-            if 200 <= status < 300 and webhook_id not in self.processed:
-                self.processed[webhook_id] = json.loads(body)
-            self.arrived.notify_all()
 
     @contextmanager
     def running(self) -> Iterator[WebhookReceiver]:

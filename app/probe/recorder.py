@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from app.probe.canary import Canary, CanaryResult, CanarySample
-from app.probe.figures import ProbeFigures, is_good, probe_figures
+from app.probe.figures import ProbeFigures, probe_figures
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class CanaryRecorder:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.max_in_flight = max_in_flight
-        # A success later than this counts toward an outage; below it, a slow answer is only slow.
+        # A success later than this is counted late (it ends an outage all the same).
         self.deadline_s = min(deadline_s, timeout_s) if deadline_s is not None else timeout_s
         self._clock = clock
         self._targets: list[str] = []
@@ -112,14 +112,14 @@ class CanaryRecorder:
             await asyncio.gather(*late, return_exceptions=True)
 
     async def until_answered(self, since: float, timeout_s: float) -> bool:
-        """Wait until every target has answered well (a success within the deadline) to a canary sent
+        """Wait until every target has answered (a success: what ends an outage) to a canary sent
         at or after `since` (this recorder's clock), at most `timeout_s`; True when they all have.
 
         A job that stops its probe right after the engine says it serves again would end the outage
         at that stop, and keep no answer from after the change: this closes it on an observation."""
         give_up = self._clock() + timeout_s
         while True:
-            answered = {s.target for s in self._samples if s.sent_at >= since and is_good(s, self.deadline_s)}
+            answered = {s.target for s in self._samples if s.sent_at >= since and s.ok}
             if all(t in answered for t in self._targets):
                 return True
             if self._clock() >= give_up or self._loop_task is None or self._stopped_at is not None:

@@ -112,7 +112,7 @@ def test_scaling_2_4_3_2_serves_correctly_and_reports_the_downtime_the_client_sa
     resolution = client.latency_ms(0.9, outside_of=windows)
     for job, (start, end) in zip(jobs, windows, strict=True):
         reported = float(job["downtime_ms"])
-        seen = client.gap_covering(start, end)
+        seen = client.outage_covering(start, end)
         print(
             f"{stack.backend} {policy} {job['from_dp_size']}->{job['to_dp_size']}: job downtime "
             f"{reported:.1f} ms, client gap {seen:.1f} ms (client request p90 {resolution:.1f} ms), "

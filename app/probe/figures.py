@@ -97,6 +97,9 @@ class ProbeFigures:
     failed: int
     late: int
     skipped: int  # not sent: the target still had its maximum of canaries in flight
+    # The longest time the recorder itself did not run (its event loop or process stalled) inside the
+    # outage: answers that came meanwhile were read late, so that part is the observer's, not clients'.
+    probe_stalled_ms: float
     outage_ms: float
     outage_window: tuple[float, float] | None  # epoch seconds
     outage_phase: str | None
@@ -126,6 +129,7 @@ class ProbeFigures:
             "canaries_failed": self.failed,
             "canaries_late": self.late,
             "canaries_skipped": self.skipped,
+            "probe_stalled_ms_in_outage": self.probe_stalled_ms,
             "failures": self.failures,
             "latency_p50_ms_outside_outage": self.latency_p50_ms_outside,
             "longest_gap_ms": self.longest_gap_ms,
@@ -199,6 +203,7 @@ def probe_figures(
     deadline_s: float,
     marks: Sequence[tuple[str, float]] = (),
     skipped: int = 0,
+    stalls: Sequence[tuple[float, float]] = (),
     epoch_offset: float = 0.0,
 ) -> ProbeFigures:
     """The figures of one recording from `start` to `end` (monotonic seconds). `marks` are phase
@@ -223,6 +228,9 @@ def probe_figures(
     still_out = job[-1] if job and job[-1].open else None
     if still_out is not None and not any(s.ok and s.done_at <= still_out.start for s in samples):
         still_out = None
+    # The recorder's own stalls inside the outage (overlap only; none outside it matter here).
+    stalled = max((min(b, worst.end) - max(a, worst.start) for a, b in stalls), default=0.0) if worst else 0.0
+    stalled = max(stalled, 0.0)
     succeeded = [s for s in samples if s.ok]
     outside = [
         s.latency_s for s in succeeded if worst is None or s.done_at <= worst.start or s.sent_at >= worst.end
@@ -236,6 +244,7 @@ def probe_figures(
         failed=sum(1 for s in samples if not s.ok),
         late=sum(1 for s in succeeded if s.latency_s > deadline_s),
         skipped=skipped,
+        probe_stalled_ms=_ms0(stalled),
         outage_ms=worst.ms if worst else 0.0,
         outage_window=(worst.start + epoch_offset, worst.end + epoch_offset) if worst else None,
         outage_phase=_phase_of_window(spans, worst.start, worst.end) if worst else None,

@@ -32,6 +32,10 @@ from app.probe.figures import ProbeFigures, probe_figures
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 1.0  # how long stop() lets canaries in flight finish before dropping them
+# A tick this late (in intervals, and at least STALL_MIN_S) is the recorder's own stall: its event loop
+# or its process did not run, so answers that came meanwhile are read late.
+STALL_INTERVALS = 5
+STALL_MIN_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class CanaryRecorder:
         self._marks: list[tuple[str, float]] = []
         self._in_flight: dict[str, set[asyncio.Task[None]]] = {}
         self._skipped = 0
+        self._stalls: list[tuple[float, float]] = []  # (due, ran): the recorder itself did not run
         self._loop_task: asyncio.Task[None] | None = None
         self._started_at: float | None = None
         self._stopped_at: float | None = None
@@ -166,6 +171,7 @@ class CanaryRecorder:
             deadline_s=self.deadline_s,
             marks=self._marks,
             skipped=self._skipped,
+            stalls=self._stalls,
             epoch_offset=self._epoch_offset,
         )
 
@@ -184,6 +190,8 @@ class CanaryRecorder:
                 task.add_done_callback(flying.discard)
             next_at += self.interval_s
             delay = next_at - self._clock()
+            if -delay >= max(STALL_INTERVALS * self.interval_s, STALL_MIN_S):
+                self._stalls.append((next_at, next_at - delay))
             if delay < 0:  # late (a loaded machine): go on from now rather than burst
                 next_at = self._clock()
                 delay = 0.0

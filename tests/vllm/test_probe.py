@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -288,3 +289,51 @@ async def _recorder_waiting_on_a_target_that_stays_down() -> None:
     async with CanaryRecorder(canary, interval_s=0.02, timeout_s=1.0) as recorder:
         recorder.set_targets(["http://a"])
         assert not await recorder.until_answered(recorder.mark("verifying"), timeout_s=0.2)
+
+
+def test_a_stretch_the_recorder_itself_stalled_through_is_named_as_the_probes() -> None:
+    from app.probe import outage_summary
+
+    # Served every 50 ms; the recorder's own loop stalled from 1.02 to 2.5 s: the canary sent at 1.0 is
+    # read at 2.5 (the answer came, nobody read it), and none was sent meanwhile.
+    samples = steady(0.0, 1.05, 0.05) + steady(2.5, 3.0, 0.05)
+    samples = [s if s.sent_at != 1.0 else CanarySample("a", 1.0, 2.5, True, 200) for s in samples]
+    figures = probe_figures(
+        samples, start=0.0, end=3.0, interval_s=0.05, deadline_s=1.0, stalls=[(1.02, 2.5), (2.7, 2.9)]
+    )
+    assert figures.outage_ms == pytest.approx(1500.0, abs=1.0)  # from 1.0 to 2.5: what the probe read
+    assert figures.probe_stalled_ms == pytest.approx(1480.0, abs=1.0)  # of which its own stall
+    assert figures.as_dict()["probe_stalled_ms_in_outage"] == figures.probe_stalled_ms
+    assert "the probe itself stalled 1480.0 ms in it" in outage_summary(figures)
+    quiet = probe_figures(samples, start=0.0, end=3.0, interval_s=0.05, deadline_s=1.0)
+    assert quiet.probe_stalled_ms == 0.0 and "stalled" not in outage_summary(quiet)
+
+
+class BlockingCanary:
+    """Answers 200 at once, except that one send blocks the whole event loop (a coordinator doing
+    synchronous work) for `block_s`."""
+
+    def __init__(self, block_s: float) -> None:
+        self.block_s = block_s
+        self.sends = 0
+
+    async def send(self, target: str) -> CanaryResult:
+        self.sends += 1
+        if self.sends == 5:
+            time.sleep(self.block_s)  # the point: the loop is blocked
+        return CanaryResult(ok=True, status=200)
+
+
+def test_the_recorder_notes_its_own_stalls() -> None:
+    asyncio.run(_recorder_blocked_once())
+
+
+async def _recorder_blocked_once() -> None:
+    recorder = CanaryRecorder(BlockingCanary(0.5), interval_s=0.01, timeout_s=2.0)
+    async with recorder:
+        recorder.set_targets(["http://a"])
+        await asyncio.sleep(0.8)
+    figures = recorder.figures()
+    assert figures.failed == 0 and figures.outage_ms > 0.0
+    # The loop did not run for the block: the stretch it left is named as the probe's own.
+    assert 0.0 < figures.probe_stalled_ms <= figures.outage_ms

@@ -23,6 +23,9 @@ planned jobs fail any request at it, and how soon it serves a new rank set.
   written says the same). Target: <= 50 ms here. Beside it, the step's whole time (the version
   written and applied) and when the coordinator's move recorded the new generation (the front door
   waits for neither).
+- **A loss to the engine out**: SIGKILL of one serving engine after the cycles; from the kill to the
+  feed's version that has it out (its `changed_at`) and to HAProxy having applied that version (the
+  front door's `applied_at`). No target in the issue: measured and shown.
 
     .venv/bin/python benchmarks/front_door.py [--requests 160] [--rounds 10] [--cycles 2]
 """
@@ -357,6 +360,40 @@ def main() -> int:
                 "(commit -> recorded ms)",
             ],
             rows,
+        )
+        # 4. A loss: one serving engine SIGKILLed, until the feed has it out and HAProxy applied that.
+        victim = next(e for e in api.get("/v1/engines").json()["data"] if e.get("dp_rank") == 1)
+        killed_at = time.time()
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+
+        def out() -> dict[str, Any] | None:
+            feed: dict[str, Any] = api.get("/v1/deployments/demo/endpoints").json()
+            states = {e["engine_id"]: e["state"] for e in feed["endpoints"]}
+            return feed if states.get(victim["id"]) != "ready" else None
+
+        feed = wait_until(out, timeout_s=60, what="the killed engine out of the feed", interval_s=0.01)
+
+        def applied() -> dict[str, Any] | None:
+            door_now = api.get("/v1/deployments/demo/endpoints").json().get("front_door") or {}
+            return door_now if (door_now.get("applied_version") or 0) >= feed["resourceVersion"] else None
+
+        door_state = wait_until(applied, timeout_s=60, what="HAProxy to apply it", interval_s=0.01)
+        loss = {
+            "kill_to_feed_out_ms": (datetime.fromisoformat(feed["changed_at"]).timestamp() - killed_at)
+            * 1000.0,
+            "kill_to_haproxy_applied_ms": (
+                datetime.fromisoformat(door_state["applied_at"]).timestamp() - killed_at
+            )
+            * 1000.0,
+            "reason": next(
+                (e.get("reason") for e in feed["endpoints"] if e["engine_id"] == victim["id"]), "not listed"
+            ),
+        }
+        report.results["loss"] = loss
+        report.add_table(
+            "A loss: one engine SIGKILLed (ms from the kill)",
+            ["to the feed's version with it out", "to HAProxy having applied it", "its state's reason"],
+            [[loss["kill_to_feed_out_ms"], loss["kill_to_haproxy_applied_ms"], loss["reason"]]],
         )
         # The same outage measured twice (the probe through the front door, this client): how far apart.
         report.results["probe_minus_client_outage_ms"] = [

@@ -175,8 +175,8 @@ FRONT_DOOR_DRAINED = Counter(
 )
 CLIENT_OUTAGE = Histogram(
     "epctl_reconfiguration_client_outage_seconds",
-    "A finished job's client outage, measured from outside by the canary probe: the longest window in "
-    "which canaries failed or went unanswered past their deadline.",
+    "A finished job's client outage, measured from outside by the canary probe: the longest stretch "
+    "with no successful answer.",
     ["deployment", "outcome"],
     buckets=_DOWNTIME_BUCKETS,
     registry=REGISTRY,

@@ -166,7 +166,7 @@ def one_loss(coordinator: StackCoordinator, mode: str, engines: int, tokens: lis
         "detect_s": detected_at - killed_at,
         "serving_s": serving_at - killed_at,
         "full_size_s": full_at - killed_at if full_at is not None else None,
-        "client_outage_ms": client.gap_covering(killed_at, serving_at),
+        "client_outage_ms": client.outage_covering(killed_at, serving_at),
         "failed_requests": len(client.failures()),
         "job_detect_ms": first.get("time_to_detect_ms"),
         "job_serving_ms": first.get("time_to_serving_ms"),
@@ -224,7 +224,7 @@ def one_coordinator_kill(coordinator: StackCoordinator, engines: int, tokens: li
         started = time.time()
         baseline = coordinator.wait_job(coordinator.scale(engines - 1, name), timeout_s=120)
         assert baseline["state"] == "succeeded", baseline["error"]
-        baseline_gap_ms = client.gap_covering(started, time.time())
+        baseline_gap_ms = client.outage_covering(started, time.time())
         grown = coordinator.wait_job(coordinator.scale(engines, name), timeout_s=180)
         assert grown["state"] == "succeeded", grown["error"]
         job_id = coordinator.scale(engines - 1, name)
@@ -241,7 +241,7 @@ def one_coordinator_kill(coordinator: StackCoordinator, engines: int, tokens: li
         ended = coordinator.wait_job(job_id, timeout_s=120)
         ended_at = time.time()
         time.sleep(0.5)  # the client's next responses after the end
-        outage_ms = client.gap_covering(killed_at, ended_at)
+        outage_ms = client.outage_covering(killed_at, ended_at)
     finally:
         client.stop()
         stop_local_agents(coordinator.data_dir)
@@ -320,7 +320,7 @@ def one_freeze(coordinator: StackCoordinator, engines: int, tokens: list[list[fl
         "fenced": state == "fenced",
         "re_admitted": victim["engine_id"] in serving,
         "full_size_s": whole_at - frozen_at,
-        "client_outage_ms": client.gap_covering(frozen_at, serving_at),
+        "client_outage_ms": client.outage_covering(frozen_at, serving_at),
         "incident_client_outage_ms": incident.get("client_outage_ms"),
         "incident_reason": incident.get("reason"),
         "failed_requests": len(client.failures()),
@@ -371,7 +371,7 @@ def one_slow(coordinator: StackCoordinator, engines: int, tokens: list[list[floa
         "fenced": sum(1 for state in states.values() if state == "fenced"),
         "same_generation": deployment["generation"] == generation and deployment["status"] == "ready",
         "self_heal_jobs": len(jobs),
-        "longest_client_gap_ms": client.gap_covering(started, started + slow_for_s),
+        "longest_client_gap_ms": client.outage_covering(started, started + slow_for_s),
         "failed_requests": len(client.failures()),
     }
 
@@ -432,7 +432,7 @@ def one_freeze_in_job(coordinator: StackCoordinator, engines: int, phase: str, t
         "job_end_s": ended_at - frozen_at,
         "serving_s": serving_at - frozen_at,
         "frozen_engine": state,
-        "client_outage_ms": client.gap_covering(frozen_at, serving_at),
+        "client_outage_ms": client.outage_covering(frozen_at, serving_at),
         "job_client_outage_ms": ended.get("client_outage_ms"),
         "incident_client_outage_ms": incident.get("client_outage_ms"),
         "failed_requests": len(client.failures()),
@@ -475,7 +475,7 @@ def one_coordinator_down(
     try:
         client.wait_serving()
         time.sleep(2.0)
-        baseline_gap_ms = client.gap_covering(time.time() - 2.0, time.time())
+        baseline_gap_ms = client.outage_covering(time.time() - 2.0, time.time())
         killed_at = time.time()
         coordinator.kill()
         time.sleep(down_s)
@@ -488,7 +488,7 @@ def one_coordinator_down(
         )
         adopted_at = time.time()
         client.wait_serving()
-        outage_ms = client.gap_covering(killed_at, adopted_at)
+        outage_ms = client.outage_covering(killed_at, adopted_at)
         same = [int(agent_info(m["url"])["pid"]) for m in members] == pids
     finally:
         client.stop()

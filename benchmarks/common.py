@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import signal
 import statistics
 import subprocess
@@ -134,6 +135,25 @@ def summarize(samples: Sequence[float]) -> dict[str, float]:
     }
 
 
+def bootstrap_interval(
+    values: Sequence[float],
+    statistic: Callable[[Sequence[float]], float] = statistics.fmean,
+    *,
+    confidence: float = 0.95,
+    resamples: int = 4000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """A percentile bootstrap interval of `statistic` over `values` (e.g. one figure per interleaved
+    round, so the load's drift between rounds is in the spread): how far the figure moves with the
+    noise. A fixed seed: the same figures give the same interval."""
+    if not values:
+        return (float("nan"), float("nan"))
+    rng = random.Random(seed)
+    estimates = sorted(statistic(rng.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    return (percentile(estimates, tail), percentile(estimates, 100.0 - tail))
+
+
 @contextlib.contextmanager
 def stopwatch_ms(sink: list[float]) -> Iterator[None]:
     start = time.perf_counter()
@@ -220,19 +240,30 @@ class Report:
         why: str = "",
         at_least: bool = False,
         never: str = "never",
-    ) -> bool:
+        interval: tuple[float, float] | None = None,
+    ) -> bool | None:
         """Record a target and whether it was met (measured <= limit, or >= with `at_least`). `measured`
-        None: it never happened (printed as `never`, missed), not a number standing in for it."""
-        met = measured is not None and (measured >= limit if at_least else measured <= limit)
+        None: it never happened (printed as `never`, missed), not a number standing in for it. With
+        `interval` (the noise around `measured`, e.g. `bootstrap_interval`), a verdict only when the
+        whole interval is on one side of the limit; otherwise "within noise" (`met` None)."""
+        met: bool | None
+        if measured is not None and interval is not None:
+            low, high = interval
+            inside, outside = (low >= limit, high < limit) if at_least else (high <= limit, low > limit)
+            met = True if inside else False if outside else None
+        else:
+            met = measured is not None and (measured >= limit if at_least else measured <= limit)
         self.targets.append(
             {
                 "target": name,
                 "measured": round(measured, 4) if measured is not None else None,
                 **({"shown": never} if measured is None else {}),
+                **({"interval": [round(v, 4) for v in interval]} if interval is not None else {}),
                 "limit": limit,
                 "direction": ">=" if at_least else "<=",
                 "unit": unit,
                 "met": met,
+                "verdict": "met" if met else "within noise" if met is None else "MISSED",
                 **({"note": why} if why else {}),
             }
         )
@@ -248,9 +279,10 @@ class Report:
         rows = [
             [
                 t["target"],
-                t["shown"] if t.get("measured") is None else f"{fmt(t['measured'])} {t['unit']}".strip(),
+                (t["shown"] if t.get("measured") is None else f"{fmt(t['measured'])} {t['unit']}".strip())
+                + (f" ({fmt(t['interval'][0])} to {fmt(t['interval'][1])})" if t.get("interval") else ""),
                 f"{t.get('direction', '<=')} {fmt(t['limit'])}",
-                "met" if t["met"] else "MISSED",
+                t.get("verdict") or ("met" if t["met"] else "MISSED"),
             ]
             for t in self.targets
         ]

@@ -49,6 +49,7 @@ from common import (
     summarize,
 )
 
+from app.probe.outage import client_outage, outage_covering
 from engine_agent import tensor_wire
 from tests.support.processes import AGENT_KEY, AGENT_KEY_HEADERS
 
@@ -140,11 +141,12 @@ class SteadyClient:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def gap_covering_ms(self, start: float, end: float) -> float:
-        """The longest gap between consecutive successful responses that overlaps [start, end]."""
-        done = sorted(s.done_at for s in list(self.samples) if s.ok)
-        return max(
-            ((b - a) * 1000.0 for a, b in itertools.pairwise(done) if a <= end and b >= start), default=0.0
-        )
+        """The longest stretch with no successful answer (the one rule, `app.probe.outage`) that
+        overlaps [start, end], whole."""
+        samples = list(self.samples)
+        until = max((s.done_at for s in samples), default=end)
+        found = outage_covering(samples, start=start, end=end, until=until)
+        return found.ms if found else 0.0
 
     def in_window(self, start: float, end: float) -> dict[str, int]:
         """Responses that completed inside [start, end]: successes (the engine served while it
@@ -153,11 +155,10 @@ class SteadyClient:
         return {"ok": sum(1 for s in done if s.ok), "failed": sum(1 for s in done if not s.ok)}
 
     def longest_gap_ms(self, start: float, end: float) -> float:
-        """The longest gap between consecutive successful responses within [start, end] (its edges
-        count as responses: a client that saw nothing in a window saw a gap of all of it)."""
-        inside = sorted(s.done_at for s in list(self.samples) if s.ok and start <= s.done_at <= end)
-        done = [start, *inside, end]
-        return max(((b - a) * 1000.0 for a, b in itertools.pairwise(done)), default=0.0)
+        """The longest stretch with no successful answer within [start, end] (the same rule, clipped:
+        the probe's `client_outage_ms` over the same span, from outside)."""
+        found = client_outage(list(self.samples), start=start, end=end)
+        return found.ms if found else 0.0
 
     def request_p50_ms(self, start: float, end: float) -> float | None:
         """p50 latency of the successful requests sent within [start, end]."""

@@ -3,13 +3,19 @@ planned jobs fail any request at it, and how soon it serves a new rank set.
 
 - **Added latency**: sequential requests in pairs (one to an engine directly, the engines the front
   door serves taken in turn, one through the front door, the order alternating), the added cost being
-  the median of the pairs' differences; the anchor is the same HAProxy configuration in front of a
-  static HTTP server, paired with that server directly, in the same run. Target: the front door's added
-  p50 <= 1.2x the anchor's. Beside it, the anchor's configuration in front of one engine ("bare"):
-  what HAProxy costs with the engine's HTTP server behind it, without the front door's slots, keeper
-  and request log, so a gap to the anchor shows whether it is ours or the backend's.
+  the median of the pairs' differences, raw (below 0 when the engine's own noise is larger than
+  HAProxy's cost: never floored); the anchor is the same HAProxy configuration in front of a static
+  HTTP server, paired with that server directly. The configurations take turns in short rounds (the
+  order rotating), so the load's drift reaches all of them alike; each round gives one median per
+  configuration, and the spread of those (a bootstrap interval over rounds, 95%) is the noise. Target:
+  the front door's added p50 <= 1.2x the anchor's, judged per round (front door's - 1.2x anchor's, in
+  ms): met or missed only when the whole interval is on one side of 0, "within noise" otherwise.
+  Beside it, the anchor's configuration in front of one engine ("bare"): what HAProxy costs with the
+  engine's HTTP server behind it, without the front door's slots, keeper and request log.
 - **Failed requests per job kind**: a steady client sending only to the front door through
-  2 -> 4 -> 3 -> 2 (grow, shrink, shrink). Target: 0.
+  2 -> 4 -> 3 -> 2 (grow, shrink, shrink). Target: 0. Beside each job, the client's own outage (the
+  one rule, `app.probe.outage`, over the job's span) against the job's `client_outage_ms` (the canary
+  probe through the front door): the same figure, measured twice.
 - **Commit to the new rank set in service**: from the end of the commit window (the engines' last
   resume, the job's `downtime.window_end`) to HAProxy serving the new rank set (the job's `front-door`
   "new rank set" log row: when the step began, at the observed commit, and `in_service_ms`, when
@@ -17,8 +23,11 @@ planned jobs fail any request at it, and how soon it serves a new rank set.
   written says the same). Target: <= 50 ms here. Beside it, the step's whole time (the version
   written and applied) and when the coordinator's move recorded the new generation (the front door
   waits for neither).
+- **A loss to the engine out**: SIGKILL of one serving engine after the cycles; from the kill to the
+  feed's version that has it out (its `changed_at`) and to HAProxy having applied that version (the
+  front door's `applied_at`). No target in the issue: measured and shown.
 
-    .venv/bin/python benchmarks/front_door.py [--requests 400] [--rounds 4] [--cycles 2]
+    .venv/bin/python benchmarks/front_door.py [--requests 160] [--rounds 10] [--cycles 2]
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from typing import Any
 
 import httpx
 import torch
-from common import Report, percentile, scratch_dir  # puts the checkout on the path
+from common import Report, bootstrap_interval, percentile, scratch_dir  # puts the checkout on the path
 
 from app.frontdoor.haproxy import DoorConfig
 from app.frontdoor.launch import haproxy_binary, start_front_door
@@ -152,8 +161,8 @@ def commit_to_rank_set_ms(job: dict[str, Any]) -> dict[str, float | None]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=400, help="per configuration and round")
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=160, help="pairs per configuration and round")
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--cycles", type=int, default=2, help="2 -> 4 -> 3 -> 2 cycles")
     args = parser.parse_args()
     if haproxy_binary() is None:
@@ -198,51 +207,81 @@ def main() -> int:
         static.body = httpx.post(f"{engine}/v1/infer", json=body, timeout=30).content
         report.results["answer_bytes"] = len(static.body)
 
-        # 1. Added latency, interleaved in rounds.
-        names = ("engine", "front_door", "static", "anchor", "engine_1", "bare")
-        samples: dict[str, list[float]] = {k: [] for k in names}
-        for _ in range(args.rounds):
-            direct, proxied = paired_latencies_ms(ready, door, body, args.requests)
-            samples["engine"] += direct
-            samples["front_door"] += proxied
-            direct, proxied = paired_latencies_ms(static.url, anchor.url, body, args.requests)
-            samples["static"] += direct
-            samples["anchor"] += proxied
-            direct, proxied = paired_latencies_ms(engine, bare.url, body, args.requests)
-            samples["engine_1"] += direct
-            samples["bare"] += proxied
-
-        def added_q(proxied: str, direct: str, q: float) -> float:
-            return percentile([p - d for p, d in zip(samples[proxied], samples[direct], strict=True)], q)
-
+        # 1. Added latency, interleaved in rounds (the order rotating: none always first).
+        configs = {
+            "front_door": (ready, door),
+            "anchor": (static.url, anchor.url),
+            "bare": (engine, bare.url),
+        }
+        direct_of = {"front_door": "engine", "anchor": "static", "bare": "engine_1"}
+        samples: dict[str, list[float]] = {k: [] for k in (*configs, *direct_of.values())}
+        rounds: dict[str, list[float]] = {k: [] for k in configs}  # per round: median paired difference
+        differences: dict[str, list[float]] = {k: [] for k in configs}
+        order = list(configs)
+        for r in range(args.rounds):
+            for name in order[r % len(order) :] + order[: r % len(order)]:
+                direct, proxied = paired_latencies_ms(*configs[name], body, args.requests)
+                samples[direct_of[name]] += direct
+                samples[name] += proxied
+                paired = [p - d for p, d in zip(proxied, direct, strict=True)]
+                differences[name] += paired
+                rounds[name].append(statistics.median(paired))
         p50 = {k: statistics.median(v) for k, v in samples.items()}
         p99 = {k: percentile(v, 99) for k, v in samples.items()}
-        pairs = {"front_door": "engine", "anchor": "static", "bare": "engine_1"}
-        added = {k: added_q(k, direct, 50) for k, direct in pairs.items()}
-        added99 = {k: added_q(k, direct, 99) for k, direct in pairs.items()}
-        report.results["latency_ms"] = {"p50": p50, "p99": p99, "added_p50": added, "added_p99": added99}
+        added = {k: statistics.median(v) for k, v in differences.items()}  # raw: may be below 0
+        added99 = {k: percentile(v, 99) for k, v in differences.items()}
+        spread = {k: bootstrap_interval(v) for k, v in rounds.items()}  # of the mean of per-round medians
+        # The target per round, where both saw the same load: front door's added - 1.2x anchor's added.
+        excess = [f - 1.2 * a for f, a in zip(rounds["front_door"], rounds["anchor"], strict=True)]
+        excess_interval = bootstrap_interval(excess)
+        report.results["latency_ms"] = {
+            "p50": p50,
+            "p99": p99,
+            "added_p50": added,
+            "added_p99": added99,
+            "added_p50_per_round": rounds,
+            "added_p50_interval_95": spread,
+            "front_door_minus_1_2x_anchor_per_round": excess,
+            "front_door_minus_1_2x_anchor_interval_95": excess_interval,
+        }
+
+        def noise(name: str) -> str:
+            low, high = spread[name]
+            return f"{min(rounds[name]):.3f} to {max(rounds[name]):.3f} ({low:+.3f} to {high:+.3f})"
+
         report.add_table(
-            "Latency (ms), sequential requests; added: p50/p99 of the paired differences",
-            ["path", "p50", "p99", "added p50", "added p99"],
+            f"Latency (ms), sequential requests, {args.rounds} interleaved rounds of {args.requests} pairs; "
+            "added: p50/p99 of the paired differences (raw); per round: the rounds' medians of the "
+            "differences, min to max (95% bootstrap interval of their mean)",
+            ["path", "p50", "p99", "added p50", "added p99", "added p50 per round"],
             [
-                ["engines directly (each in turn)", p50["engine"], p99["engine"], "", ""],
+                ["engines directly (each in turn)", p50["engine"], p99["engine"], "", "", ""],
                 [
                     "through the front door",
                     p50["front_door"],
                     p99["front_door"],
                     added["front_door"],
                     added99["front_door"],
+                    noise("front_door"),
                 ],
-                ["static server directly", p50["static"], p99["static"], "", ""],
+                ["static server directly", p50["static"], p99["static"], "", "", ""],
                 [
                     "HAProxy -> static (anchor)",
                     p50["anchor"],
                     p99["anchor"],
                     added["anchor"],
                     added99["anchor"],
+                    noise("anchor"),
                 ],
-                ["one engine directly", p50["engine_1"], p99["engine_1"], "", ""],
-                ["anchor's HAProxy -> that engine", p50["bare"], p99["bare"], added["bare"], added99["bare"]],
+                ["one engine directly", p50["engine_1"], p99["engine_1"], "", "", ""],
+                [
+                    "anchor's HAProxy -> that engine",
+                    p50["bare"],
+                    p99["bare"],
+                    added["bare"],
+                    added99["bare"],
+                    noise("bare"),
+                ],
             ],
         )
 
@@ -253,11 +292,14 @@ def main() -> int:
         rows, jobs = [], []
         for target in (4, 3, 2) * args.cycles:
             before = len(client.samples)
+            posted_at = time.time()
             job_id = api.post(
                 "/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": target}
             ).json()["id"]
             job = wait_until(partial(_ended, api, job_id), timeout_s=300, what=f"job to {target}")
+            ended_at = time.time()
             client.wait_serving(count=20, timeout_s=60)
+            seen = client.outage_within(posted_at, ended_at)  # the one rule, over the job's span
             during = client.samples[before:]
             failed = sum(1 for s in during if not s.ok)
             to_rank_set = commit_to_rank_set_ms(job)
@@ -271,6 +313,10 @@ def main() -> int:
                     "downtime_ms": job["downtime_ms"],
                     "client_outage_ms": job["client_outage_ms"],
                     "client_slowest_answer_ms": job["client_slowest_answer_ms"],
+                    "steady_client_outage_ms": seen.ms if seen else 0.0,
+                    "steady_client_slowest_answer_ms": max(
+                        ((s.done_at - s.sent_at) * 1000.0 for s in during if s.ok), default=None
+                    ),
                     "commit_to_new_rank_set_ms": to_rank_set["total"],
                     "commit_to_observed_ms": to_rank_set["observed"],
                     "observed_to_in_service_ms": to_rank_set["front_door"],
@@ -287,6 +333,7 @@ def main() -> int:
                     failed,
                     job["downtime_ms"],
                     job["client_outage_ms"],
+                    seen.ms if seen else 0.0,
                     to_rank_set["total"],
                     to_rank_set["observed"],
                     to_rank_set["front_door"],
@@ -304,7 +351,8 @@ def main() -> int:
                 "requests",
                 "failed",
                 "downtime ms",
-                "client outage ms",
+                "client outage ms (probe)",
+                "client outage ms (this client)",
                 "commit -> new rank set ms",
                 "of which: observed",
                 "of which: given to HAProxy",
@@ -313,18 +361,63 @@ def main() -> int:
             ],
             rows,
         )
+        # 4. A loss: one serving engine SIGKILLed, until the feed has it out and HAProxy applied that.
+        victim = next(e for e in api.get("/v1/engines").json()["data"] if e.get("dp_rank") == 1)
+        killed_at = time.time()
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+
+        def out() -> dict[str, Any] | None:
+            feed: dict[str, Any] = api.get("/v1/deployments/demo/endpoints").json()
+            states = {e["engine_id"]: e["state"] for e in feed["endpoints"]}
+            return feed if states.get(victim["id"]) != "ready" else None
+
+        feed = wait_until(out, timeout_s=60, what="the killed engine out of the feed", interval_s=0.01)
+
+        def applied() -> dict[str, Any] | None:
+            door_now = api.get("/v1/deployments/demo/endpoints").json().get("front_door") or {}
+            return door_now if (door_now.get("applied_version") or 0) >= feed["resourceVersion"] else None
+
+        door_state = wait_until(applied, timeout_s=60, what="HAProxy to apply it", interval_s=0.01)
+        loss = {
+            "kill_to_feed_out_ms": (datetime.fromisoformat(feed["changed_at"]).timestamp() - killed_at)
+            * 1000.0,
+            "kill_to_haproxy_applied_ms": (
+                datetime.fromisoformat(door_state["applied_at"]).timestamp() - killed_at
+            )
+            * 1000.0,
+            "reason": next(
+                (e.get("reason") for e in feed["endpoints"] if e["engine_id"] == victim["id"]), "not listed"
+            ),
+        }
+        report.results["loss"] = loss
+        report.add_table(
+            "A loss: one engine SIGKILLed (ms from the kill)",
+            ["to the feed's version with it out", "to HAProxy having applied it", "its state's reason"],
+            [[loss["kill_to_feed_out_ms"], loss["kill_to_haproxy_applied_ms"], loss["reason"]]],
+        )
+        # The same outage measured twice (the probe through the front door, this client): how far apart.
+        report.results["probe_minus_client_outage_ms"] = [
+            None
+            if j["client_outage_ms"] is None
+            else round(j["client_outage_ms"] - j["steady_client_outage_ms"], 3)
+            for j in jobs
+        ]
         failed_total = sum(j["failed"] for j in jobs)
         report.target("failed requests in planned jobs", failed_total, 0, "requests")
-        # An added cost below 0 is the noise of the engine's own latency (interleaved rounds): counted as 0.
+        # Judged per round against the noise between rounds: a verdict only outside it.
         report.target(
-            "front door's added p50 / anchor's added p50",
-            max(added["front_door"], 0.0) / added["anchor"] if added["anchor"] > 0 else float("inf"),
-            1.2,
-            "x",
-            why="the engine's own p50 is ~60x HAProxy's cost: an added p50 at or below 0 is within its noise",
+            "front door's added p50 - 1.2x anchor's added p50 (per round, mean)",
+            statistics.fmean(excess),
+            0.0,
+            "ms",
+            why="95% bootstrap interval over the interleaved rounds; inside it either way: within noise",
+            interval=excess_interval,
+        )
+        report.results["front_door_over_anchor_p50"] = (
+            added["front_door"] / added["anchor"] if added["anchor"] > 0 else None
         )
         report.results["front_door_over_bare_p50"] = (
-            max(added["front_door"], 0.0) / added["bare"] if added["bare"] > 0 else None
+            added["front_door"] / added["bare"] if added["bare"] > 0 else None
         )
         worst = max((j["commit_to_new_rank_set_ms"] or float("inf")) for j in jobs)
         report.target("commit -> new rank set in service (worst job)", worst, 50.0, "ms")

@@ -118,7 +118,7 @@ def outage_ms(clients: list[HostClient], job: dict[str, Any]) -> float:
     if window.get("window_start") is None:
         return 0.0
     start, end = float(window["window_start"]), float(window["window_end"])
-    return max(c.gap_covering(start, end) for c in clients)
+    return max(c.outage_covering(start, end) for c in clients)
 
 
 def rounds(made: Layout, count: int) -> list[dict[str, Any]]:

@@ -309,9 +309,9 @@ class JobPublic(RowShape):
     downtime: dict[str, Any] | None
     client_outage_ms: float | None = ApiField(
         None,
-        description="the client outage, measured from outside by the canary probe: the longest window "
-        "in which canaries failed or went unanswered past their deadline (vLLM jobs: its 503 window); "
-        "null where no probe ran",
+        description="the client outage, measured from outside by the canary probe: the longest stretch "
+        "with no successful answer (from the first canary left waiting after the last success to the "
+        "next success; vLLM jobs: its 503 window); null where no probe ran",
     )
     client_slowest_answer_ms: float | None = ApiField(
         None,

@@ -3,10 +3,11 @@
 A `Canary` sends one small real request to one serving target (an engine's inference endpoint, a vLLM
 server's `/v1/completions`); a `CanaryRecorder` sends canaries at a steady rate to every serving
 target while a job runs, and `probe_figures` turns what it recorded into the job's figures: the
-*outage* (`client_outage_ms`: the longest window in which canaries failed or went unanswered past their
-deadline) and the *slowest answer* (`client_slowest_answer_ms`: the longest latency of a canary that
-succeeded), each with the phase it fell in; canaries sent, failed and late; p50 latency outside the
-outage; and per phase p50/p99, the slowest answer and the longest gap. The recorder knows nothing of
+*outage* (`client_outage_ms`: the longest stretch with no successful answer, by the rule of `outage`,
+which every client measurer uses) and the *slowest answer* (`client_slowest_answer_ms`: the longest
+latency of a canary that succeeded), each with the phase it fell in; canaries sent, failed and late;
+p50 latency outside the outage; and per phase p50/p99, the slowest answer and the longest stretch
+with no answer. The recorder knows nothing of
 any engine; each backend brings its own `Canary` (`reference.ReferenceCanary`: one binary token to an
 agent's `/v1/infer`; the vLLM backend's in `app/backends/vllm/canary.py`); `record` turns the figures
 into the job's columns and its announcement, alike for both. `job.JobProbe` runs it for a

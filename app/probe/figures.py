@@ -1,34 +1,30 @@
 """From recorded canaries to a job's figures (pure: no clock, no I/O).
 
-Two figures, because a slow answer is not an outage:
+Two figures, because a slow answer is not hidden in an outage, nor an outage in a slow answer:
 
-- the **outage**: for one target, a window between two answers (a success, within its deadline or
-  not; or the recorder's start / stop) in which a canary failed (an HTTP error, a refused connection,
-  a timeout) or went unanswered past its deadline (`deadline_s`: answered later, or never). A late
-  answer counts toward the outage from its deadline, and ends it: it was sent before the outage ended
-  and answered after, so the target served from that answer on (a window closed only by the next
-  answer *within* its deadline ran on past what clients saw: a front door that held every canary in
-  flight answers them all late at once, and the next one is sent only then). The
-  deployment is out while every target is (a target that does not serve yet, or any more, counts as
-  out, so joiners and leavers change nothing); `outage_ms` is the longest such stretch, with the phase
-  it fell in. Its resolution is one interval.
-- the **slowest answer**: the longest latency of a canary that succeeded (a paused engine stalls
-  requests and fails none: its pause shows here), with the phase in which that canary was sent.
+- the **outage** (`client_outage_ms`): the longest stretch with no successful answer, by the one rule
+  every client measurer uses (`app.probe.outage`: from the first canary left waiting after the last
+  success to the next success of any target, a late one too; a canary's own wait is the shortest
+  stretch a probe can see), within the job's span, with the phase it fell in. All targets together:
+  the deployment is out while no target answers (a leaver's 503s while the others answer are none),
+  and each target's own figure beside it. Its resolution is one interval.
+- the **slowest answer**: the longest latency of a canary that succeeded, with the phase in which it
+  was sent; and the **late** count: successes past `deadline_s` (a front door that held canaries
+  through a commit answers them late: they are in the outage, and counted here as well).
 
-An outage still going on at the stop (no good answer after its first failure) is `open_outage_since`:
-the job ended with its clients out, and an incident carries their outage on from there.
+An outage still going on at the stop (no success since it began) is `open_outage_since`: the job
+ended with its clients out, and an incident carries their outage on from there.
 
 Both cover the job itself: from the end of the baseline (the first phase, `BASELINE`, canaries sent
 before the job changes anything) to the stop; the baseline's own figures stay in its phase, for
 comparison (a first canary that sets up its connection on a busy host is no cost of the job).
 
 Per phase: canaries sent in it, failed, late, p50/p99 and slowest answer of those that succeeded, and
-the longest gap between successful completions (raw spacing, for comparison with outside clients).
+the longest stretch with no successful answer within the phase (`longest_gap_ms`, the same rule).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -36,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.probe.canary import CanarySample
+from app.probe.outage import Stretch, longest, stretches, within
 
 BASELINE = "before"  # the phase both backends mark first, before the job changes anything
 
@@ -57,59 +54,10 @@ def _ms0(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
 
 
-@dataclass(frozen=True)
-class Window:
-    start: float
-    end: float
-    outage: bool
-
-    @property
-    def seconds(self) -> float:
-        return self.end - self.start
-
-
-def is_good(sample: CanarySample, deadline_s: float) -> bool:
-    """A success within its deadline: what ends an outage."""
-    return sample.ok and sample.latency_s <= deadline_s
-
-
-def _bad_moments(samples: Sequence[CanarySample], deadline_s: float) -> list[float]:
-    """When each failure or missed deadline became known: a failure when it completed, a late
-    answer when its deadline passed."""
-    moments = []
-    for s in samples:
-        if not s.ok:
-            moments.append(min(s.done_at, s.sent_at + deadline_s))
-        elif s.latency_s > deadline_s:
-            moments.append(s.sent_at + deadline_s)
-    return sorted(moments)
-
-
-def answer_windows(
-    samples: Sequence[CanarySample], *, start: float, end: float, deadline_s: float
-) -> list[Window]:
-    """The windows between consecutive answers (successes, late ones too) within [start, end], each
-    marked whether it shows an outage (a failure or a missed deadline inside it)."""
-    if end < start:
-        return []
-    answered = sorted(s.done_at for s in samples if s.ok and start <= s.done_at <= end)
-    bad = [t for t in _bad_moments(samples, deadline_s) if start <= t <= end]
-    edges = [start, *answered, end]
-    windows: list[Window] = []
-    f = 0
-    for a, b in itertools.pairwise(edges):
-        while f < len(bad) and bad[f] <= a:
-            f += 1
-        windows.append(Window(a, b, f < len(bad) and bad[f] <= b))
-    return windows
-
-
-def longest_gap(samples: Sequence[CanarySample], *, start: float, end: float) -> float:
-    """The longest stretch within [start, end] with no successful completion at all (seconds)."""
-    if end < start:
-        return 0.0
-    done = sorted(s.done_at for s in samples if s.ok and start <= s.done_at <= end)
-    return max((b - a for a, b in itertools.pairwise([start, *done, end])), default=0.0)
+def longest_stretch_s(found: Sequence[Stretch], *, start: float, end: float) -> float:
+    """The longest stretch with no successful answer within [start, end] (seconds; 0 for none)."""
+    worst = longest(within(found, start=start, end=end))
+    return worst.seconds if worst else 0.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +73,7 @@ class PhaseFigures:
     p50_ms: float | None
     p99_ms: float | None
     slowest_answer_ms: float | None
-    longest_gap_ms: float  # the longest window in the phase with no successful completion (raw)
+    longest_gap_ms: float  # the longest stretch in the phase with no successful answer (the outage rule)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -149,6 +97,9 @@ class ProbeFigures:
     failed: int
     late: int
     skipped: int  # not sent: the target still had its maximum of canaries in flight
+    # The longest time the recorder itself did not run (its event loop or process stalled) inside the
+    # outage: answers that came meanwhile were read late, so that part is the observer's, not clients'.
+    probe_stalled_ms: float
     outage_ms: float
     outage_window: tuple[float, float] | None  # epoch seconds
     outage_phase: str | None
@@ -157,7 +108,7 @@ class ProbeFigures:
     open_outage_since: float | None
     slowest_answer_ms: float | None  # None: no canary succeeded
     slowest_answer_phase: str | None
-    longest_gap_ms: float  # any window without a successful completion, outage or not
+    longest_gap_ms: float  # the same rule over the whole recording, the baseline included
     latency_p50_ms_outside: float | None  # successful canaries that do not overlap the outage window
     failures: dict[str, int] = field(default_factory=dict)  # by status or reason
     phases: list[PhaseFigures] = field(default_factory=list)
@@ -178,6 +129,7 @@ class ProbeFigures:
             "canaries_failed": self.failed,
             "canaries_late": self.late,
             "canaries_skipped": self.skipped,
+            "probe_stalled_ms_in_outage": self.probe_stalled_ms,
             "failures": self.failures,
             "latency_p50_ms_outside_outage": self.latency_p50_ms_outside,
             "longest_gap_ms": self.longest_gap_ms,
@@ -195,7 +147,12 @@ def _failure_key(sample: CanarySample) -> str:
 
 
 def _phase(
-    name: str, samples: Sequence[CanarySample], start: float, end: float, deadline_s: float
+    name: str,
+    samples: Sequence[CanarySample],
+    found: Sequence[Stretch],
+    start: float,
+    end: float,
+    deadline_s: float,
 ) -> PhaseFigures:
     sent = [s for s in samples if start <= s.sent_at < end]
     latencies = [s.latency_s for s in sent if s.ok]
@@ -209,7 +166,7 @@ def _phase(
         p50_ms=_ms(percentile(latencies, 50)),
         p99_ms=_ms(percentile(latencies, 99)),
         slowest_answer_ms=_ms(max(latencies, default=None)),
-        longest_gap_ms=_ms0(longest_gap(samples, start=start, end=end)),
+        longest_gap_ms=_ms0(longest_stretch_s(found, start=start, end=end)),
     )
 
 
@@ -246,6 +203,7 @@ def probe_figures(
     deadline_s: float,
     marks: Sequence[tuple[str, float]] = (),
     skipped: int = 0,
+    stalls: Sequence[tuple[float, float]] = (),
     epoch_offset: float = 0.0,
 ) -> ProbeFigures:
     """The figures of one recording from `start` to `end` (monotonic seconds). `marks` are phase
@@ -255,24 +213,27 @@ def probe_figures(
     # The job's own span: after the baseline, when there is one.
     job_start = spans[0][2] if spans and spans[0][0] == BASELINE else start
     targets = sorted({s.target for s in samples})
-    per_target: dict[str, float] = {}
-    out: list[tuple[float, float]] | None = None
-    for target in targets:
-        own = [s for s in samples if s.target == target]
-        windows = answer_windows(own, start=job_start, end=end, deadline_s=deadline_s)
-        outages = [(w.start, w.end) for w in windows if w.outage]
-        per_target[target] = _ms0(max((b - a for a, b in outages), default=0.0))
-        out = outages if out is None else _intersect(out, outages)
-    worst = max(out or [], key=lambda w: w[1] - w[0], default=None)
-    # Still out at the stop, after a good answer (a probe never answered saw no loss: it saw nothing).
-    still_out = out[-1] if out and out[-1][1] >= end else None
-    if still_out is not None and not any(
-        is_good(s, deadline_s) and s.done_at <= still_out[0] for s in samples
-    ):
+    found = stretches(samples, until=end)
+    per_target = {
+        t: _ms0(
+            longest_stretch_s(
+                stretches([s for s in samples if s.target == t], until=end), start=job_start, end=end
+            )
+        )
+        for t in targets
+    }
+    job = within(found, start=job_start, end=end)
+    worst = longest(job)
+    # Still out at the stop (a probe never answered saw no loss: it saw nothing).
+    still_out = job[-1] if job and job[-1].open else None
+    if still_out is not None and not any(s.ok and s.done_at <= still_out.start for s in samples):
         still_out = None
+    # The recorder's own stalls inside the outage (overlap only; none outside it matter here).
+    stalled = max((min(b, worst.end) - max(a, worst.start) for a, b in stalls), default=0.0) if worst else 0.0
+    stalled = max(stalled, 0.0)
     succeeded = [s for s in samples if s.ok]
     outside = [
-        s.latency_s for s in succeeded if worst is None or s.done_at <= worst[0] or s.sent_at >= worst[1]
+        s.latency_s for s in succeeded if worst is None or s.done_at <= worst.start or s.sent_at >= worst.end
     ]
     slowest = max((s for s in succeeded if s.sent_at >= job_start), key=lambda s: s.latency_s, default=None)
     return ProbeFigures(
@@ -283,30 +244,16 @@ def probe_figures(
         failed=sum(1 for s in samples if not s.ok),
         late=sum(1 for s in succeeded if s.latency_s > deadline_s),
         skipped=skipped,
-        outage_ms=_ms0(worst[1] - worst[0]) if worst else 0.0,
-        outage_window=(worst[0] + epoch_offset, worst[1] + epoch_offset) if worst else None,
-        outage_phase=_phase_of_window(spans, *worst) if worst else None,
-        open_outage_since=still_out[0] + epoch_offset if still_out else None,
+        probe_stalled_ms=_ms0(stalled),
+        outage_ms=worst.ms if worst else 0.0,
+        outage_window=(worst.start + epoch_offset, worst.end + epoch_offset) if worst else None,
+        outage_phase=_phase_of_window(spans, worst.start, worst.end) if worst else None,
+        open_outage_since=still_out.start + epoch_offset if still_out else None,
         slowest_answer_ms=_ms(slowest.latency_s) if slowest else None,
         slowest_answer_phase=_phase_at(spans, slowest.sent_at) if slowest else None,
-        longest_gap_ms=_ms0(longest_gap(samples, start=start, end=end)),
+        longest_gap_ms=_ms0(longest_stretch_s(found, start=start, end=end)),
         latency_p50_ms_outside=_ms(percentile(outside, 50)),
         failures=dict(Counter(_failure_key(s) for s in samples if not s.ok)),
-        phases=[_phase(name, samples, a, b, deadline_s) for name, a, b in spans],
+        phases=[_phase(name, samples, found, a, b, deadline_s) for name, a, b in spans],
         per_target_outage_ms=per_target if len(targets) > 1 else {},
     )
-
-
-def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The stretches covered by both lists of disjoint, sorted intervals."""
-    out: list[tuple[float, float]] = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if start < end:
-            out.append((start, end))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out

@@ -28,9 +28,10 @@ def outage_summary(figures: ProbeFigures) -> str:
     """One line in the job's words: "client outage 0 ms; slowest answer 41.2 ms (pause)"."""
     if not figures.sent:
         return "client outage not measured (no canary sent)"
-    outage = f"client outage {figures.outage_ms:.1f} ms" + (
-        f" ({figures.outage_phase})" if figures.outage_ms and figures.outage_phase else ""
-    )
+    notes = [figures.outage_phase] if figures.outage_ms and figures.outage_phase else []
+    if figures.probe_stalled_ms > 0:  # the observer's part, named: not a stretch clients had
+        notes.append(f"the probe itself stalled {figures.probe_stalled_ms:.1f} ms in it")
+    outage = f"client outage {figures.outage_ms:.1f} ms" + (f" ({'; '.join(notes)})" if notes else "")
     if figures.slowest_answer_ms is None:
         return f"{outage}; no canary answered"
     where = f" ({figures.slowest_answer_phase})" if figures.slowest_answer_phase else ""

@@ -27,11 +27,15 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from app.probe.canary import Canary, CanaryResult, CanarySample
-from app.probe.figures import ProbeFigures, is_good, probe_figures
+from app.probe.figures import ProbeFigures, probe_figures
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 1.0  # how long stop() lets canaries in flight finish before dropping them
+# A tick this late (in intervals, and at least STALL_MIN_S) is the recorder's own stall: its event loop
+# or its process did not run, so answers that came meanwhile are read late.
+STALL_INTERVALS = 5
+STALL_MIN_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class CanaryRecorder:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.max_in_flight = max_in_flight
-        # A success later than this counts toward an outage; below it, a slow answer is only slow.
+        # A success later than this is counted late (it ends an outage all the same).
         self.deadline_s = min(deadline_s, timeout_s) if deadline_s is not None else timeout_s
         self._clock = clock
         self._targets: list[str] = []
@@ -72,6 +76,7 @@ class CanaryRecorder:
         self._marks: list[tuple[str, float]] = []
         self._in_flight: dict[str, set[asyncio.Task[None]]] = {}
         self._skipped = 0
+        self._stalls: list[tuple[float, float]] = []  # (due, ran): the recorder itself did not run
         self._loop_task: asyncio.Task[None] | None = None
         self._started_at: float | None = None
         self._stopped_at: float | None = None
@@ -112,14 +117,14 @@ class CanaryRecorder:
             await asyncio.gather(*late, return_exceptions=True)
 
     async def until_answered(self, since: float, timeout_s: float) -> bool:
-        """Wait until every target has answered well (a success within the deadline) to a canary sent
+        """Wait until every target has answered (a success: what ends an outage) to a canary sent
         at or after `since` (this recorder's clock), at most `timeout_s`; True when they all have.
 
         A job that stops its probe right after the engine says it serves again would end the outage
         at that stop, and keep no answer from after the change: this closes it on an observation."""
         give_up = self._clock() + timeout_s
         while True:
-            answered = {s.target for s in self._samples if s.sent_at >= since and is_good(s, self.deadline_s)}
+            answered = {s.target for s in self._samples if s.sent_at >= since and s.ok}
             if all(t in answered for t in self._targets):
                 return True
             if self._clock() >= give_up or self._loop_task is None or self._stopped_at is not None:
@@ -166,6 +171,7 @@ class CanaryRecorder:
             deadline_s=self.deadline_s,
             marks=self._marks,
             skipped=self._skipped,
+            stalls=self._stalls,
             epoch_offset=self._epoch_offset,
         )
 
@@ -184,6 +190,8 @@ class CanaryRecorder:
                 task.add_done_callback(flying.discard)
             next_at += self.interval_s
             delay = next_at - self._clock()
+            if -delay >= max(STALL_INTERVALS * self.interval_s, STALL_MIN_S):
+                self._stalls.append((next_at, next_at - delay))
             if delay < 0:  # late (a loaded machine): go on from now rather than burst
                 next_at = self._clock()
                 delay = 0.0

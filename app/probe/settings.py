@@ -21,8 +21,8 @@ class ProbeSettings(BaseSettings):
     deadline_s: float = Field(
         1.0,
         gt=0,
-        description="a canary answered later than this counts toward an outage, like a failed one; "
-        "faster, it is only a slow answer (a pause stalls requests, it fails none)",
+        description="a canary answered later than this is counted late (`canaries_late`); the outage "
+        "is the longest stretch with no successful answer, late ones ending it like any other",
     )
     baseline_s: float = Field(0.3, ge=0, description="canaries before the job starts, for comparison")
 

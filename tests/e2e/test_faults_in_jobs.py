@@ -204,7 +204,7 @@ def test_a_staying_engine_killed_in_prepare_the_job_and_its_incident_carry_the_o
         recovered_at = time.time()
     finally:
         client.stop()
-    seen = client.gap_covering(killed_at, recovered_at)  # the longest stretch without an answer since
+    seen = client.outage_covering(killed_at, recovered_at)  # the longest stretch without an answer since
     job = coordinator.job(job_id)
     # The loss on the survivors' own record of when their group last stepped (their heartbeats).
     assert (incident["outage_evidence"], incident["loss_evidence"]) == ("job-probe", "agents"), incident

@@ -122,8 +122,10 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2_a_rollback_a
 
         jobs: dict[int, dict[str, Any]] = {}
         after: dict[int, dict[str, Any]] = {}
+        spans: dict[int, tuple[float, float]] = {}
         restarted_at = 0.0
         for target in (4, 3, 2):
+            posted_at = time.time()
             job_id = api.post(
                 "/v1/reconfigurations", json={"deployment": "demo", "target_dp_size": target}
             ).json()["id"]
@@ -131,6 +133,7 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2_a_rollback_a
                 partial(_ended, api, job_id), timeout_s=240, what=f"the job to {target} engines to end"
             )
             assert job["state"] == "succeeded", job
+            spans[target] = (posted_at, time.time())
             jobs[target] = job
             after[target] = api.get("/v1/deployments/demo/endpoints").json()
             client.wait_serving(count=20, timeout_s=60)
@@ -199,8 +202,10 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2_a_rollback_a
     failures = [s for s in samples if not s.ok]
     print(f"front door: {len(samples)} requests, {len(failures)} failed; feed versions {len(versions)}")
     for target, job in jobs.items():
+        seen = client.outage_within(*spans[target])  # the same rule as the probe's, over the job's span
         print(
-            f"job to {target}: downtime_ms {job['downtime_ms']}, client_outage_ms {job['client_outage_ms']}, "
+            f"job to {target}: downtime_ms {job['downtime_ms']}, client_outage_ms {job['client_outage_ms']} "
+            f"(this test's client: {seen.ms if seen else 0.0}), "
             f"client_slowest_answer_ms {job['client_slowest_answer_ms']}, front door {job.get('front_door')}"
         )
         # The canary probe went through the front door: its figures are what a client saw.

@@ -112,10 +112,10 @@ def test_scaling_2_4_3_2_serves_correctly_and_reports_the_downtime_the_client_sa
     resolution = client.latency_ms(0.9, outside_of=windows)
     for job, (start, end) in zip(jobs, windows, strict=True):
         reported = float(job["downtime_ms"])
-        seen = client.gap_covering(start, end)
+        seen = client.outage_covering(start, end)
         print(
             f"{stack.backend} {policy} {job['from_dp_size']}->{job['to_dp_size']}: job downtime "
-            f"{reported:.1f} ms, client gap {seen:.1f} ms (client request p90 {resolution:.1f} ms), "
+            f"{reported:.1f} ms, client outage {seen:.1f} ms (client request p90 {resolution:.1f} ms), "
             f"per engine {job['downtime']['per_engine_ms']}, coordinator {job['downtime'].get('coordinator')}"
         )
         # The client saw the whole stop the job reports. How much more it sees is a timing figure, so

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import itertools
 import socket
 import threading
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from app.probe.outage import Stretch, client_outage, outage_covering
 from engine_agent.protocol import EngineConfig
 from tests.support.jobs import scale
 from tests.support.processes import AGENT_KEY, AGENT_KEY_HEADERS, Coordinator
@@ -229,24 +229,17 @@ class SteadyClient:
         )
         return latencies[min(int(quantile * len(latencies)), len(latencies) - 1)] if latencies else 0.0
 
-    def gaps(self) -> list[tuple[float, float]]:
-        """(start, end) between consecutive successful responses."""
-        return list(itertools.pairwise(sorted(s.done_at for s in self.samples if s.ok)))
+    def outage_covering(self, start: float, end: float) -> float:
+        """The longest stretch with no successful answer (ms; the one rule, `app.probe.outage`) that
+        overlaps [start, end], whole: what this client saw of one event (a kill, a commit window)."""
+        samples = list(self.samples)
+        until = max((s.done_at for s in samples), default=end)
+        found = outage_covering(samples, start=start, end=end, until=until)
+        return found.ms if found else 0.0
 
-    def gap_covering(self, start: float, end: float) -> float:
-        """The longest gap (ms) between successful responses that overlaps [start, end]."""
-        return max(((b - a) * 1000.0 for a, b in self.gaps() if a <= end and b >= start), default=0.0)
-
-    def longest_gap_outside(self, windows: list[tuple[float, float]], margin_s: float = 0.0) -> float:
-        """The longest gap (ms) that overlaps none of `windows` (widened by `margin_s`)."""
-        return max(
-            (
-                (b - a) * 1000.0
-                for a, b in self.gaps()
-                if not any(a <= e + margin_s and b >= s - margin_s for s, e in windows)
-            ),
-            default=0.0,
-        )
+    def outage_within(self, start: float, end: float) -> Stretch | None:
+        """The longest stretch with no successful answer within [start, end] (a job's span), clipped."""
+        return client_outage(list(self.samples), start=start, end=end)
 
 
 def failures_around(samples: list[Sample], fault_at: float, served_again_at: float, what: str) -> None:

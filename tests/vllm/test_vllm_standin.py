@@ -126,7 +126,11 @@ def test_400_is_invalid_for_this_engine_with_vllms_message(
     error = job["error"]
     assert (error["type"], error["http_status"], error["phase"]) == ("invalid-for-engine", 400, "committing")
     assert "stand-in limit" in error["message"]
-    assert job["client_outage_ms"] == 0.0  # vLLM refused before it set its scaling flag
+    # vLLM refused before it set its scaling flag: no canary failed, the outage is no more than a wait.
+    assert job["probe"]["canaries_failed"] == 0, job["probe"]
+    slowest = job["client_slowest_answer_ms"]  # None: no canary sent in the job answered before its end
+    outage = job["client_outage_ms"]
+    assert outage is not None and (slowest is None or outage <= slowest), job
     assert coordinator.deployment(deployment)["status"] == "ready"
 
 

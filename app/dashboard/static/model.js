@@ -121,8 +121,8 @@ export const job = {
     const v = first(j, "downtime_ms");
     return v === null ? null : Number(v);
   },
-  // Measured from outside by the canary probe (null where no probe ran): the outage (canaries that
-  // failed or went past their deadline) is the headline, the slowest answer a slow stretch, not a stop.
+  // Measured from outside by the canary probe (null where no probe ran): the outage (the longest
+  // stretch with no successful answer) is the headline, the slowest answer beside it.
   clientOutageMs: (j) => {
     const v = first(j, "client_outage_ms");
     return v === null ? null : Number(v);

@@ -165,7 +165,9 @@ class AgentHeartbeat(BaseModel):
         description="the generation one of whose serving collectives this engine has waited on for "
         "`stuck_ms` (past the slow mark, far above a step); sent only while so",
     )
-    stuck_ms: float | None = Field(None, ge=0, description="how long it has waited on that collective")
+    stuck_ms: float | None = Field(
+        None, ge=0, le=86_400_000, description="how long it has waited on that collective (at most a day)"
+    )
     stuck_unanswered: list[str] = Field(
         default_factory=list,
         max_length=1024,

@@ -267,3 +267,15 @@ def test_a_stuck_report_is_noted_and_a_plain_heartbeat_ends_it_on_both_paths(
         assert both[on].post("/v1/engines/e0/heartbeat", json=STEADY).status_code == 200
         assert answered.count == (1 if on else 0)
         assert "e0" not in STUCK.snapshot()
+
+
+@pytest.mark.parametrize("stuck_ms", [1e300, -1.0])
+def test_a_stuck_report_out_of_range_is_a_422_on_both_paths(
+    both: dict[bool, TestClient], stuck_ms: float
+) -> None:
+    """Found by the fuzzer: a wait of 1e300 ms overflowed the coordinator's clock arithmetic (a 500)."""
+    body = STEADY | {"stuck_generation": 1, "stuck_ms": stuck_ms}
+    for on in (True, False):
+        answer = both[on].post("/v1/engines/e0/heartbeat", json=body)
+        assert answer.status_code == 422, answer.text
+        assert answer.headers["content-type"] == "application/problem+json"

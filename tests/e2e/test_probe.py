@@ -28,7 +28,16 @@ def test_the_probe_sees_a_blocking_stop_and_a_shorter_background_one(stack: Stac
     # past their deadline, are the outage).
     seen = max(blocking["client_slowest_answer_ms"], blocking["client_outage_ms"])
     assert seen >= blocking["downtime_ms"] * 0.5, blocking["probe"]
-    assert background["client_slowest_answer_ms"] < blocking["client_slowest_answer_ms"]
+    # A background job serves through its prepare (on 2 loaded cores a canary may still wait there for
+    # the prepare's CPU: 330-500 ms seen, the same code before and after, in CI): its stop is the commit
+    # window alone, so its canaries past prepare wait less than the blocking job's stopped ones.
+    after_prepare = [
+        figures["slowest_answer_ms"]
+        for name, figures in background["probe"]["phases"].items()
+        if name not in ("before", "prepare") and figures["slowest_answer_ms"] is not None
+    ]
+    assert after_prepare, background["probe"]["phases"]
+    assert max(after_prepare) < blocking["client_slowest_answer_ms"], background["probe"]["phases"]
 
 
 def test_metrics_count_the_canaries_the_client_outage_and_the_slowest_answer(stack: Stack) -> None:

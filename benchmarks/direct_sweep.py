@@ -55,9 +55,18 @@ def candidates(kernel: str, hidden: int, inter: int, top_k: int) -> list[Tile]:
 
 def replay_ms(run: Callable[[], Any]) -> float:
     """Device time of one replay of `run` captured as a graph (ms): median over batches of back-to-back
-    replays."""
+    replays. Without CUDA (`--cpu-interpreter`: the script's own check in Triton's interpreter) the
+    wall time of a few eager runs, which says nothing of a GPU."""
     import torch
 
+    if not torch.cuda.is_available():
+        run()
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - started) * 1000.0)
+        return round(statistics.median(times), 5)
     run()  # warm-up (and Triton's compile), outside the graph
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -108,7 +117,9 @@ def kernel_times_us(run: Callable[[], Any], replays: int = 20) -> dict[str, floa
     return out
 
 
-def sweep_size(config: Any, view: Any, size: int, deadline: float, profile: bool) -> dict[str, Any]:
+def sweep_size(
+    config: Any, view: Any, size: int, deadline: float, profile: bool, tiles_per_kernel: int | None = None
+) -> dict[str, Any]:
     """One token count: default tiles, each kernel's tiles in turn (until `deadline`), the best found,
     and the other kernels of the bucket tuner."""
     import torch
@@ -174,7 +185,8 @@ def sweep_size(config: Any, view: Any, size: int, deadline: float, profile: bool
     out_of_time = False
     for kernel in ("logits", "gate_up", "down"):
         best_ms = None
-        for tile in candidates(kernel, hidden, inter, top_k):
+        tried = [best[kernel], *(t for t in candidates(kernel, hidden, inter, top_k) if t != best[kernel])]
+        for tile in tried[:tiles_per_kernel]:  # the tile held so far first: the best is never worse
             if time.monotonic() > deadline:
                 out_of_time = True
                 break
@@ -224,10 +236,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--intermediate", type=int, default=1408)
     parser.add_argument("--top-k", type=int, default=6)
     parser.add_argument(
+        "--dtype", default="bfloat16", help="float16 for --cpu-interpreter (its bf16 casts truncate)"
+    )
+    parser.add_argument(
         "--budget-s", type=float, default=300.0, help="stop sweeping past this (the rest: default tiles)"
     )
     parser.add_argument("--name", default="direct_sweep")
+    parser.add_argument(
+        "--cpu-interpreter",
+        action="store_true",
+        help="check this script on CPU in Triton's interpreter (two tiles a kernel; times meaningless)",
+    )
     args = parser.parse_args(argv)
+    if args.cpu_interpreter:
+        os.environ["TRITON_INTERPRET"] = "1"  # read when Triton is first imported
     import torch
 
     from engine_agent import moe
@@ -236,12 +258,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.monotonic()
     config = EngineConfig(
         num_logical_experts=args.experts, hidden_size=args.hidden, intermediate_size=args.intermediate,
-        top_k=args.top_k, dtype="bfloat16",
+        top_k=args.top_k, dtype=args.dtype,
     )  # fmt: skip
-    device = torch.device("cuda:0")
+    device = torch.device("cpu" if args.cpu_interpreter else "cuda:0")
     report = Report(args.name)
     report.parameters = vars(args)
-    report.machine["gpu"] = torch.cuda.get_device_name(0)
+    report.machine["gpu"] = (
+        "none (Triton's interpreter)" if args.cpu_interpreter else torch.cuda.get_device_name(0)
+    )
     report.machine["torch"] = torch.__version__
     import triton
 
@@ -260,13 +284,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     assert view.grouped is not None
 
     sizes = [int(s) for s in args.sizes.split(",")]
-    bare = gpu_step.bare_compute(config, device, sorted(sizes), reps=50)
+    bare = (
+        {size: {"graph_ms": None} for size in sizes}
+        if args.cpu_interpreter
+        else gpu_step.bare_compute(config, device, sorted(sizes), reps=50)
+    )
     report.results["bare_compute"] = bare
     results: dict[str, Any] = {}
     rows = []
     for size in sizes:
         try:
-            per_size = sweep_size(config, view, size, started + args.budget_s, profile=size == sizes[0])
+            per_size = sweep_size(
+                config, view, size, started + args.budget_s,
+                profile=size == sizes[0] and not args.cpu_interpreter,
+                tiles_per_kernel=2 if args.cpu_interpreter else None,
+            )  # fmt: skip
         except Exception as exc:  # reported, and the other sizes still run
             print(f"size {size} failed: {exc!r}", flush=True)
             results[str(size)] = {"failed": repr(exc)[:300]}

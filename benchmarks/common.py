@@ -214,6 +214,8 @@ def machine_info() -> dict[str, Any]:
         info["git_commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
+    if "git_commit" not in info and os.environ.get("EPCTL_GIT_COMMIT"):
+        info["git_commit"] = os.environ["EPCTL_GIT_COMMIT"]  # a copy of the tree without .git (GPU host)
     return info
 
 

@@ -25,8 +25,8 @@ from app.frontdoor.publish import Ahead, Written, serve_ahead, write
 from app.frontdoor.settings import FrontDoorSpec
 from app.jobs.async_record import WorkerSessions
 from app.jobs.models import ReconfigurationJob
-from app.probe.canary import CANARY_HEADER
 from app.main import create_app
+from app.probe.canary import CANARY_HEADER
 from tests.frontdoor.conftest import NamedServer
 from tests.support.factories import static_deployment
 from tests.support.fixtures import ADMIN_HEADERS

@@ -88,11 +88,10 @@ class JobProbes:
             changes = {**changes, "front_door_requests": requests}
             failed = sum(requests["failed"].values())
             senders = requests.get("by_sender")
-            clients = (
-                f" ({senders['clients']['requests']} from clients, {senders['canaries']['requests']} canaries)"
-                if senders
-                else ""
-            )
+            clients = ""
+            if senders:
+                mine, ours = senders["clients"]["requests"], senders["canaries"]["requests"]
+                clients = f" ({mine} from clients, {ours} canaries)"
             summary += (
                 f"; front door: {requests['requests']} requests{clients}, {failed} failed, "
                 f"{requests['retried']} retried"

@@ -1,6 +1,7 @@
 """The front door on a live `epctl up`: a steady client that only ever calls the front door (HAProxy)
 sees no failed request through 2 -> 4 -> 3 -> 2, a rolled-back and a cancelled job, and the rank-set
-feed says, at each step, who is ready, draining and out (issue 35)."""
+feed says, at each step, who is ready, draining and out (issue 35); each job's count of clients'
+requests at the front door (our canaries counted apart) is what the client sent in its span."""
 
 from __future__ import annotations
 
@@ -400,7 +401,8 @@ def test_an_engine_killed_is_taken_out_of_the_front_door_and_clients_are_served_
     """SIGKILL of one of three engines: requests only ever go to the front door. The EP group breaks
     with it (every member's collective fails), so requests fail until the survivors form a generation
     of their own: every failure was in flight at the kill or sent after it, and none once the
-    survivors served again; the feed takes the dead engine out, and the deployment serves without it."""
+    survivors served again; the feed lists the dead engine `out` with its reason (`lost` once written
+    off) until a generation forms without it, then drops it, and the deployment serves without it."""
     start = deployed.whole()
     api = deployed.api
     client = deployed.client()

@@ -173,6 +173,13 @@ FRONT_DOOR_DRAINED = Counter(
     ["deployment"],
     registry=REGISTRY,
 )
+FRONT_DOOR_BY_SENDER = Counter(
+    "epctl_front_door_requests_by_sender",
+    "Requests a job's front door received while the job ran, by who sent them: clients (every request "
+    "without the canary header) or canaries (the probe's).",
+    ["deployment", "sender"],
+    registry=REGISTRY,
+)
 CLIENT_OUTAGE = Histogram(
     "epctl_reconfiguration_client_outage_seconds",
     "A finished job's client outage, measured from outside by the canary probe: the longest stretch "
@@ -292,6 +299,11 @@ def record_front_door_requests(deployment: str, counted: Mapping[str, Any]) -> N
     if isinstance(drained, Mapping):
         held = sum(_count(d.get("in_flight_at_drain")) for d in drained.values() if isinstance(d, Mapping))
     FRONT_DOOR_DRAINED.labels(deployment=deployment).inc(held)
+    senders = counted.get("by_sender")
+    for sender in ("clients", "canaries"):  # a bounded set, each present where the job counted them
+        if isinstance(senders, Mapping) and isinstance(senders.get(sender), Mapping):
+            n = _count(senders[sender].get("requests"))
+            FRONT_DOOR_BY_SENDER.labels(deployment=deployment, sender=sender).inc(n)
 
 
 def _count(value: object) -> int:

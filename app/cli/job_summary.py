@@ -223,8 +223,16 @@ def front_door_line(job: dict[str, Any]) -> str | None:
     drained = counted.get("drained") or {}
     held = sum(d.get("in_flight_at_drain") or 0 for d in drained.values())
     longest = max((d.get("drained_ms") or 0.0 for d in drained.values()), default=0.0)
+    senders = counted.get("by_sender")
+    clients = ""
+    if isinstance(senders, dict):
+        mine, ours = senders.get("clients") or {}, senders.get("canaries") or {}
+        clients = (
+            f" ({mine.get('requests', 0)} from clients, {mine.get('failed', 0)} of them failed; "
+            f"{ours.get('requests', 0)} canaries)"
+        )
     line = (
-        f"[bold]front door:[/] {counted.get('requests', 0)} requests, failed: {causes}, "
+        f"[bold]front door:[/] {counted.get('requests', 0)} requests{clients}, failed: {causes}, "
         f"{counted.get('retried', 0)} retried, {counted.get('redispatched', 0)} redispatched"
     )
     if drained:

@@ -21,6 +21,11 @@ Why the configuration looks as it does:
   the keeper sets a slot `ready`, HAProxy hands it the queue (`pendconn_grab_from_px`). A request waits
   at most `timeout queue` for an engine, then is answered 503 (the one that took the `hold` slot 504:
   its 503 must not start the outer request's retries, each of which would wait as long again).
+- Who sent each request: the frontend counts its requests in a stick table of its own (`fd_NAME`) under
+  two keys, `canary` (a request with our canaries' header, `CANARY_HEADER`) and `client` (any other),
+  so a job's accounting says how many of its requests were clients' (`show table`, `senders`). Counted
+  once per request as it arrives, whatever the backend then does with it (retries, the `hold` loop);
+  lossless, unlike the request log (a Unix datagram socket drops what its reader did not take in time).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 from app.frontdoor.requestlog import LOG_FORMAT
+from app.probe.canary import CANARY_HEADER
 
 SLOTS = 32
 HOLD_SERVER = "hold"  # the backup server that makes requests wait while no engine is ready
@@ -60,6 +66,15 @@ class DoorConfig:
 
 def backend_name(deployment: str) -> str:
     return f"ep_{deployment}"
+
+
+def frontend_name(deployment: str) -> str:
+    """The deployment's frontend, and its stick table of requests by sender (`senders`)."""
+    return f"fd_{deployment}"
+
+
+SENDERS = ("client", "canary")  # the keys of a frontend's stick table: who sent the requests it counts
+SENDER_COUNTERS = "http_req_cnt,http_fail_cnt"
 
 
 def render_config(
@@ -100,9 +115,13 @@ def render_config(
     ]
     for door in doors:
         hold_path = door.hold_path(socket_path)
+        canary = f"{{ req.hdr({CANARY_HEADER}) -m found }}"
         lines += [
-            f"frontend fd_{door.deployment}",
+            f"frontend {frontend_name(door.deployment)}",
             f"    bind {door.bind_host}:{door.bind_port}",
+            f"    stick-table type string len 8 size {len(SENDERS)} store {SENDER_COUNTERS}",
+            f"    http-request track-sc0 str(canary) if {canary}",
+            f"    http-request track-sc0 str(client) unless {canary}",
             f"    default_backend {door.backend}",
             "",
         ]
@@ -207,6 +226,31 @@ class RuntimeApi:
                 continue
             found[row["svname"]] = {k: int(row[k]) for k in wanted if row.get(k, "").isdigit()}
         return found
+
+    async def senders(self, frontend: str) -> dict[str, dict[str, int]]:
+        """`show table FRONTEND`: its requests by sender (`client`, `canary`), each with HAProxy's
+        `http_req_cnt` and `http_fail_cnt` (5xx answers other than 501 and 505, and failed responses);
+        a sender with no request yet has no entry. {} where the frontend has no such table (a HAProxy
+        started with an older configuration)."""
+        answer = await self.command(f"show table {frontend}")
+        if not answer.startswith("# table:"):
+            return {}
+        return parse_table(answer)
+
+
+def parse_table(answer: str) -> dict[str, dict[str, int]]:
+    """`show table`'s entries (`0x..: key=client use=0 exp=0 http_req_cnt=3 ...`), by key: their
+    integer counters."""
+    found: dict[str, dict[str, int]] = {}
+    for line in answer.splitlines():
+        if line.startswith("#") or "key=" not in line:
+            continue
+        pairs = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        key = pairs.pop("key")
+        found[key] = {name: int(value) for name, value in pairs.items() if value.isdigit()}
+        for meta in ("use", "exp", "shard"):
+            found[key].pop(meta, None)
+    return found
 
 
 def _harmless(part: str) -> bool:

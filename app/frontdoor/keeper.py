@@ -27,6 +27,7 @@ from app.frontdoor.haproxy import (
     HaproxyError,
     RuntimeApi,
     add_server_command,
+    frontend_name,
     host_port,
     next_slot_name,
 )
@@ -309,6 +310,21 @@ async def counters_of(deployment_id: str) -> dict[str, Any] | None:
     }
 
 
+async def senders_of(deployment_id: str) -> dict[str, Any] | None:
+    """The deployment's front door's requests by sender so far (`RuntimeApi.senders`), with when they
+    were read: `read_at` [before, after] the exchange (epoch seconds; the counts are as of a moment
+    between). None where no keeper of it runs here, HAProxy does not answer or keeps no such table."""
+    keeper = KEEPERS.get(deployment_id)
+    if keeper is None:
+        return None
+    before = time.time()
+    try:
+        found = await keeper.api.senders(frontend_name(keeper.spec.deployment))
+    except (HaproxyError, OSError):
+        return None
+    return {"read_at": [before, time.time()], "senders": found} if found else None
+
+
 def held_of(deployment_id: str, start: float | None, end: float | None) -> dict[str, Any] | None:
     """Requests held by a window [start, end] at the deployment's front door (`held_in_window`), or
     None where no keeper here reads its request log."""
@@ -318,8 +334,34 @@ def held_of(deployment_id: str, start: float | None, end: float | None) -> dict[
     return held_in_window(list(keeper.requests.recent), keeper.backend, start, end)
 
 
+def by_sender(start: dict[str, Any] | None, end: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A job's requests at the front door by who sent them (`senders_of` at its start and its end):
+    `clients` (every request without our canaries' header) and `canaries`, each `requests` (counted as
+    the front door received them) and `failed` (HAProxy's `http_fail_cnt`), between `counted_from` and
+    `counted_until` (each the [before, after] of its read: a request that arrived inside either pair is
+    counted or not, nobody can say which). None where either read is missing."""
+    if start is None or end is None:
+        return None
+
+    def grew(sender: str, counter: str) -> int:
+        before = start["senders"].get(sender, {}).get(counter, 0)
+        return max(0, end["senders"].get(sender, {}).get(counter, 0) - before)
+
+    counted = {
+        plural: {"requests": grew(sender, "http_req_cnt"), "failed": grew(sender, "http_fail_cnt")}
+        for sender, plural in (("client", "clients"), ("canary", "canaries"))
+    }
+    span = {"counted_from": _rounded(start["read_at"]), "counted_until": _rounded(end["read_at"])}
+    return {**counted, **span}
+
+
+def _rounded(moments: list[float]) -> list[float]:
+    return [round(moment, 6) for moment in moments]
+
+
 def accounting(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
-    """A job's requests at the front door: the counters' growth from its start to its end."""
+    """A job's requests at the front door: the counters' growth from its start to its end (every
+    request its backend passed, our canaries' too: `by_sender` tells them apart)."""
 
     def grew(before: dict[str, int], after: dict[str, int], key: str) -> int:
         return max(0, after.get(key, 0) - before.get(key, 0))

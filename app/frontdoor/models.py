@@ -42,7 +42,9 @@ class EndpointPublic(BaseModel):
     )
     reason: str | None = ApiField(
         None,
-        description="why it is not ready (e.g. joining, leaving in job ..., fenced, unreachable, paused)",
+        description="why it is not ready: joining, not-a-member, leaving in job ..., fenced, unreachable, "
+        "paused, or lost (it left the serving generation without a job, e.g. written off after it died: "
+        "listed until a generation forms without it)",
     )
 
 

@@ -1,6 +1,9 @@
 """Each engine's state at the front door, as pure rules over the record (no database, no clock).
 
-    left                                   -> not listed
+    left, on the serving generation        -> out (lost: written off, or deregistered, without a job;
+                                              listed until a generation forms without it)
+    left, otherwise                        -> not listed (retired: a leaver after its switch, a
+                                              released joiner or spare, a stopped deployment's)
     fenced | unreachable                   -> out (reason: the engine's state)
     not a member of the serving generation -> out (joining: a joiner before the switch that makes it a
                                               member; not-a-member: any other idle engine)
@@ -39,6 +42,7 @@ class OutReason(StrEnum):
     joining = "joining"
     not_a_member = "not-a-member"
     paused = "paused"
+    lost = "lost"  # left the serving generation without a job (the self-heal writes a lost member off)
 
 
 # Job states in which the engines may be paused by the job itself (blocking prepare, the commit).
@@ -82,14 +86,22 @@ class Endpoint:
         return (self.engine_id, self.address, self.dp_rank, self.generation, self.state.value, self.reason)
 
 
-def endpoint_of(engine: EngineFacts, generation: int, job: JobFacts | None) -> Endpoint | None:
-    """One engine's endpoint (None: not listed)."""
+def endpoint_of(
+    engine: EngineFacts, generation: int, job: JobFacts | None, formed: bool = True
+) -> Endpoint | None:
+    """One engine's endpoint (None: not listed). `formed`: the deployment has a serving generation
+    (size above 0; a stopped one has none, and its engines are retired)."""
 
     def made(state: EndpointState, reason: str | None = None) -> Endpoint:
         return Endpoint(engine.id, engine.url, engine.dp_rank, engine.generation, state, reason)
 
     if engine.state == "left":
-        return None
+        # A member written off (the self-heal's `left` for a lost one) stays on its generation's record
+        # until a job forms one without it: a router is told it is out and why, not left to guess from
+        # its absence. Any other engine that left was on no serving generation (a leaver keeps its old
+        # one), so it is gone.
+        lost = formed and engine.generation == generation
+        return made(EndpointState.out, OutReason.lost.value) if lost else None
     if engine.state in (OutReason.fenced.value, OutReason.unreachable.value):
         return made(EndpointState.out, engine.state)
     active = job if job is not None and job.active else None
@@ -128,10 +140,14 @@ def as_switched(
     return job.switched_to, switched
 
 
-def rank_set(generation: int, engines: Iterable[EngineFacts], job: JobFacts | None) -> list[Endpoint]:
-    """The deployment's endpoints, ready ones first by rank, then the others by engine id."""
+def rank_set(
+    generation: int, engines: Iterable[EngineFacts], job: JobFacts | None, formed: bool = True
+) -> list[Endpoint]:
+    """The deployment's endpoints, ready ones first by rank, then the others by engine id (`formed`:
+    as `endpoint_of`)."""
     generation, engines = as_switched(generation, engines, job)
-    listed = [e for e in (endpoint_of(engine, generation, job) for engine in engines) if e is not None]
+    endpoints = (endpoint_of(engine, generation, job, formed) for engine in engines)
+    listed = [e for e in endpoints if e is not None]
     return sorted(
         listed,
         key=lambda e: (

@@ -69,7 +69,8 @@ def _derived(
     deployment: Deployment, engines: list[EngineFacts], job: JobFacts | None
 ) -> tuple[list[Endpoint], str | None, int]:
     generation, _ = as_switched(deployment.generation, engines, job)
-    return rank_set(deployment.generation, engines, job), job.id if job else None, generation
+    formed = deployment.current_dp_size > 0  # a stopped deployment's engines are retired, not lost
+    return rank_set(deployment.generation, engines, job, formed), job.id if job else None, generation
 
 
 def derive(session: Session, deployment: Deployment) -> tuple[list[Endpoint], str | None, int]:
@@ -178,12 +179,13 @@ def refresh_all(session: Session, memo: FeedMemo | None = None) -> list[tuple[st
     """Every deployment's feed brought up to date; the versions written by this call. Four queries for
     any number of deployments and engines (it runs every `PUBLISH_EVERY_S`; issue 37: 2,048 engines).
     `memo` (the publisher's, kept across passes): a deployment whose newest version is the one a pass
-    derived or checked from the same facts (its generation, its engines' columns, its active job) is
+    derived or checked from the same facts (its generation, whether it has one, its engines' columns,
+    its active job) is
     not derived again, nor its stored rank set read: a steady fleet's pass reads columns and compares."""
     # Each deployment's id and generation as columns: a steady pass loads no deployment object (each
     # decodes its JSON columns; 128 deployments 4 times a second), only those whose feed may move.
     table = Deployment.__table__  # type: ignore[attr-defined]
-    heads = session.execute(sa.select(table.c.id, table.c.generation)).all()
+    heads = session.execute(sa.select(table.c.id, table.c.generation, table.c.current_dp_size)).all()
     if not heads:
         return []
     engines, jobs = _engine_facts(session), _active_jobs(session)
@@ -196,8 +198,8 @@ def refresh_all(session: Session, memo: FeedMemo | None = None) -> list[tuple[st
         ).all()
     )
     moving: dict[str, tuple[Any, ...]] = {}
-    for deployment_id, generation in heads:
-        facts = (generation, engines.get(deployment_id, []), jobs.get(deployment_id))
+    for deployment_id, generation, size in heads:
+        facts = (generation, size > 0, engines.get(deployment_id, []), jobs.get(deployment_id))
         seen = memo.get(deployment_id) if memo is not None else None
         if seen is not None and seen[0] == numbers.get(deployment_id) and seen[1] == facts:
             continue
@@ -228,7 +230,7 @@ def refresh_all(session: Session, memo: FeedMemo | None = None) -> list[tuple[st
     }
     written = []
     for deployment, facts in pending:
-        derived = _derived(deployment, facts[1], facts[2])
+        derived = _derived(deployment, facts[2], facts[3])
         last = lasts.get(deployment.id)
         if last is not None and last.endpoints == _stored(derived[0]) and last.generation == derived[2]:
             if memo is not None:

@@ -335,8 +335,11 @@ class JobPublic(RowShape):
         None,
         description="request accounting at the deployment's front door while the job ran: `requests`, "
         "`failed` by cause (`5xx`, `connection`, `response`), `retried`, `redispatched`, per engine, and "
-        "`drained` (per leaver: requests in flight when it was drained, and how long they took to finish); "
-        "null: no front door (or not measured)",
+        "`drained` (per leaver: requests in flight when it was drained, and how long they took to finish), "
+        "`held` (requests in flight while the commit window was open), and `by_sender`: `clients` and "
+        "`canaries` (our probe's, which carry the `x-epctl-canary` header), each `requests` and `failed`, "
+        "counted between `counted_from` and `counted_until` (each [before, after] its read, epoch "
+        "seconds); the other counts include the canaries; null: no front door (or not measured)",
     )
     error: JobError | None
     cleanup_state: CleanupState

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+# Every canary we send carries it: a front door tells our canaries from its clients' requests by it
+# (`app.frontdoor.haproxy`: a job's accounting counts clients' requests apart).
+CANARY_HEADER = "x-epctl-canary"
+
 
 @dataclass(frozen=True)
 class CanaryResult:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import aiohttp
 
 from app.agents.transport import agent_ssl_context
-from app.probe.canary import CanaryResult
+from app.probe.canary import CANARY_HEADER, CanaryResult
 from engine_agent import tensor_wire
 
 
@@ -18,7 +18,11 @@ class ReferenceCanary:
         """`key`: the deployment's agent key, which `/v1/infer` also accepts where the agents require
         a data key (without one it is open, and the key is sent all the same)."""
         self._body = tensor_wire.encode("float32", (1, hidden_size), bytes(4 * hidden_size))
-        self._headers = {"content-type": tensor_wire.MEDIA_TYPE, "accept": tensor_wire.MEDIA_TYPE}
+        self._headers = {
+            "content-type": tensor_wire.MEDIA_TYPE,
+            "accept": tensor_wire.MEDIA_TYPE,
+            CANARY_HEADER: "1",
+        }
         if key:
             self._headers["authorization"] = f"Bearer {key}"
         self._session: aiohttp.ClientSession | None = None

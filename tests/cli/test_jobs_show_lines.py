@@ -228,3 +228,10 @@ def test_the_front_doors_accounting_shows_under_the_downtime(capsys: pytest.Capt
     assert "front door: 71 requests, failed: 5xx 2, response 1, 3 retried, 1 redispatched" in out, out
     assert "leavers drained: 1 in flight, done in 18.0 ms" in out, out
     assert "front door" not in summary(capsys, client_outage_ms=0.0, probe=PROBE)
+    senders = {"clients": {"requests": 60, "failed": 1}, "canaries": {"requests": 11, "failed": 0}}
+    out = summary(
+        capsys, client_outage_ms=0.0, probe=PROBE, front_door_requests={**counted, "by_sender": senders}
+    )
+    assert "front door: 71 requests (60 from clients, 1 of them failed; 11 canaries), failed: 5xx 2" in out, (
+        out
+    )

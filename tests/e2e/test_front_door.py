@@ -1,6 +1,7 @@
 """The front door on a live `epctl up`: a steady client that only ever calls the front door (HAProxy)
 sees no failed request through 2 -> 4 -> 3 -> 2, a rolled-back and a cancelled job, and the rank-set
-feed says, at each step, who is ready, draining and out (issue 35)."""
+feed says, at each step, who is ready, draining and out (issue 35); each job's count of clients'
+requests at the front door (our canaries counted apart) is what the client sent in its span."""
 
 from __future__ import annotations
 
@@ -219,6 +220,19 @@ def test_a_client_of_the_front_door_sees_no_failure_through_2_4_3_2_a_rollback_a
         assert sorted(counted["drained"]) == sorted(leavers), counted
         # HAProxy's own per-request log: the requests in flight while the window was open, none failed.
         assert counted["held"] is not None and counted["held"]["failed"] == 0, counted
+        # Its clients' requests apart from the probe's canaries: what this test's client sent. The front
+        # door counts a request when it arrives (after the client sent it, before its answer) and read
+        # its counters at the job's start and end, each read somewhere between two moments: a request
+        # in flight across a read may be on either side of it, and nobody (the client, the front door)
+        # can say which. So the job's count lies between the requests surely inside its span (sent
+        # after the first read, answered before the last) and those that may be (overlapping it).
+        senders = counted["by_sender"]
+        (a0, b0), (a1, b1) = senders["counted_from"], senders["counted_until"]
+        surely = sum(1 for s in samples if s.sent_at >= b0 and s.done_at <= a1)
+        maybe = sum(1 for s in samples if s.done_at >= a0 and s.sent_at <= b1)
+        print(f"job to {target}: clients' requests {senders['clients']}, this client's {surely}..{maybe}")
+        assert surely > 0 and surely <= senders["clients"]["requests"] <= maybe, (senders, surely, maybe)
+        assert senders["clients"]["failed"] == 0 and senders["canaries"]["requests"] > 0, senders
     # Two client streams and the canaries keep a request in flight nearly always: some were held.
     assert sum(jobs[t]["front_door_requests"]["held"]["count"] for t in jobs) >= 1, jobs
     assert len(samples) > 100 and failures == [], failures[:5]
@@ -387,10 +401,12 @@ def test_an_engine_killed_is_taken_out_of_the_front_door_and_clients_are_served_
     """SIGKILL of one of three engines: requests only ever go to the front door. The EP group breaks
     with it (every member's collective fails), so requests fail until the survivors form a generation
     of their own: every failure was in flight at the kill or sent after it, and none once the
-    survivors served again; the feed takes the dead engine out, and the deployment serves without it."""
-    deployed.whole()
+    survivors served again; the feed lists the dead engine `out` with its reason (`lost` once written
+    off) until a generation forms without it, then drops it, and the deployment serves without it."""
+    start = deployed.whole()
     api = deployed.api
     client = deployed.client()
+    watcher = FeedWatcher(deployed.coordinator, deployed.headers, start["resourceVersion"]).start()
     client.wait_serving(count=20, timeout_s=60)
     victim = deployed.rank(2)
     killed_at = time.time()
@@ -406,10 +422,25 @@ def test_an_engine_killed_is_taken_out_of_the_front_door_and_clients_are_served_
     healed = deployed.whole()
     client.wait_serving(count=20, timeout_s=60)
     samples = client.stop()
+    versions = watcher.stop()
 
     print(f"the killed engine: {_states(out).get(victim['id'], 'not listed')}")
     failures_around(samples, killed_at, served_again_at, "a SIGKILL")
-    assert victim["id"] not in _ready(healed), healed
+    # The feed says it is out and why for as long as the record keeps it (written off as `lost`, or
+    # fenced or unreachable on the way), from the first version that does not list it ready until a
+    # generation forms without it; once healed it is gone.
+    seen = [
+        (v["generation"], next((e for e in v["endpoints"] if e["engine_id"] == victim["id"]), None))
+        for v in versions
+    ]
+    first_out = next(i for i, (_, e) in enumerate(seen) if e is None or e["state"] != "ready")
+    while_lost = [e for generation, e in seen[first_out:] if generation == start["generation"]]
+    print(f"the killed engine in the feed until healed: {[(e or {}).get('reason') for e in while_lost]}")
+    assert while_lost and all(
+        e is not None and e["state"] == "out" and e["reason"] in ("lost", "fenced", "unreachable")
+        for e in while_lost
+    ), seen[first_out:]
+    assert victim["id"] not in _states(healed), healed
 
     # One loss, one client outage: the incident's figure is what its self-heal jobs carry.
     def measured() -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from sqlmodel import Session
 
 from app.core.config import Settings
 from app.deployments.engines.models import Engine
-from app.frontdoor.haproxy import RuntimeApi, host_port
+from app.frontdoor.haproxy import RuntimeApi, frontend_name, host_port
 from app.frontdoor.keeper import KEEPERS
 from app.frontdoor.launch import RunningDoor
 from app.frontdoor.models import EndpointSetPublic
@@ -26,6 +26,7 @@ from app.frontdoor.settings import FrontDoorSpec
 from app.jobs.async_record import WorkerSessions
 from app.jobs.models import ReconfigurationJob
 from app.main import create_app
+from app.probe.canary import CANARY_HEADER
 from tests.frontdoor.conftest import NamedServer
 from tests.support.factories import static_deployment
 from tests.support.fixtures import ADMIN_HEADERS
@@ -98,14 +99,22 @@ def test_the_front_door_sends_only_to_ready_engines_and_follows_each_change(
         assert feed["front_door"]["url"] == haproxy.url
         assert "haproxy" in feed["front_door"]["keeper"]
         assert set(_answers(haproxy, 12)) == {"s0", "s1"}  # s2 is idle: out
+        with httpx.Client(base_url=haproxy.url, timeout=10) as http:  # our canaries: counted apart
+            for _ in range(3):
+                http.post("/v1/infer", content=b"x", headers={CANARY_HEADER: "1"}).raise_for_status()
+        counted = asyncio.run(RuntimeApi(haproxy.socket_path).senders(frontend_name("fd")))
+        assert {k: v["http_req_cnt"] for k, v in counted.items()} == {"client": 12, "canary": 3}
 
         _set_engine(db_engine, "fd-engine-1", state="fenced")
         _applied(client)
         assert set(_answers(haproxy, 8)) == {"s0"}
 
+        # Written off (left) while its generation serves: listed out (lost), and sent nothing.
         _set_engine(db_engine, "fd-engine-2", state="serving", dp_rank=1, generation=1)
         _set_engine(db_engine, "fd-engine-1", state="left", dp_rank=None)
-        _applied(client)
+        feed = _applied(client)
+        lost = [(e["engine_id"], e["state"], e["reason"]) for e in feed["endpoints"] if e["state"] == "out"]
+        assert lost == [("fd-engine-1", "out", "lost")], feed
         assert set(_answers(haproxy, 12)) == {"s0", "s2"}
 
 

@@ -98,8 +98,45 @@ def test_front_door_state(
     assert (endpoint.state, endpoint.reason) == (state, reason), what
 
 
-def test_an_engine_that_left_is_not_listed() -> None:
-    assert endpoint_of(engine("left", None, 0), GEN, None) is None
+LEFT = [
+    # (what, engine, job, the deployment has a serving generation, expected (state, reason) or None)
+    ("a member written off as lost, before any heal", engine("left", None, GEN), None, True, (OUT, "lost")),
+    (
+        "a member written off while its heal job runs",
+        engine("left", None, GEN),
+        job("syncing", None),
+        True,
+        (OUT, "lost"),
+    ),
+    ("an engine that left before serving", engine("left", None, 0), None, True, None),
+    ("a leaver after its switch, released", engine("left", None, GEN - 1), None, True, None),
+    ("a lost member once a generation formed without it", engine("left", None, GEN - 1), None, True, None),
+    ("a stopped deployment's engine", engine("left", None, GEN), None, False, None),
+]
+
+
+@pytest.mark.parametrize(("what", "facts", "job_facts", "formed", "expected"), LEFT, ids=[c[0] for c in LEFT])
+def test_an_engine_that_left_is_out_while_its_generation_serves_then_not_listed(
+    what: str,
+    facts: EngineFacts,
+    job_facts: JobFacts | None,
+    formed: bool,
+    expected: tuple[EndpointState, str] | None,
+) -> None:
+    endpoint = endpoint_of(facts, GEN, job_facts, formed)
+    assert (None if endpoint is None else (endpoint.state, endpoint.reason)) == expected, what
+
+
+def test_a_lost_member_is_dropped_by_the_switch_of_the_job_that_heals_without_it() -> None:
+    """Lost (written off) while the survivors serve on: out; the heal's observed commit (every member
+    on the next generation) drops it from that version on, as the recorded move will."""
+    lost, survivor = engine("left", None, GEN, "a"), engine("idle", None, GEN, "b")
+    assert [(e.engine_id, e.state, e.reason) for e in rank_set(GEN, [lost, survivor], None)] == [
+        ("a", OUT, "lost"),
+        ("b", OUT, "not-a-member"),
+    ]
+    healed = JobFacts("rcfg_2", "committing", {"b": "staying"}, GEN + 1, {"b": 0})
+    assert [(e.engine_id, e.state) for e in rank_set(GEN, [lost, survivor], healed)] == [("b", R)]
 
 
 def test_the_rank_set_lists_ready_engines_by_rank_first() -> None:

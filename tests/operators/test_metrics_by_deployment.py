@@ -90,6 +90,10 @@ def test_front_door_requests_count_by_deployment_and_cause(client: TestClient) -
             "requests": 120,
             "failed": {"5xx": 2, "connection": 1, "response": 0},
             "drained": {"e3": {"in_flight_at_drain": 3, "drained_ms": 4.0}},
+            "by_sender": {
+                "clients": {"requests": 100, "failed": 2},
+                "canaries": {"requests": 20, "failed": 0},
+            },
         },
     }
     observe_finished_job(job)
@@ -103,5 +107,7 @@ def test_front_door_requests_count_by_deployment_and_cause(client: TestClient) -
     deployment = ("deployment", "door-counted")
     assert samples[("epctl_front_door_requests_total", (deployment,))] == 120
     assert samples[("epctl_front_door_requests_drained_total", (deployment,))] == 3
+    for sender, n in (("clients", 100), ("canaries", 20)):
+        assert samples[("epctl_front_door_requests_by_sender_total", (deployment, ("sender", sender)))] == n
     for cause, n in (("5xx", 2), ("connection", 1), ("response", 0)):
         assert samples[("epctl_front_door_requests_failed_total", (("cause", cause), deployment))] == n

@@ -68,6 +68,7 @@ def test_a_slow_job_without_failures_shows_outage_0_and_its_slowest_answer_in_pr
         "failed": {"5xx": 0, "connection": 1, "response": 0},
         "drained": {"alpha-e3": {"in_flight_at_drain": 2, "drained_ms": 7.5}},
         "held": {"count": 5, "longest_wait_ms": 38.0, "failed": 0},
+        "by_sender": {"clients": {"requests": 700, "failed": 1}, "canaries": {"requests": 112, "failed": 0}},
     }
     record_probe(
         history.coordinator,
@@ -81,7 +82,8 @@ def test_a_slow_job_without_failures_shows_outage_0_and_its_slowest_answer_in_pr
     expect(page).to_have_url(re.compile(f"/ui/jobs/{job_id}$"))
     expect(page.locator("#card-client-outage")).to_have_text("0 ms")
     expect(page.locator("#card-front-door")).to_have_text(
-        "812 1 failed (connection 1); 2 drained on leavers; 5 held in the window, longest 38.0 ms"
+        "812 700 from clients, 112 canaries; 1 failed (connection 1); 2 drained on leavers; "
+        "5 held in the window, longest 38.0 ms"
     )
     expect(page.locator("#card-slowest-answer")).to_have_text("453 ms in prepare")
     expect(page.locator("#card-client-downtime")).to_have_count(0)

@@ -11,7 +11,7 @@ from typing import Any
 from app.backends.reference.job import JobRun
 from app.backends.reference.record import JobRecord
 from app.deployments.front_door import FrontDoor
-from app.frontdoor.keeper import accounting, counters_of, held_of
+from app.frontdoor.keeper import accounting, by_sender, counters_of, held_of, senders_of
 from app.probe.job import JobProbe
 from app.probe.settings import ProbeSettings
 
@@ -23,6 +23,7 @@ class JobProbes:
         self.engines, self.door, self.door_url = engines, door, door_url
         self.deployment_id: str | None = None
         self.counters_at_start: dict[str, Any] | None = None  # the front door's, when the job started
+        self.senders_at_start: dict[str, Any] | None = None  # its requests by sender then
         self.drained: Callable[[], Awaitable[dict[str, Any] | None]] | None = None
 
     @classmethod
@@ -46,6 +47,7 @@ class JobProbes:
         probes = cls(engines, door, door_url)
         if door_url is not None and deployment_id is not None:
             probes.deployment_id, probes.drained = deployment_id, drained
+            probes.senders_at_start = await senders_of(deployment_id)
             probes.counters_at_start = await counters_of(deployment_id)
         return probes
 
@@ -57,7 +59,10 @@ class JobProbes:
         end = await counters_of(self.deployment_id)
         if end is None:
             return None
+        senders = await senders_of(self.deployment_id)
         counted = accounting(self.counters_at_start, end)
+        # Clients' requests apart from our canaries' (read around the counters: the span they count).
+        counted["by_sender"] = by_sender(self.senders_at_start, senders)
         if run is not None and run.plan is not None:
             window = run.downtime()
             counted["held"] = held_of(self.deployment_id, window.window_start, window.window_end)
@@ -82,8 +87,13 @@ class JobProbes:
         if requests is not None:
             changes = {**changes, "front_door_requests": requests}
             failed = sum(requests["failed"].values())
+            senders = requests.get("by_sender")
+            clients = ""
+            if senders:
+                mine, ours = senders["clients"]["requests"], senders["canaries"]["requests"]
+                clients = f" ({mine} from clients, {ours} canaries)"
             summary += (
-                f"; front door: {requests['requests']} requests, {failed} failed, "
+                f"; front door: {requests['requests']} requests{clients}, {failed} failed, "
                 f"{requests['retried']} retried"
             )
             held = requests.get("held")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 
 from app.backends.vllm.client import SCALING_MARKER
-from app.probe.canary import CanaryResult
+from app.probe.canary import CANARY_HEADER, CanaryResult
 
 
 class VllmCanary:
@@ -14,7 +14,9 @@ class VllmCanary:
     def __init__(self, model: str, *, api_key: str | None = None, prompt: str = "Hello") -> None:
         self.model = model
         self.prompt = prompt
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {CANARY_HEADER: "1"}  # a front door counts it apart from clients' requests
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
         self._session: aiohttp.ClientSession | None = None
 
     async def send(self, target: str) -> CanaryResult:

@@ -556,6 +556,8 @@ function jobPage(jobId) {
     const inFlight = drained.reduce((a, d) => a + Number(d.in_flight_at_drain || 0), 0);
     const held = fd.held;
     const notes = [`${total} failed${causes ? ` (${causes})` : ""}`];
+    const senders = fd.by_sender;  // clients' requests apart from the probe's canaries
+    if (senders) notes.unshift(`${senders.clients.requests} from clients, ${senders.canaries.requests} canaries`);
     if (drained.length) notes.push(`${inFlight} drained on leavers`);
     if (held) notes.push(`${held.count} held in the window` + (typeof held.longest_wait_ms === "number" ? `, longest ${fmtMs(held.longest_wait_ms)}` : ""));
     return `<div class="card"><div class="k">Front door requests</div><div class="v" id="card-front-door">${esc(fd.requests ?? 0)} <span class="card-note">${esc(notes.join("; "))}</span></div></div>`;

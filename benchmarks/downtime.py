@@ -49,9 +49,10 @@ from common import (
     summarize,
 )
 
-from app.probe.outage import client_outage, outage_covering
+from app.probe.outage import client_outage
 from engine_agent import tensor_wire
 from tests.support.processes import AGENT_KEY, AGENT_KEY_HEADERS
+from tests.support.stack import outage_covering_ms
 
 ADMIN_TOKEN = "bench-downtime-admin-0123456789"
 BINARY_HEADERS = {"content-type": tensor_wire.MEDIA_TYPE, "accept": tensor_wire.MEDIA_TYPE}
@@ -141,12 +142,8 @@ class SteadyClient:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def gap_covering_ms(self, start: float, end: float) -> float:
-        """The longest stretch with no successful answer (the one rule, `app.probe.outage`) that
-        overlaps [start, end], whole."""
-        samples = list(self.samples)
-        until = max((s.done_at for s in samples), default=end)
-        found = outage_covering(samples, start=start, end=end, until=until)
-        return found.ms if found else 0.0
+        """The tests' measure of one event (`tests.support.stack.outage_covering_ms`)."""
+        return outage_covering_ms(list(self.samples), start, end)
 
     def in_window(self, start: float, end: float) -> dict[str, int]:
         """Responses that completed inside [start, end]: successes (the engine served while it

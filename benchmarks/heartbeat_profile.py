@@ -37,6 +37,7 @@ from app.api.database import Database  # noqa: E402
 from app.core.config import Settings  # noqa: E402
 from app.main import create_app  # noqa: E402
 from tests.support.databases import sqlite_database  # noqa: E402
+from tests.support.fleet import fleet_calls  # noqa: E402
 from tests.support.processes import ADMIN_TOKEN  # noqa: E402
 
 ENGINES = 16
@@ -108,18 +109,8 @@ async def run(heartbeats: int, profile: bool, fast_path: bool) -> None:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://c", headers=headers) as http:
-            created = await http.post("/v1/deployments", json={"name": "demo", "launcher": "static"})
-            created.raise_for_status()
-            for i in range(ENGINES):
-                body = {
-                    "engine_id": f"e{i}",
-                    "deployment": "demo",
-                    "url": f"http://127.0.0.1:{9000 + i}",
-                    "platform": "cpu",
-                    "device": "cpu",
-                    "engine": {},
-                }
-                (await http.post("/v1/engines", json=body)).raise_for_status()
+            for path, body in fleet_calls(ENGINES):
+                (await http.post(path, json=body)).raise_for_status()
 
             async def beat(n: int) -> None:
                 i = n % ENGINES

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from engine_agent.logs import RoutineAccessFilter, configure_logging, is_routine_access
+from engine_agent.logs import QUIET_LOGGERS, RoutineAccessFilter, configure_logging, is_routine_access
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,11 @@ def test_which_access_lines_are_routine(method: str, path: str, status: int, rou
 def test_configure_logging_filters_uvicorns_access_log_once() -> None:
     stream = io.StringIO()
     access = logging.getLogger("uvicorn.access")
+    root = logging.getLogger()
     before = list(access.filters)
+    # What configure_logging changes, put back after: later tests in this process log through them.
+    root_before = (root.level, list(root.handlers))
+    quiet_before = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
     try:
         configure_logging("text", logging.INFO, stream)
         configure_logging("text", logging.INFO, stream)  # idempotent: one filter, not two
@@ -54,4 +58,7 @@ def test_configure_logging_filters_uvicorns_access_log_once() -> None:
     finally:
         for added in [f for f in access.filters if f not in before]:
             access.removeFilter(added)
-        configure_logging("text")
+        root.setLevel(root_before[0])
+        root.handlers[:] = root_before[1]
+        for name, level in quiet_before.items():
+            logging.getLogger(name).setLevel(level)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sysconfig
+from pathlib import Path
 
 import httpx
 
@@ -47,9 +49,19 @@ def test_installed_console_script_reads_url_and_token_from_the_environment(
     coordinator: Coordinator, api: httpx.Client, deployment_name: str
 ) -> None:
     create_static_deployment(api, deployment_name, engines=1)
-    env = {**os.environ, "EPCTL_URL": coordinator.url, "EPCTL_TOKEN": coordinator.admin_token}
+    # Where this interpreter's environment installs console scripts (a fresh clone's .venv/bin; from a
+    # worktree, the shared environment's), running this checkout's code as the other children do.
+    script = Path(sysconfig.get_path("scripts")) / "epctl"
+    assert script.exists(), f"no console script at {script}: is the project installed (scripts/bootstrap)?"
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {
+        **os.environ,
+        "PYTHONPATH": pythonpath,
+        "EPCTL_URL": coordinator.url,
+        "EPCTL_TOKEN": coordinator.admin_token,
+    }
     completed = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "epctl"), "deployments", "list", "--json"],
+        [str(script), "deployments", "list", "--json"],
         env=env,
         capture_output=True,
         text=True,

@@ -16,22 +16,9 @@ from app.api.database import Database
 from app.deployments.engines.batch import HeartbeatBatches
 from app.deployments.engines.models import Engine
 from engine_agent.protocol import AgentHeartbeat
+from tests.support.fleet import make_fleet
 
 ENGINES = 16
-
-
-def _fleet(client: TestClient) -> None:
-    assert client.post("/v1/deployments", json={"name": "demo", "launcher": "static"}).status_code == 201
-    for i in range(ENGINES):
-        body = {
-            "engine_id": f"e{i}",
-            "deployment": "demo",
-            "url": f"http://127.0.0.1:{9000 + i}",
-            "platform": "cpu",
-            "device": "cpu",
-            "engine": {},
-        }
-        assert client.post("/v1/engines", json=body).status_code == 201
 
 
 def _beat(i: int, generation: int = 4) -> AgentHeartbeat:
@@ -58,7 +45,7 @@ class Statements:
 
 
 def test_heartbeats_waiting_at_once_are_one_transaction(client: TestClient) -> None:
-    _fleet(client)
+    make_fleet(client, ENGINES)
     database: Database = client.app.state.database  # type: ignore[attr-defined]
     batches = HeartbeatBatches(database)
     counted = Statements(database.engine)
@@ -78,7 +65,7 @@ def test_heartbeats_waiting_at_once_are_one_transaction(client: TestClient) -> N
 
 
 def test_a_heartbeat_the_batch_cannot_take_comes_back_alone(client: TestClient) -> None:
-    _fleet(client)
+    make_fleet(client, ENGINES)
     database: Database = client.app.state.database  # type: ignore[attr-defined]
     batches = HeartbeatBatches(database)
     broken = AgentHeartbeat.model_validate(
@@ -103,7 +90,7 @@ def test_a_heartbeat_the_batch_cannot_take_comes_back_alone(client: TestClient) 
 
 def test_every_heartbeat_sent_at_once_through_the_api_is_recorded(client: TestClient) -> None:
     """Through the route, concurrently: every heartbeat answered 200 with its own engine's row."""
-    _fleet(client)
+    make_fleet(client, ENGINES)
     transport_app = client.app
 
     async def send_all() -> list[Any]:
@@ -129,7 +116,7 @@ def test_every_heartbeat_sent_at_once_through_the_api_is_recorded(client: TestCl
 def test_a_heartbeat_is_told_once_queued_and_the_backlog_ages_until_its_commit(client: TestClient) -> None:
     """`on_queued` (the request leaves the admission gate) comes once the heartbeat waits for its batch;
     the backlog's age (read by the shedding rule) is 0 once every heartbeat is committed."""
-    _fleet(client)
+    make_fleet(client, ENGINES)
     database: Database = client.app.state.database  # type: ignore[attr-defined]
     batches = HeartbeatBatches(database)
 

@@ -19,6 +19,7 @@ from app.deployments.engines import batch, fast_path
 from app.main import create_app
 from app.metrics import HTTP_REQUESTS
 from tests.support.fixtures import ADMIN_HEADERS, token_headers
+from tests.support.fleet import make_fleet
 
 ROUTE = "/v1/engines/{engine_id}/heartbeat"
 ENGINES = 4
@@ -38,20 +39,6 @@ def _client(settings: Settings, monkeypatch: pytest.MonkeyPatch, fast: bool) -> 
     return TestClient(app, headers=ADMIN_HEADERS)
 
 
-def _fleet(client: TestClient) -> None:
-    assert client.post("/v1/deployments", json={"name": "demo", "launcher": "static"}).status_code == 201
-    for i in range(ENGINES):
-        body = {
-            "engine_id": f"e{i}",
-            "deployment": "demo",
-            "url": f"http://127.0.0.1:{9000 + i}",
-            "platform": "cpu",
-            "device": "cpu",
-            "engine": {},
-        }
-        assert client.post("/v1/engines", json=body).status_code == 201
-
-
 @pytest.fixture
 def both(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
@@ -67,8 +54,8 @@ def both(
             url = sqlite_database(tmp_path / "route", migrated=True)
         clients[on] = _client(settings.model_copy(update={"database_url": url}), monkeypatch, on)
     with clients[True] as a, clients[False] as b:
-        _fleet(a)
-        _fleet(b)
+        make_fleet(a, ENGINES)
+        make_fleet(b, ENGINES)
         yield {True: a, False: b}
 
 
@@ -178,7 +165,7 @@ def test_a_revoked_token_ends_at_once_on_the_fast_path(
 ) -> None:
     """The fast path trusts only the authentication cache, which a revoke through this coordinator
     clears: the next heartbeat is refused (another coordinator's revoke: within `auth_cache_s`)."""
-    _fleet(client)
+    make_fleet(client, ENGINES)
     answered = Answered(monkeypatch)
     created = client.post("/v1/tokens", json={"name": "agents", "role": "operator"})
     assert created.status_code == 201, created.text
@@ -195,7 +182,7 @@ def test_a_revoked_token_ends_at_once_on_the_fast_path(
 def test_the_fast_path_counts_in_the_routes_metrics(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _fleet(client)
+    make_fleet(client, ENGINES)
     answered = Answered(monkeypatch)
     labels = {"method": "POST", "route": ROUTE, "status": "200"}
     before = HTTP_REQUESTS.labels(**labels)._value.get()
@@ -210,7 +197,7 @@ def test_an_engine_the_batch_cannot_take_is_written_once_by_the_whole_path(
 ) -> None:
     """The engine id is unknown: the batch's statement finds no row, and the route answers 404 without
     running the batch's statement again."""
-    _fleet(client)
+    make_fleet(client, ENGINES)
     calls: list[str] = []
     real = batch.HeartbeatBatches.record
 
@@ -243,7 +230,7 @@ def test_fast_path_setting_reaches_the_app(
     """Both settings answer a steady heartbeat 200; only `true` takes the fast path."""
     answered = Answered(monkeypatch)
     with _client(settings, monkeypatch, fast) as client:
-        _fleet(client)
+        make_fleet(client, ENGINES)
         assert client.post("/v1/engines/e1/heartbeat", json=STEADY | {"rank": 1}).status_code == 200
         assert client.get("/v1/engines/e1").json()["generation"] == 1
     assert answered.count == (1 if fast else 0)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from app.probe.outage import Stretch, client_outage, outage_covering
+from tests.support.stack import outage_covering_ms
 
 
 @dataclass(frozen=True)
@@ -128,3 +129,19 @@ def test_the_stretch_around_an_event_is_whole() -> None:
         False,
     )
     assert client_outage(requests, start=1.5, end=1.6) == Stretch(1.5, 1.6, True)
+
+
+@pytest.mark.parametrize(
+    ("requests", "expected_ms"),
+    [
+        ([], 0.0),
+        (serial(0.0, 1.0) + serial(1.0, 2.0, ok=False) + serial(2.0, 4.0), 1010.0),  # whole, as above
+        (serial(0.0, 1.0) + serial(1.0, 2.0, ok=False), 910.0),  # unended: to the last answer, 1.91
+    ],
+    ids=["no request", "ended by a success", "the recording ends first"],
+)
+def test_a_recorded_event_is_measured_to_the_recordings_last_answer(
+    requests: list[R], expected_ms: float
+) -> None:
+    """How the end-to-end tests' and the benchmarks' steady clients measure one event (a kill at 1.5)."""
+    assert outage_covering_ms(requests, 1.5, 1.6) == pytest.approx(expected_ms)

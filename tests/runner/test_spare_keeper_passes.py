@@ -18,6 +18,7 @@ from app.core.runner_settings import RunnerSettings
 from app.deployments.models import Deployment, DeploymentStatus
 from app.jobs.async_record import WorkerSessions
 from app.launchers.base import EngineHandle, LaunchSpec
+from tests.support.fleet import make_fleet
 
 
 class KeepingPool:
@@ -36,18 +37,7 @@ class KeepingPool:
 def _deployments(client: TestClient, count: int, idle: int) -> None:
     """`count` ready static deployments keeping no spares, each with `idle` registered engines."""
     for d in range(count):
-        name = f"d{d}"
-        assert client.post("/v1/deployments", json={"name": name, "launcher": "static"}).status_code == 201
-        for i in range(idle):
-            body = {
-                "engine_id": f"{name}-e{i}",
-                "deployment": name,
-                "url": f"http://127.0.0.1:{9000 + i}",
-                "platform": "cpu",
-                "device": "cpu",
-                "engine": {},
-            }
-            assert client.post("/v1/engines", json=body).status_code == 201
+        make_fleet(client, idle, f"d{d}", engine_prefix=f"d{d}-")
     engine = client.app.state.db_engine  # type: ignore[attr-defined]
     with Session(engine) as session:
         for deployment in session.exec(select(Deployment)).all():

@@ -28,7 +28,11 @@ def served(app: Any, *, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
         app,
         host="127.0.0.1",
         port=port,
-        log_level="warning",
+        # Neither: each reconfigures the process's loggers for good (uvicorn's dictConfig leaves
+        # `uvicorn.access` at WARNING with propagate off), and a later test of the logging set-up
+        # would find them so. Its loggers propagate to the root logger, as the test's own do.
+        log_config=None,
+        log_level=None,
         lifespan="off",
         ssl_certfile=certificate,
         ssl_keyfile=key,

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from app.probe.outage import Stretch, client_outage, outage_covering
+from app.probe.outage import Request, Stretch, client_outage, outage_covering
 from engine_agent.protocol import EngineConfig
 from tests.support.jobs import scale
 from tests.support.processes import AGENT_KEY, AGENT_KEY_HEADERS, Coordinator
@@ -230,16 +230,21 @@ class SteadyClient:
         return latencies[min(int(quantile * len(latencies)), len(latencies) - 1)] if latencies else 0.0
 
     def outage_covering(self, start: float, end: float) -> float:
-        """The longest stretch with no successful answer (ms; the one rule, `app.probe.outage`) that
-        overlaps [start, end], whole: what this client saw of one event (a kill, a commit window)."""
-        samples = list(self.samples)
-        until = max((s.done_at for s in samples), default=end)
-        found = outage_covering(samples, start=start, end=end, until=until)
-        return found.ms if found else 0.0
+        """What this client saw of one event (a kill, a commit window): `outage_covering_ms`."""
+        return outage_covering_ms(list(self.samples), start, end)
 
     def outage_within(self, start: float, end: float) -> Stretch | None:
         """The longest stretch with no successful answer within [start, end] (a job's span), clipped."""
         return client_outage(list(self.samples), start=start, end=end)
+
+
+def outage_covering_ms(samples: Sequence[Request], start: float, end: float) -> float:
+    """The longest stretch with no successful answer (ms; the one rule, `app.probe.outage`) that
+    overlaps [start, end], whole, in a client's recording, which ends at its last answer (0: none).
+    Shared with the benchmarks' steady client (`benchmarks/downtime.py`)."""
+    until = max((s.done_at for s in samples if s.done_at is not None), default=end)
+    found = outage_covering(samples, start=start, end=end, until=until)
+    return found.ms if found else 0.0
 
 
 def failures_around(samples: list[Sample], fault_at: float, served_again_at: float, what: str) -> None:

@@ -142,6 +142,11 @@ class Fanout:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+            # The job names one failure; others of the same round are read here, or the collector
+            # logs each as "Task exception was never retrieved" whenever it frees them.
+            for task in tasks.values():
+                if task.done():
+                    _consume_outcome(task)
         if on_progress is not None:
             await on_progress(1.0)
         return {engine_id: task.result() for engine_id, task in tasks.items()}

@@ -44,6 +44,7 @@ import json
 import math
 import os
 import random
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -275,6 +276,17 @@ def pause(fleet: Fleet, paused: bool) -> None:
         httpx.post(f"{control}/pause", json={"paused": paused}, timeout=30).raise_for_status()
 
 
+def idle_profiler(pid: int, idle_s: float) -> subprocess.Popen[bytes] | None:
+    """With `EPCTL_FLEET_IDLE_PYSPY=FILE`: py-spy samples the idle coordinator's stacks (collapsed) into
+    FILE over the idle phase (py-spy beside the venv's python; its own CPU is not the coordinator's)."""
+    out = os.environ.get("EPCTL_FLEET_IDLE_PYSPY")
+    if not out:
+        return None
+    spy = Path(PYTHON).with_name("py-spy")
+    argv = [str(spy), "record", "-p", str(pid), "-d", str(int(idle_s)), "-r", "200", "-f", "raw", "-o", out]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def idle_phase(fleet: Fleet, pid: int, idle_s: float) -> dict[str, Any]:
     """The coordinator's CPU with the fleet registered and formed but no request at all (every agent's
     heartbeats paused): what its periodic passes cost on their own. Kept short of the heartbeat
@@ -287,8 +299,11 @@ def idle_phase(fleet: Fleet, pid: int, idle_s: float) -> dict[str, Any]:
     pause(fleet, True)
     try:
         time.sleep(IDLE_SETTLE_S)  # heartbeats in flight answered
+        spy = idle_profiler(pid, idle_s)
         cpu0, w0 = cpu_s(pid), time.perf_counter()
         time.sleep(idle_s)
+        if spy is not None:
+            spy.wait(timeout=60)
         cpu1, w1 = cpu_s(pid), time.perf_counter()
         load = [round(x, 2) for x in os.getloadavg()]
     finally:

@@ -287,15 +287,22 @@ def idle_profiler(pid: int, idle_s: float) -> subprocess.Popen[bytes] | None:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def idle_phase(fleet: Fleet, pid: int, idle_s: float) -> dict[str, Any]:
+def active_jobs(api: httpx.Client) -> int:
+    """Jobs not yet ended (a formation still running makes an idle phase no idle one)."""
+    listed = api.get("/v1/reconfigurations", params={"limit": 200}).json()["data"]
+    return sum(1 for j in listed if j["state"] not in TERMINAL)
+
+
+def idle_phase(api: httpx.Client, fleet: Fleet, pid: int, idle_s: float) -> dict[str, Any]:
     """The coordinator's CPU with the fleet registered and formed but no request at all (every agent's
     heartbeats paused): what its periodic passes cost on their own. Kept short of the heartbeat
     timeout (silence before it + `IDLE_SETTLE_S` + `idle_s` + the 1 s resume stagger < 15 s); every
     agent then beats again and the steady phase starts two intervals later."""
     if idle_s <= 0:
-        return {"cpu_share": None, "loadavg": None}
+        return {"cpu_share": None, "loadavg": None, "active_jobs": None}
     if HEARTBEAT_S + IDLE_SETTLE_S + idle_s + 1.0 >= HEARTBEAT_TIMEOUT_S - 1.0:
         raise SystemExit(f"--idle-s {idle_s:g}: the engines would be silent past the heartbeat timeout")
+    running = active_jobs(api)
     pause(fleet, True)
     try:
         time.sleep(IDLE_SETTLE_S)  # heartbeats in flight answered
@@ -309,9 +316,13 @@ def idle_phase(fleet: Fleet, pid: int, idle_s: float) -> dict[str, Any]:
     finally:
         pause(fleet, False)
     share = (cpu1 - cpu0) / (w1 - w0)
-    print(f"idle phase: {idle_s:g} s, coordinator {100 * share:.1f}% of a core, load {load}", flush=True)
+    print(
+        f"idle phase: {idle_s:g} s, coordinator {100 * share:.1f}% of a core, load {load}, "
+        f"{running} jobs not ended",
+        flush=True,
+    )
     time.sleep(HEARTBEAT_S * 2)  # every agent beating again
-    return {"cpu_share": round(share, 4), "loadavg": load}
+    return {"cpu_share": round(share, 4), "loadavg": load, "active_jobs": running}
 
 
 def beats(fleet: Fleet, reset: bool) -> dict[str, Any]:
@@ -570,7 +581,7 @@ def run_size(kind: str, engines: int, args: argparse.Namespace) -> dict[str, Any
             setup_s = time.perf_counter() - t0
             formation = form(api, fleet, timeout_s=180)
             time.sleep(HEARTBEAT_S * 2)  # every agent past its first heartbeat
-            idle = idle_phase(fleet, pid, args.idle_s)
+            idle = idle_phase(api, fleet, pid, args.idle_s)
             beats(fleet, reset=True)
             db0, cpu0, w0 = db_figures(url), cpu_s(pid), time.perf_counter()
             print(f"steady phase: {args.steady_s:g} s", flush=True)  # a profiler attached waits for it
@@ -642,6 +653,7 @@ def run_size(kind: str, engines: int, args: argparse.Namespace) -> dict[str, Any
         "shown_lost_while_heartbeating": shown_lost,
         "coordinator_cpu_share_idle": idle["cpu_share"],
         "loadavg_idle": idle["loadavg"],
+        "active_jobs_idle": idle["active_jobs"],
         "coordinator_cpu_share_steady": round(hb_cpu_share, 4),
         "cpu_per_heartbeat_ms": round(hb_cpu_per_beat_ms, 3),
         "heartbeat_lag_ms": summarize(steady["rtt_ms"]),

@@ -5,6 +5,8 @@ lightweight agents (`benchmarks/lightweight_agent.py --fleet`, hundreds per proc
 heartbeat at the real interval and answer the reconfiguration protocol at once) in D deployments of 16
 engines (14 serving, 2 spare). Then two phases:
 
+- idle (`--idle-s`, first): every agent's heartbeats paused, short of the heartbeat timeout: the
+  coordinator's CPU with no request at all (its periodic passes over the fleet alone).
 - steady (`--steady-s`): heartbeats only. The coordinator's CPU (from /proc/<pid>/stat) over the phase
   divided by the heartbeats the agents had answered: CPU per heartbeat, and the share of one core the
   fleet's heartbeats take; each heartbeat's round trip is its heartbeat-to-record lag (the coordinator
@@ -42,6 +44,7 @@ import json
 import math
 import os
 import random
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -70,6 +73,7 @@ ENGINES_PER_DEPLOYMENT = 16
 SERVING = 14  # two spares per deployment: a scale-up has an engine to take
 HEARTBEAT_S = 3.0  # the real agent's default (`engine_agent.settings.heartbeat_s`)
 HEARTBEAT_TIMEOUT_S = 15.0  # the coordinator's default (`app.core.config.heartbeat_timeout_s`)
+IDLE_SETTLE_S = 1.0  # the idle phase: from pausing the heartbeats to measuring
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TERMINAL = {"succeeded", "failed", "rolled_back", "cancelled"}
 
@@ -265,6 +269,60 @@ def start_fleet(group: ProcessGroup, api: httpx.Client, coordinator: str, engine
         for entry in json.loads(wait_ready_file(ready, proc, timeout_s=300)):
             agents.append(entry | {"rank": ranks[entry["engine_id"]]})
     return Fleet(names, agents, sorted({a["control"] for a in agents}))
+
+
+def pause(fleet: Fleet, paused: bool) -> None:
+    for control in fleet.controls:
+        httpx.post(f"{control}/pause", json={"paused": paused}, timeout=30).raise_for_status()
+
+
+def idle_profiler(pid: int, idle_s: float) -> subprocess.Popen[bytes] | None:
+    """With `EPCTL_FLEET_IDLE_PYSPY=FILE`: py-spy samples the idle coordinator's stacks (collapsed) into
+    FILE over the idle phase (py-spy beside the venv's python; its own CPU is not the coordinator's)."""
+    out = os.environ.get("EPCTL_FLEET_IDLE_PYSPY")
+    if not out:
+        return None
+    spy = Path(PYTHON).with_name("py-spy")
+    argv = [str(spy), "record", "-p", str(pid), "-d", str(int(idle_s)), "-r", "200", "-f", "raw", "-o", out]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def active_jobs(api: httpx.Client) -> int:
+    """Jobs not yet ended (a formation still running makes an idle phase no idle one)."""
+    listed = api.get("/v1/reconfigurations", params={"limit": 200}).json()["data"]
+    return sum(1 for j in listed if j["state"] not in TERMINAL)
+
+
+def idle_phase(api: httpx.Client, fleet: Fleet, pid: int, idle_s: float) -> dict[str, Any]:
+    """The coordinator's CPU with the fleet registered and formed but no request at all (every agent's
+    heartbeats paused): what its periodic passes cost on their own. Kept short of the heartbeat
+    timeout (silence before it + `IDLE_SETTLE_S` + `idle_s` + the 1 s resume stagger < 15 s); every
+    agent then beats again and the steady phase starts two intervals later."""
+    if idle_s <= 0:
+        return {"cpu_share": None, "loadavg": None, "active_jobs": None}
+    if HEARTBEAT_S + IDLE_SETTLE_S + idle_s + 1.0 >= HEARTBEAT_TIMEOUT_S - 1.0:
+        raise SystemExit(f"--idle-s {idle_s:g}: the engines would be silent past the heartbeat timeout")
+    running = active_jobs(api)
+    pause(fleet, True)
+    try:
+        time.sleep(IDLE_SETTLE_S)  # heartbeats in flight answered
+        spy = idle_profiler(pid, idle_s)
+        cpu0, w0 = cpu_s(pid), time.perf_counter()
+        time.sleep(idle_s)
+        if spy is not None:
+            spy.wait(timeout=60)
+        cpu1, w1 = cpu_s(pid), time.perf_counter()
+        load = [round(x, 2) for x in os.getloadavg()]
+    finally:
+        pause(fleet, False)
+    share = (cpu1 - cpu0) / (w1 - w0)
+    print(
+        f"idle phase: {idle_s:g} s, coordinator {100 * share:.1f}% of a core, load {load}, "
+        f"{running} jobs not ended",
+        flush=True,
+    )
+    time.sleep(HEARTBEAT_S * 2)  # every agent beating again
+    return {"cpu_share": round(share, 4), "loadavg": load, "active_jobs": running}
 
 
 def beats(fleet: Fleet, reset: bool) -> dict[str, Any]:
@@ -523,6 +581,7 @@ def run_size(kind: str, engines: int, args: argparse.Namespace) -> dict[str, Any
             setup_s = time.perf_counter() - t0
             formation = form(api, fleet, timeout_s=180)
             time.sleep(HEARTBEAT_S * 2)  # every agent past its first heartbeat
+            idle = idle_phase(api, fleet, pid, args.idle_s)
             beats(fleet, reset=True)
             db0, cpu0, w0 = db_figures(url), cpu_s(pid), time.perf_counter()
             print(f"steady phase: {args.steady_s:g} s", flush=True)  # a profiler attached waits for it
@@ -592,6 +651,9 @@ def run_size(kind: str, engines: int, args: argparse.Namespace) -> dict[str, Any
         "heartbeats_reregistered": steady["reregistered"] + during["reregistered"],
         "silent_engines_in_steady": len(silent),
         "shown_lost_while_heartbeating": shown_lost,
+        "coordinator_cpu_share_idle": idle["cpu_share"],
+        "loadavg_idle": idle["loadavg"],
+        "active_jobs_idle": idle["active_jobs"],
         "coordinator_cpu_share_steady": round(hb_cpu_share, 4),
         "cpu_per_heartbeat_ms": round(hb_cpu_per_beat_ms, 3),
         "heartbeat_lag_ms": summarize(steady["rtt_ms"]),
@@ -658,6 +720,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[128, 512, 2048])
     parser.add_argument("--databases", nargs="+", default=["sqlite", "postgres"])
     parser.add_argument("--steady-s", type=float, default=30.0)
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=6.0,
+        help="before the steady phase: the coordinator's CPU this long with every heartbeat paused (0: none)",
+    )
     parser.add_argument("--jobs-at-once", type=int, default=16)
     parser.add_argument("--read-rate-hz", type=float, default=10.0, help="dashboard + CLI calls per second")
     parser.add_argument(
@@ -713,6 +781,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "hb/s",
             "shed/s",
             "CPU/hb ms",
+            "idle % core",
             "hb % core",
             "lag p50",
             "lag p99",
@@ -737,6 +806,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 r["heartbeats_per_s"],
                 r.get("heartbeats_shed_per_s", "-"),
                 r["cpu_per_heartbeat_ms"],
+                "-" if r.get("coordinator_cpu_share_idle") is None else 100 * r["coordinator_cpu_share_idle"],
                 100 * r["coordinator_cpu_share_steady"],
                 r["heartbeat_lag_ms"].get("p50", "-"),
                 r["heartbeat_lag_ms"].get("p99", "-"),

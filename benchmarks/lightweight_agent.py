@@ -386,6 +386,9 @@ class Beats:
         self.shed_ms: list[float] = []  # the round trips of the heartbeats shed (503 + Retry-After)
         self.last_ok: dict[str, float] = {}  # engine_id -> epoch seconds of its last answered heartbeat
         self.last_heard: dict[str, float] = {}  # ... of its last heartbeat answered 200 or shed
+        # `POST /pause` (fleet.py's idle phase): no heartbeat is sent while `paused` is set.
+        self.paused = asyncio.Event()
+        self.resumed = asyncio.Event()
 
     def snapshot(self, reset: bool) -> dict[str, Any]:
         out = {
@@ -419,6 +422,10 @@ async def _beat(
     next_at = time.monotonic()
     while True:
         next_at += interval_s
+        if beats.paused.is_set():  # `POST /pause`: silent until resumed, then at once (staggered)
+            await beats.resumed.wait()
+            await asyncio.sleep(random.uniform(0, 1.0))
+            next_at = time.monotonic() + interval_s
         started = time.perf_counter()
         beats.sent += 1
         try:
@@ -471,7 +478,8 @@ async def _register_with(session: Any, coordinator: str, deployment: str, agent:
 async def serve_fleet(args: argparse.Namespace) -> None:
     """Agents of several deployments (`--fleet FILE`: [{engine_id, deployment, rank, world, generation}])
     that register, heartbeat every `--heartbeat-s`, and obey a control server: `GET /stats[?reset=1]`
-    (the heartbeats), `POST /kill` {"engine_ids": [...]} (stop serving and heartbeating: a lost engine)."""
+    (the heartbeats), `POST /kill` {"engine_ids": [...]} (stop serving and heartbeating: a lost engine),
+    `POST /pause` {"paused": true|false} (every agent's heartbeats stop; resumed, each beats within 1 s)."""
     import aiohttp
 
     spec = json.loads(Path(args.fleet).read_text())
@@ -520,9 +528,19 @@ async def serve_fleet(args: argparse.Namespace) -> None:
                 killed[engine_id] = time.time()
         return _json({"killed": killed})
 
+    async def pause(request: web.Request) -> web.Response:
+        if (await request.json())["paused"]:
+            beats.resumed.clear()
+            beats.paused.set()
+        else:
+            beats.paused.clear()
+            beats.resumed.set()
+        return _json({"paused": beats.paused.is_set()})
+
     control = web.Application()
     control.router.add_get("/stats", stats)
     control.router.add_post("/kill", kill)
+    control.router.add_post("/pause", pause)
     control_runner = web.AppRunner(control, access_log=None, handle_signals=False)
     await control_runner.setup()
     await web.TCPSite(control_runner, "127.0.0.1", 0).start()

@@ -20,6 +20,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Dialect, Engine, make_url
 from sqlmodel import create_engine
 
+from app.core import changes as _changes  # noqa: F401  (its session events count every commit's writes)
 from app.core.private_files import private_sqlite_file
 
 

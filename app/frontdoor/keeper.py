@@ -19,7 +19,10 @@ from functools import partial
 from typing import Any
 
 from app.api.database import Database
+from app.core import changes
 from app.core.errors import NotFoundError
+from app.deployments.engines.models import Engine
+from app.deployments.models import Deployment
 from app.frontdoor import service
 from app.frontdoor.haproxy import (
     HOLD_SERVER,
@@ -31,11 +34,12 @@ from app.frontdoor.haproxy import (
     host_port,
     next_slot_name,
 )
-from app.frontdoor.models import EndpointPublic, EndpointSetPublic
+from app.frontdoor.models import EndpointPublic, EndpointSetPublic, EndpointSetVersion
 from app.frontdoor.requestlog import RequestLog, held_in_window
 from app.frontdoor.rules import EndpointState
 from app.frontdoor.settings import FrontDoorSpec
 from app.frontdoor.wakeup import FEED_APPLIED, FEED_CHANGED, PUBLISHING
+from app.jobs.models import ReconfigurationJob
 
 log = logging.getLogger(__name__)
 
@@ -251,22 +255,45 @@ class HaproxyKeeper:
 
 
 PUBLISH_EVERY_S = 0.25
+# What a feed derives from: the engines, their deployment, its active job; and the versions written.
+FEED_TABLES = (
+    Engine.__tablename__,
+    Deployment.__tablename__,
+    ReconfigurationJob.__tablename__,
+    EndpointSetVersion.__tablename__,
+)
 
 
-async def publish_feeds(database: Database, interval_s: float = PUBLISH_EVERY_S) -> None:
-    """Every deployment's feed brought up to date every `interval_s` (heartbeats, fencing, jobs move the
-    record without telling the feed): watchers only read versions, so their number costs no derivation."""
+async def publish_feeds(
+    database: Database, interval_s: float = PUBLISH_EVERY_S, gate: changes.PassGate | None = None
+) -> None:
+    """Every deployment's feed brought up to date every `interval_s` where the record moved (heartbeats
+    that change an engine's facts, fencing, jobs move the record without telling the feed; `publish_pass`):
+    watchers only read versions, so their number costs no derivation."""
     PUBLISHING.running = True
+    gate = gate or changes.PassGate(FEED_TABLES)
     memo: service.FeedMemo = {}  # what each deployment's newest version was derived from (this publisher's)
     try:
         while True:
-            try:
-                await database.run(partial(service.refresh_all, memo=memo))
-            except Exception:  # a busy database: the next pass catches up
-                log.warning("front door feed: a publishing pass failed", exc_info=True)
+            await publish_pass(database, memo, gate)
             await asyncio.sleep(interval_s)
     finally:
         PUBLISHING.running = False
+
+
+async def publish_pass(database: Database, memo: service.FeedMemo, gate: changes.PassGate) -> bool:
+    """One publishing pass, only where the record a feed derives from moved (issue 37: a steady fleet's
+    heartbeats move none; `app.core.changes`), or at least every `FULL_PASS_EVERY_S` (another
+    coordinator's writes); whether it ran."""
+    started = gate.start()
+    if started is None:
+        return False
+    try:
+        await database.run(partial(service.refresh_all, memo=memo))
+        gate.ran(started)
+    except Exception:  # a busy database: the next pass catches up
+        log.warning("front door feed: a publishing pass failed", exc_info=True)
+    return True
 
 
 @contextlib.asynccontextmanager

@@ -29,6 +29,7 @@ from app.agents.errors import AgentCallError
 from app.agents.fleet import Fleet
 from app.backends.reference.launching import launch_spec
 from app.coordinators import service as coordinators
+from app.core import changes
 from app.core.runner_settings import RunnerSettings
 from app.deployments.agent_keys import agent_keys_of, previous_until_epoch
 from app.deployments.engines.models import Engine, EngineState
@@ -37,10 +38,14 @@ from app.deployments.models import Deployment, DeploymentStatus, EngineBackend
 from app.deployments.spares import SPARE_STATES, spares_among
 from app.jobs.active import active_job_ids
 from app.jobs.async_record import WorkerSessions
+from app.jobs.models import ReconfigurationJob
 from app.launchers.base import EngineHandle, Launcher, LaunchSpec
 from engine_agent.protocol import EngineConfig
 
 log = logging.getLogger(__name__)
+
+# The tables a pass reads: the deployments, their active jobs, their engines.
+WATCHED = (Deployment.__tablename__, ReconfigurationJob.__tablename__, Engine.__tablename__)
 
 
 @dataclass(frozen=True)
@@ -145,17 +150,30 @@ class SpareKeeper:
         # Engines given back that their launcher kept (a static pool keeps its registered agents): offered
         # again at every pass they would be given back, and logged, for ever (issue 37).
         self.kept: set[str] = set()
+        self.gate = changes.PassGate(WATCHED)
+        self.working = False  # the last pass left a launch or warm-up to follow: the next one runs
 
     async def tick(self) -> None:
+        # Only where what it reads moved (issue 37: a steady fleet's heartbeats move nothing;
+        # `app.core.changes`), or the last pass left work (a launch or warm-up running, or one that
+        # failed and is tried again), or at least every `FULL_PASS_EVERY_S` (another coordinator's).
+        started = self.gate.start(busy=self.working)
+        if started is None:
+            return
         kept = frozenset(self.kept)
         found = await self.record.run_in_session(lambda session: needs(session, self.settings, kept))
+        working = False
         for need in found:
             task = self.busy.get(need.deployment_id)
             if task is not None and not task.done():
+                working = True
                 continue
             cold = [h for h in need.spares if h.engine_id not in self.warm]
             if need.launch or need.extra or cold:
                 self.busy[need.deployment_id] = asyncio.create_task(self._keep(need, cold))
+                working = True
+        self.working = working
+        self.gate.ran(started)
 
     async def _keep(self, need: SpareNeed, cold: list[EngineHandle]) -> None:
         launcher = self.launchers.get(need.launcher)

@@ -33,6 +33,7 @@ from sqlmodel import Session
 
 from app.api.database import Database
 from app.coordinators import service as coordinators
+from app.core import changes
 from app.core.clock import utc_now
 from app.deployments.engines import service
 from engine_agent.protocol import AgentHeartbeat
@@ -73,11 +74,15 @@ def record_batch(
     connection = session.connection()
     statement = service.steady_statement()
     rows: list[Row[Any] | None] = []
+    written: list[Row[Any] | None] = []
     for engine_id, heartbeat in beats:
         params = service.steady_params(engine_id, heartbeat, at)
         row = None if params is None else connection.execute(statement, params).one_or_none()
+        written.append(row)
         rows.append(None if row is None or service.key_verdict_moves(row, heartbeat.key_check, at) else row)
     session.commit()
+    # Past the ORM's events: the periodic passes wake only for an engine whose facts moved (issue 37).
+    changes.note_steady(written)
     return rows, coordinators.live_urls_recent(session)
 
 

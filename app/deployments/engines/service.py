@@ -14,6 +14,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from app.core import changes
 from app.core.clock import utc_now
 from app.core.errors import ConflictError, NotFoundError
 from app.core.sealing import SealingError
@@ -187,6 +188,7 @@ def record_steady_heartbeat(
         session.rollback()
         return None
     session.commit()
+    changes.note_steady([row])  # past the ORM's events: a pass wakes only where its facts moved
     return row
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -37,9 +38,10 @@ from app.backends.reference.liveness.adoption import Adoption, adoption_of, ask_
 from app.backends.reference.liveness.judge import freeze_suspects, judge, probe_targets
 from app.backends.reference.liveness.leave import tell_to_leave
 from app.backends.reference.liveness.probes import Probe, Reply_of, process_gone, reply_of
+from app.backends.reference.liveness.quiet import WATCHED, quiet_until
 from app.backends.reference.liveness.verdict import Leave, Verdict
 from app.backends.reference.liveness.view import DeploymentView, Probed, Rules
-from app.core import wake
+from app.core import changes, wake
 from app.core.clock import utc_now
 from app.core.shedding import SHED_HEARTBEATS, ShedHeartbeats
 from app.core.stuck import STUCK, StuckReports
@@ -102,12 +104,43 @@ class Liveness:
         # The deployments an adoption in progress here judges (`adopting`): no pass writes them meanwhile.
         self._adopting: set[str] = set()
         self._stopping: set[asyncio.Task[None]] = set()  # written-off engines being stopped
+        # Resting (`quiet`): until when the last full pass's fleet stays quiet by time alone (None: not
+        # quiet), the change count it read at, when it ran (monotonic); passes skipped (for tests).
+        self._quiet_until: datetime | None = None
+        self._seen = -1
+        self._full_at = float("-inf")
+        self.skipped = 0
 
     async def tick(self) -> Pass:
-        """One pass over every reference deployment."""
+        """One pass over every reference deployment, or none while the fleet rests (`quiet`)."""
+        count, started = changes.CHANGES.count(WATCHED), time.monotonic()
+        if self._rests(count, started):
+            self.skipped += 1
+            return Pass()
         views = await self.record.run_in_session(self._observe)
         views = await self._probed([v for v in views if v.id not in self._adopting])
-        return await self._judge_and_act(self._suspects(views))
+        views = self._suspects(views)
+        found = await self._judge_and_act(views)
+        verdicts = [found.verdicts[v.name] for v in views if v.name in found.verdicts]
+        self._quiet_until = quiet_until(views, verdicts, self.rules) if len(verdicts) == len(views) else None
+        self._seen, self._full_at = count, started
+        return found
+
+    def _rests(self, count: int, now: float) -> bool:
+        """Whether this pass may be skipped: the last full one found the fleet quiet, nothing this process
+        wrote has moved the record it reads since, no deadline of the silence rules has come, nothing is
+        in flight here (probes, adoption), and the last full pass is less than `FULL_PASS_EVERY_S` old
+        (another coordinator's writes are not counted here)."""
+        return (
+            self._quiet_until is not None
+            and count == self._seen
+            and now - self._full_at < changes.FULL_PASS_EVERY_S
+            and self.clock() < self._quiet_until
+            and not self.probed
+            and not self._adopting
+            and self.shed.newest() is None
+            and not self.stuck.snapshot()
+        )
 
     def _suspects(self, views: list[DeploymentView]) -> list[DeploymentView]:
         """Start the probe of each new freeze suspect (in the background: its reply wakes the pass);

@@ -22,7 +22,7 @@ from app.frontdoor.models import EndpointSetVersion
 from app.frontdoor.service import latest, refresh, refresh_all, set_front_door
 from app.jobs.models import ReconfigurationJob
 from app.main import create_app
-from tests.support.factories import static_deployment
+from tests.support.factories import set_row, static_deployment
 from tests.support.fixtures import ADMIN_HEADERS, token_headers
 
 
@@ -42,13 +42,7 @@ def _serving(db_engine: DbEngine, name: str = "fd", size: int = 2) -> Deployment
 
 
 def _set_engine(db_engine: DbEngine, engine_id: str, **fields: Any) -> None:
-    with Session(db_engine) as session:
-        row = session.get(Engine, engine_id)
-        assert row is not None
-        for key, value in fields.items():
-            setattr(row, key, value)
-        session.add(row)
-        session.commit()
+    set_row(db_engine, Engine, engine_id, **fields)
 
 
 def _states(body: dict[str, Any]) -> dict[str, tuple[str, str | None]]:

@@ -28,7 +28,7 @@ from app.jobs.models import ReconfigurationJob
 from app.main import create_app
 from app.probe.canary import CANARY_HEADER
 from tests.frontdoor.conftest import NamedServer
-from tests.support.factories import static_deployment
+from tests.support.factories import set_row, static_deployment
 from tests.support.fixtures import ADMIN_HEADERS
 from tests.support.waiting import wait_until
 
@@ -61,13 +61,7 @@ def _deployment(db_engine: DbEngine, servers: list[NamedServer], size: int) -> N
 
 
 def _set_engine(db_engine: DbEngine, engine_id: str, **fields: Any) -> None:
-    with Session(db_engine) as session:
-        row = session.get(Engine, engine_id)
-        assert row is not None
-        for key, value in fields.items():
-            setattr(row, key, value)
-        session.add(row)
-        session.commit()
+    set_row(db_engine, Engine, engine_id, **fields)
 
 
 def _applied(client: TestClient) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from app.frontdoor.service import FeedMemo
 from engine_agent.protocol import AgentHeartbeat, AgentState
 from tests.runner.liveness_views import RULES, ago, engine, job, members, verdict, view
 from tests.runner.scenario import Scenario, make_scenario
+from tests.support.factories import set_row
 
 ENGINES = (Engine.__tablename__,)
 
@@ -54,16 +55,6 @@ def statements(db: DbEngine) -> Iterator[list[str]]:
         yield seen
     finally:
         sa.event.remove(db, "before_cursor_execute", note)
-
-
-def _set(db: DbEngine, model: type[Any], key: str, **fields: Any) -> None:
-    with Session(db) as session:
-        row = session.get(model, key)
-        assert row is not None
-        for name, value in fields.items():
-            setattr(row, name, value)
-        session.add(row)
-        session.commit()
 
 
 # --- the rules ---------------------------------------------------------------------------------------
@@ -118,9 +109,9 @@ def test_commits_count_the_tables_they_wrote_and_nothing_else(db_engine: DbEngin
     stage = make_scenario(db_engine)
     engine_id = stage.serving[0].engine_id
     before = CHANGES.count(ENGINES)
-    _set(db_engine, Engine, engine_id, url="http://elsewhere:1")
+    set_row(db_engine, Engine, engine_id, url="http://elsewhere:1")
     assert CHANGES.count(ENGINES) == before + 1
-    _set(db_engine, Engine, engine_id, url="http://elsewhere:1")  # the same value: no net change
+    set_row(db_engine, Engine, engine_id, url="http://elsewhere:1")  # the same value: no net change
     assert CHANGES.count(ENGINES) == before + 1
     with Session(db_engine) as session:
         row = session.get(Engine, engine_id)
@@ -155,7 +146,7 @@ def test_a_steady_heartbeat_counts_only_where_it_moves_its_engines_facts(db_engi
     assert recorded(beat) == 0  # renews the record, moves nothing a pass reads
     assert recorded(beat) == 0
     assert recorded(beat.model_copy(update={"state": AgentState.paused})) == 1
-    _set(db_engine, Engine, serving, state="serving", unresponsive_peers=["x"])  # any other writer
+    set_row(db_engine, Engine, serving, state="serving", unresponsive_peers=["x"])  # any other writer
     assert recorded(beat) == 1  # ... is forgotten: its next steady heartbeat counts (it clears columns)
     assert recorded(beat) == 0
 
@@ -166,8 +157,8 @@ def test_a_steady_heartbeat_counts_only_where_it_moves_its_engines_facts(db_engi
 def _quiet(stage: Scenario, heard_at: datetime) -> None:
     """Every engine of the scenario heard at `heard_at`, the deployment ready."""
     for engine_id in stage.agents:
-        _set(stage.db, Engine, engine_id, last_heartbeat_at=heard_at)
-    _set(stage.db, Deployment, stage.deployment_id, status=DeploymentStatus.ready.value)
+        set_row(stage.db, Engine, engine_id, last_heartbeat_at=heard_at)
+    set_row(stage.db, Deployment, stage.deployment_id, status=DeploymentStatus.ready.value)
 
 
 def test_the_liveness_pass_rests_over_a_quiet_fleet_until_a_change_or_a_silence_deadline(
@@ -177,7 +168,7 @@ def test_the_liveness_pass_rests_over_a_quiet_fleet_until_a_change_or_a_silence_
     start = utc_now()
     _quiet(stage, start)
     silent = stage.idle[0].engine_id
-    _set(db_engine, Engine, silent, last_heartbeat_at=start - timedelta(seconds=10))
+    set_row(db_engine, Engine, silent, last_heartbeat_at=start - timedelta(seconds=10))
     now = [start + timedelta(seconds=1)]
     liveness = Liveness(
         stage.record,
@@ -196,7 +187,7 @@ def test_the_liveness_pass_rests_over_a_quiet_fleet_until_a_change_or_a_silence_
     assert ran and first.verdicts["demo"].writes_nothing
     assert tick()[0] == 0  # before: every engine, the jobs and the deployments read again (each second)
     assert tick()[0] == 0
-    _set(db_engine, Engine, silent, url="http://moved:1")  # a change this process wrote
+    set_row(db_engine, Engine, silent, url="http://moved:1")  # a change this process wrote
     assert tick()[0] > 0
     assert tick()[0] == 0
     assert liveness.skipped == 3
@@ -227,7 +218,7 @@ def test_the_spare_keeper_reads_nothing_until_what_it_reads_moves(db_engine: DbE
 
     async def passes() -> list[int]:
         read = [await tick() for _ in range(3)]  # gives the idle engine back, then sees it kept
-        _set(db_engine, Deployment, stage.deployment_id, status_detail={"reason": "anything"})
+        set_row(db_engine, Deployment, stage.deployment_id, status_detail={"reason": "anything"})
         return [*read, await tick(), await tick()]
 
     first, kept, resting, changed, again = asyncio.run(passes())
@@ -251,7 +242,7 @@ def test_the_feed_publisher_reads_nothing_until_a_feed_may_move(db_engine: DbEng
     assert one_pass()[0]
     assert one_pass() == (False, 0)  # before: every engine's columns, the jobs, the versions (4 a second)
     assert gate.skipped == 1
-    _set(db_engine, Engine, stage.serving[1].engine_id, state="unreachable")
+    set_row(db_engine, Engine, stage.serving[1].engine_id, state="unreachable")
     ran, read = one_pass()  # writes the next version
     assert ran and read
     assert one_pass()[0]

@@ -10,6 +10,7 @@ a crash can still stop what its predecessor left.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
@@ -63,13 +64,17 @@ class ProcessRecords:
 
     def set(self, name: str, entry: dict[str, Any] | None) -> None:
         """Record `entry` under `name`, or forget `name` (None). Written through a temporary file, so a
-        crash never leaves half a record."""
-        records = self.read()
-        if entry is None:
-            records.pop(name, None)
-        else:
-            records[name] = entry
+        crash never leaves half a record, under an exclusive lock: the coordinator and a CLI or a second
+        launcher in another process write the same file (two writers sharing one temporary name lost
+        each other's entries, or found it renamed away: FileNotFoundError in CI)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(records, indent=2, sort_keys=True))
-        tmp.replace(self.path)
+        with open(self.path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            records = self.read()
+            if entry is None:
+                records.pop(name, None)
+            else:
+                records[name] = entry
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(records, indent=2, sort_keys=True))
+            tmp.replace(self.path)

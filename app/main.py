@@ -5,6 +5,7 @@ creating the first admin token happen at start-up (lifespan), where bad configur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -31,6 +32,7 @@ from app.core.auth import Permission
 from app.core.clock import utc_now
 from app.core.config import Settings, load_settings
 from app.core.db import alembic_config, make_engine, start_lock
+from app.core.heap import frozen_heap
 from app.core.limits import Limits, RequestLimits
 from app.core.private_files import keep_new_files_private
 from app.core.problems import install_problem_handlers, problem_responses
@@ -168,9 +170,12 @@ def _fast_heartbeats(app: FastAPI) -> bool:
     return settings is not None and settings.heartbeat_fast_path
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, freeze_heap: bool | None = None) -> FastAPI:
     """Without `settings`, the app reads them from the environment at start-up and, owning the process
-    (`uvicorn app.main:app`), sets up its logging; with them, the caller owns the process's logging."""
+    (`uvicorn app.main:app`), sets up its logging; with them, the caller owns the process's logging.
+    `freeze_heap` (default: owning the process; `epctl serve` and `epctl up` pass True): once started,
+    its objects are kept out of the garbage collector's full passes (`app.core.heap`)."""
+    freeze = settings is None if freeze_heap is None else freeze_heap
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -225,7 +230,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 front_door_keepers(database, front_doors, publish=load_runner_settings().enabled) as keepers,
             ):
                 app.state.front_door_keepers = keepers
-                yield
+                with frozen_heap() if freeze else contextlib.nullcontext():
+                    yield
         finally:
             summaries.cancel()
             guard.refusals.flush(force=True)

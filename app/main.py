@@ -16,6 +16,7 @@ from typing import Any
 from alembic import command
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from fastapi.telemetry import TelemetryConfig
 from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session
 
@@ -170,6 +171,9 @@ def _fast_heartbeats(app: FastAPI) -> bool:
     return settings is not None and settings.heartbeat_fast_path
 
 
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+
+
 def create_app(settings: Settings | None = None, *, freeze_heap: bool | None = None) -> FastAPI:
     """Without `settings`, the app reads them from the environment at start-up and, owning the process
     (`uvicorn app.main:app`), sets up its logging; with them, the caller owns the process's logging.
@@ -247,6 +251,9 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool | None = N
         lifespan=lifespan,
         docs_url=None,  # served by app.api.docs from local assets, not a CDN
         redoc_url=None,
+        # No OpenTelemetry here: FastAPI's own otherwise asks the global providers (and the environment)
+        # on every request whether it is configured (4% of a heartbeat's CPU in-process: issue 37).
+        telemetry=NO_TELEMETRY,
     )
     # Steady heartbeats answered ahead of routing (issue 37), inside the input limits below: added first,
     # so it is the innermost middleware.

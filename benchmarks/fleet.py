@@ -296,6 +296,7 @@ def phase_profiler(setting: str, pid: int, seconds: float) -> subprocess.Popen[b
         return None
     spy = Path(PYTHON).with_name("py-spy")
     argv = [str(spy), "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100", "-f", "raw", "-o", out]
+    argv.append("--nonblocking")  # the coordinator not paused per sample: its CPU figures stay its own
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

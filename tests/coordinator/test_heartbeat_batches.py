@@ -8,6 +8,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine as DbEngine
@@ -48,6 +49,7 @@ class Statements:
         self.commits += 1
 
 
+@pytest.mark.databases("sqlite", "postgres")  # the write and its read-back, on each
 def test_heartbeats_waiting_at_once_are_one_transaction(client: TestClient) -> None:
     make_fleet(client, ENGINES)
     database: Database = client.app.state.database  # type: ignore[attr-defined]
@@ -93,6 +95,7 @@ def test_a_heartbeat_the_batch_cannot_take_comes_back_alone(client: TestClient) 
     assert (generations["e0"], generations["e3"], generations["e2"]) == (4, 4, 0)
 
 
+@pytest.mark.databases("sqlite", "postgres")  # the write and its read-back, on each
 def test_an_engine_the_write_leaves_alone_comes_back_and_keeps_its_record(client: TestClient) -> None:
     """One write for the batch, its rows read back: an engine whose row the write's conditions leave alone
     (its control link lost, fenced, left) is not read back as written; it takes the whole path."""

@@ -5,6 +5,7 @@ creating the first admin token happen at start-up (lifespan), where bad configur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ from typing import Any
 from alembic import command
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from fastapi.telemetry import TelemetryConfig
 from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session
 
@@ -31,6 +33,7 @@ from app.core.auth import Permission
 from app.core.clock import utc_now
 from app.core.config import Settings, load_settings
 from app.core.db import alembic_config, make_engine, start_lock
+from app.core.heap import frozen_heap
 from app.core.limits import Limits, RequestLimits
 from app.core.private_files import keep_new_files_private
 from app.core.problems import install_problem_handlers, problem_responses
@@ -168,9 +171,15 @@ def _fast_heartbeats(app: FastAPI) -> bool:
     return settings is not None and settings.heartbeat_fast_path
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+
+
+def create_app(settings: Settings | None = None, *, freeze_heap: bool | None = None) -> FastAPI:
     """Without `settings`, the app reads them from the environment at start-up and, owning the process
-    (`uvicorn app.main:app`), sets up its logging; with them, the caller owns the process's logging."""
+    (`uvicorn app.main:app`), sets up its logging; with them, the caller owns the process's logging.
+    `freeze_heap` (default: owning the process; `epctl serve` and `epctl up` pass True): once started,
+    its objects are kept out of the garbage collector's full passes (`app.core.heap`)."""
+    freeze = settings is None if freeze_heap is None else freeze_heap
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -225,7 +234,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 front_door_keepers(database, front_doors, publish=load_runner_settings().enabled) as keepers,
             ):
                 app.state.front_door_keepers = keepers
-                yield
+                with frozen_heap() if freeze else contextlib.nullcontext():
+                    yield
         finally:
             summaries.cancel()
             guard.refusals.flush(force=True)
@@ -241,6 +251,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # served by app.api.docs from local assets, not a CDN
         redoc_url=None,
+        # No OpenTelemetry here: FastAPI's own otherwise asks the global providers (and the environment)
+        # on every request whether it is configured (4% of a heartbeat's CPU in-process: issue 37).
+        telemetry=NO_TELEMETRY,
     )
     # Steady heartbeats answered ahead of routing (issue 37), inside the input limits below: added first,
     # so it is the innermost middleware.

@@ -425,10 +425,20 @@ class HttpMetrics:
         try:
             await self.app(scope, receive, sending)
         finally:
-            route = _route_of(scope)
-            method = str(scope.get("method", "GET"))
-            HTTP_REQUESTS.labels(method=method, route=route, status=str(status[0])).inc()
-            HTTP_DURATION.labels(method=method, route=route).observe(time.perf_counter() - started)
+            key = (str(scope.get("method", "GET")), _route_of(scope), status[0])
+            series = _SERIES.get(key)
+            if series is None:  # the labelled children, looked up once per (method, route, status)
+                method, route, code = key
+                series = _SERIES[key] = (
+                    HTTP_REQUESTS.labels(method=method, route=route, status=str(code)),
+                    HTTP_DURATION.labels(method=method, route=route),
+                )
+            series[0].inc()
+            series[1].observe(time.perf_counter() - started)
+
+
+# Bounded as the labels are: route templates (never raw paths), the methods and statuses answered.
+_SERIES: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
 
 def _route_of(scope: Scope) -> str:

@@ -287,6 +287,19 @@ def idle_profiler(pid: int, idle_s: float) -> subprocess.Popen[bytes] | None:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def phase_profiler(setting: str, pid: int, seconds: float) -> subprocess.Popen[bytes] | None:
+    """With `EPCTL_FLEET_STEADY_PYSPY=FILE` (the steady phase: heartbeats only) or
+    `EPCTL_FLEET_FORM_PYSPY=FILE` (the formation's first `seconds`): py-spy samples the coordinator's
+    stacks (collapsed) into FILE, as `idle_profiler` does over the idle phase."""
+    out = os.environ.get(setting)
+    if not out:
+        return None
+    spy = Path(PYTHON).with_name("py-spy")
+    argv = [str(spy), "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100", "-f", "raw", "-o", out]
+    argv.append("--nonblocking")  # the coordinator not paused per sample: its CPU figures stay its own
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def active_jobs(api: httpx.Client) -> int:
     """Jobs not yet ended (a formation still running makes an idle phase no idle one)."""
     listed = api.get("/v1/reconfigurations", params={"limit": 200}).json()["data"]
@@ -579,13 +592,19 @@ def run_size(kind: str, engines: int, args: argparse.Namespace) -> dict[str, Any
             t0 = time.perf_counter()
             fleet = start_fleet(group, api, coordinator.url, engines, tag)
             setup_s = time.perf_counter() - t0
+            form_spy = phase_profiler("EPCTL_FLEET_FORM_PYSPY", pid, 60)
             formation = form(api, fleet, timeout_s=180)
+            if form_spy is not None:
+                form_spy.wait(timeout=90)
             time.sleep(HEARTBEAT_S * 2)  # every agent past its first heartbeat
             idle = idle_phase(api, fleet, pid, args.idle_s)
             beats(fleet, reset=True)
             db0, cpu0, w0 = db_figures(url), cpu_s(pid), time.perf_counter()
             print(f"steady phase: {args.steady_s:g} s", flush=True)  # a profiler attached waits for it
+            spy = phase_profiler("EPCTL_FLEET_STEADY_PYSPY", pid, args.steady_s)
             time.sleep(args.steady_s)
+            if spy is not None:
+                spy.wait(timeout=60)
             cpu1, w1 = cpu_s(pid), time.perf_counter()
             steady = beats(fleet, reset=True)
             db1 = db_figures(url)

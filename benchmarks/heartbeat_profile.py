@@ -7,7 +7,8 @@ process: the middleware, the route (or the fast path, `app.deployments.engines.f
 nothing else; the HTTP server's own share is `benchmarks/fleet.py`'s. `--no-fast-path`: every heartbeat
 through FastAPI's route (`EPCTL_HEARTBEAT_FAST_PATH=false`).
 
-    .venv/bin/python benchmarks/heartbeat_profile.py [--heartbeats 2000] [--no-fast-path] [--profile]
+    .venv/bin/python benchmarks/heartbeat_profile.py [--heartbeats 2000] [--concurrency 16] [--no-fast-path]
+        [--profile]
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ async def call(app: Any, path: str, body: bytes) -> int:
     return status
 
 
-async def run(heartbeats: int, profile: bool, fast_path: bool) -> None:
+async def run(heartbeats: int, profile: bool, fast_path: bool, concurrency: int = 1) -> None:
     if profile:  # cProfile sees one thread: the database work runs on the loop's own (in the profile only)
 
         async def inline(self: Database, work: Callable[[Session], T]) -> T:
@@ -104,7 +105,7 @@ async def run(heartbeats: int, profile: bool, fast_path: bool) -> None:
         webhook_worker_enabled=False,
         heartbeat_fast_path=fast_path,
     )
-    app = create_app(settings)
+    app = create_app(settings, freeze_heap=True)  # as `uvicorn app.main:app` and `epctl serve` run it
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -124,13 +125,13 @@ async def run(heartbeats: int, profile: bool, fast_path: bool) -> None:
             started, cpu = time.perf_counter(), time.process_time()
             if profiler is not None:
                 profiler.enable()
-            for n in range(heartbeats):
-                await beat(n)
+            for n in range(0, heartbeats, concurrency):  # `concurrency` at once: one batch's worth
+                await asyncio.gather(*(beat(k) for k in range(n, min(n + concurrency, heartbeats))))
             if profiler is not None:
                 profiler.disable()
             elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     print(
-        f"{heartbeats} heartbeats ({'fast path' if fast_path else 'FastAPI route'}): "
+        f"{heartbeats} heartbeats ({'fast path' if fast_path else 'FastAPI route'}, {concurrency} at once): "
         f"{elapsed / heartbeats * 1e3:.3f} ms each (wall, one at a time), "
         f"{cpu / heartbeats * 1e3:.3f} ms of CPU each"
     )
@@ -146,9 +147,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--heartbeats", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--concurrency", type=int, default=1, help="heartbeats sent at once (a batch)")
     parser.add_argument("--no-fast-path", dest="fast_path", action="store_false")
     args = parser.parse_args()
-    asyncio.run(run(args.heartbeats, args.profile, args.fast_path))
+    asyncio.run(run(args.heartbeats, args.profile, args.fast_path, args.concurrency))
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ def serve(
     engine.dispose()
     if generated is not None:
         announce_admin_token(generated)
-    config = server_config(create_app(settings), settings, log_level="info")
+    config = server_config(create_app(settings, freeze_heap=True), settings, log_level="info")
     server = uvicorn.Server(config)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
         server.run(sockets=[sock])

@@ -171,7 +171,7 @@ async def _run(
     _doing("migrating the database")
     token, first = await asyncio.to_thread(_session_admin_token, settings)
     _doing("starting the coordinator (its runner adopts the engines it finds)")
-    app = create_app(settings)
+    app = create_app(settings, freeze_heap=True)
     app.state.front_doors = doors
     app.state.end_jobs_on_stop = True  # its engines stop with it: the runner ends its jobs first
     server = _server_class()(server_config(app, settings, log_level="warning"))

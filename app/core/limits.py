@@ -30,7 +30,6 @@ a database call already running in its worker thread finishes, and nothing after
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import time
@@ -58,6 +57,9 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # commit), so that up to a batch's worth of them wait at once rather than `max_active_requests`.
 LEAVE_GATE = "epctl.leave_gate"
 PROBLEM_MEDIA_TYPE = b"application/problem+json"
+# The scope's key of the request body's JSON document as `check_json` parsed it (`NOT_JSON`: not JSON).
+JSON_BODY = "epctl.json_body"
+NOT_JSON = object()
 HEALTH_BODY = b'{"status":"ok"}'
 
 ABANDONED = Counter(
@@ -156,13 +158,14 @@ def _checked_float(text: str) -> float:
     return value
 
 
-def check_json(body: bytes, *, max_depth: int) -> None:
-    """Raise `LimitExceeded` if `body` is JSON beyond the limits; return if it is within them or is not
-    JSON at all (the handler's own parsing answers that)."""
-    try:
-        document = json.loads(
-            body, parse_int=_checked_int, parse_float=_checked_float, parse_constant=_refuse_number
-        )
+_DECODER = json.JSONDecoder(parse_int=_checked_int, parse_float=_checked_float, parse_constant=_refuse_number)
+
+
+def check_json(body: bytes, *, max_depth: int) -> Any:
+    """Raise `LimitExceeded` if `body` is JSON beyond the limits; return the document if it is within
+    them, `NOT_JSON` if it is not JSON at all (the handler's own parsing answers that)."""
+    try:  # as `json.loads(body, parse_int=..., ...)` does, with one decoder for every request
+        document = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
     except LimitExceeded:
         raise
     except RecursionError:
@@ -170,7 +173,7 @@ def check_json(body: bytes, *, max_depth: int) -> None:
             422, "json-too-deep", f"the JSON body nests deeper than {max_depth} levels"
         ) from None
     except ValueError:  # not JSON (or not UTF-8): not ours to judge
-        return
+        return NOT_JSON
     stack: list[tuple[Any, int]] = [(document, 1)]
     while stack:
         node, depth = stack.pop()
@@ -186,6 +189,7 @@ def check_json(body: bytes, *, max_depth: int) -> None:
                 stack.append((value, depth + 1))
         elif isinstance(node, str):
             _check_string(node)
+    return document
 
 
 def _check_string(text: str) -> None:
@@ -252,8 +256,8 @@ class RequestLimits:
                 await self._shed(scope, send, engine_id, limits)
                 return
         if body:
-            try:
-                check_json(body, max_depth=limits.max_json_depth)
+            try:  # the document kept for the heartbeat's fast path (parsed once: issue 37)
+                scope[JSON_BODY] = check_json(body, max_depth=limits.max_json_depth)
             except LimitExceeded as refused:
                 await _refuse(scope, send, refused)
                 return
@@ -262,6 +266,8 @@ class RequestLimits:
         # slot, or between a handler's steps): nobody would read what it makes.
         client_gone = asyncio.Event()
         answered = False
+        abandoned = False
+        task = asyncio.current_task()
 
         async def tracked_send(message: Message) -> None:
             nonlocal answered
@@ -269,21 +275,26 @@ class RequestLimits:
                 answered = True
             await send(message)
 
-        work = asyncio.ensure_future(self._admitted(scope, _after_body(body, client_gone), tracked_send))
+        def gone(_: object) -> None:
+            nonlocal abandoned
+            if client_gone.is_set() and not answered and task is not None and not task.done():
+                abandoned = True
+                task.cancel()
+
+        # The app runs in this task (one task a request, not two and a wait: issue 37, 700 heartbeats a
+        # second); the watcher cancels it where it waits once the client left unanswered.
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive, client_gone))
+        watcher.add_done_callback(gone)
         try:
-            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not work.done() and not answered:
-                work.cancel()
-                ABANDONED.inc()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
-                return
-            await work
+            await self._admitted(scope, _after_body(body, client_gone), tracked_send)
+        except asyncio.CancelledError:
+            if not abandoned or task is None:
+                raise
+            task.uncancel()
+            ABANDONED.inc()
         finally:
+            watcher.remove_done_callback(gone)
             watcher.cancel()
-            if not work.done():
-                work.cancel()
 
     async def _shed(self, scope: Scope, send: Send, engine_id: str, limits: Limits) -> None:
         """A heartbeat answered at once while the coordinator is saturated (`app.core.shedding`); the

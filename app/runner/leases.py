@@ -63,19 +63,31 @@ class Leases:
 
     def claim_pending(self, session: Session) -> str | None:
         """The oldest pending job whose lease is free, now ours; None if there is none."""
+        claimed = self.claim_pending_jobs(session, 1)
+        return claimed[0] if claimed else None
+
+    def claim_pending_jobs(self, session: Session, at_most: int) -> list[str]:
+        """Up to `at_most` pending jobs whose leases are free, oldest first, now ours (issue 37: 128
+        deployments forming at once were claimed one per runner turn, and a turn also runs the periodic
+        passes over the whole fleet, so the last job started minutes after the first)."""
         table = _TABLE
-        candidates = session.execute(
-            sa.select(table.c.id)
-            .where(table.c.state == JobState.pending.value, self._free(utc_now()))
-            .order_by(table.c.created_at)
-            .limit(5)
-        ).all()
-        for (job_id,) in candidates:
-            if job_id in self.running:
-                continue
-            if self._try_claim(session, job_id, table.c.state == JobState.pending.value):
-                return str(job_id)
-        return None
+        taken: list[str] = []
+        tried: set[str] = set()
+        while len(taken) < at_most:
+            candidates = session.execute(
+                sa.select(table.c.id)
+                .where(table.c.state == JobState.pending.value, self._free(utc_now()))
+                .order_by(table.c.created_at)
+                .limit(at_most - len(taken) + len(tried) + 5)
+            ).all()
+            fresh = [str(j) for (j,) in candidates if j not in self.running and j not in tried]
+            if not fresh:
+                break
+            for job_id in fresh[: at_most - len(taken)]:
+                tried.add(job_id)  # a job we took is still "free" to us until `set_running` names it
+                if self._try_claim(session, job_id, table.c.state == JobState.pending.value):
+                    taken.append(job_id)
+        return taken
 
     def claim_stranded(self, session: Session) -> list[str]:
         """Jobs past pending whose holder is gone (lease expired) or was us before a restart."""

@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_AGENT_TIMEOUT_S = 5.0
 DEFAULT_HEARTBEAT_TIMEOUT_S = 15.0
+# Pending jobs one turn of the loop claims (oldest first): every one waiting, up to this many (a turn
+# also runs the periodic passes, so one claim per turn started the 128th of 128 jobs minutes late).
+CLAIMS_PER_TURN = 64
 
 
 class JobRunner:
@@ -162,8 +166,8 @@ class JobRunner:
         """One pass: claim what can be claimed, spawn its work, run the scheduled tasks that are due."""
         for job_id in await self.record.run_in_session(self.leases.claim_stranded):
             self._spawn(job_id, self.backends.reconcile)
-        pending_id = await self.record.run_in_session(self.leases.claim_pending)
-        if pending_id is not None:
+        claims = partial(self.leases.claim_pending_jobs, at_most=CLAIMS_PER_TURN)
+        for pending_id in await self.record.run_in_session(claims):
             self._spawn(pending_id, self.backends.run)
         await self.scheduled.tick(woken=self._bell.take())
 

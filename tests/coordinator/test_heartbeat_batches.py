@@ -5,17 +5,22 @@ commit, and one that needs the whole path is handed back without failing the oth
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine as DbEngine
 from sqlmodel import Session, select
 
 from app.api.database import Database
-from app.deployments.engines.batch import HeartbeatBatches
-from app.deployments.engines.models import Engine
+from app.core.clock import utc_now
+from app.deployments.engines.batch import HeartbeatBatches, record_batch
+from app.deployments.engines.fast_path import answer_of
+from app.deployments.engines.models import Engine, EngineHeartbeatAnswer
 from engine_agent.protocol import AgentHeartbeat
+from tests.support.factories import set_row
 from tests.support.fleet import make_fleet
 
 ENGINES = 16
@@ -44,6 +49,7 @@ class Statements:
         self.commits += 1
 
 
+@pytest.mark.databases("sqlite", "postgres")  # the write and its read-back, on each
 def test_heartbeats_waiting_at_once_are_one_transaction(client: TestClient) -> None:
     make_fleet(client, ENGINES)
     database: Database = client.app.state.database  # type: ignore[attr-defined]
@@ -56,7 +62,8 @@ def test_heartbeats_waiting_at_once_are_one_transaction(client: TestClient) -> N
     recorded = asyncio.run(all_at_once())
     assert all(r is not None for r in recorded)
     assert [r.row.id for r in recorded] == [f"e{i}" for i in range(ENGINES)]
-    assert (counted.updates, counted.commits) == (ENGINES, 1)  # one per heartbeat before: 16 commits
+    # One executemany for the batch (one UPDATE ... RETURNING per heartbeat before; 16 commits before that)
+    assert (counted.updates, counted.commits) == (1, 1)
     with Session(database.engine) as session:
         rows = session.exec(select(Engine)).all()
     assert sorted((r.id, r.generation, r.state) for r in rows) == sorted(
@@ -86,6 +93,27 @@ def test_a_heartbeat_the_batch_cannot_take_comes_back_alone(client: TestClient) 
     with Session(database.engine) as session:
         generations = {r.id: r.generation for r in session.exec(select(Engine)).all()}
     assert (generations["e0"], generations["e3"], generations["e2"]) == (4, 4, 0)
+
+
+@pytest.mark.databases("sqlite", "postgres")  # the write and its read-back, on each
+def test_an_engine_the_write_leaves_alone_comes_back_and_keeps_its_record(client: TestClient) -> None:
+    """One write for the batch, its rows read back: an engine whose row the write's conditions leave alone
+    (its control link lost, fenced, left) is not read back as written; it takes the whole path."""
+    make_fleet(client, ENGINES)
+    database: Database = client.app.state.database  # type: ignore[attr-defined]
+    lost_at = utc_now() - timedelta(seconds=5)
+    set_row(database.engine, Engine, "e1", link_lost_at=lost_at, generation=2)
+    set_row(database.engine, Engine, "e2", state="fenced", generation=2)
+    batches = HeartbeatBatches(database)
+
+    async def at_once() -> list[Any]:
+        return await asyncio.gather(*(batches.record(f"e{i}", _beat(i)) for i in range(4)))
+
+    recorded = asyncio.run(at_once())
+    assert [r is None for r in recorded] == [False, True, True, False]
+    with Session(database.engine) as session:
+        generations = {r.id: r.generation for r in session.exec(select(Engine)).all()}
+    assert [generations[f"e{i}"] for i in range(4)] == [4, 2, 2, 4]
 
 
 def test_every_heartbeat_sent_at_once_through_the_api_is_recorded(client: TestClient) -> None:
@@ -131,3 +159,17 @@ def test_a_heartbeat_is_told_once_queued_and_the_backlog_ages_until_its_commit(c
     queued, before, after = asyncio.run(one())
     assert len(queued) == 1 and queued[0] >= 0.0
     assert before == 0.0 and after == 0.0
+
+
+def test_the_answer_read_from_the_rows_mapping_is_the_rows_shape(client: TestClient) -> None:
+    """`fast_path.answer_of` (a dict to pydantic) equals `EngineHeartbeatAnswer.of` (attribute reads)."""
+    make_fleet(client, ENGINES)
+    database: Database = client.app.state.database  # type: ignore[attr-defined]
+    set_row(database.engine, Engine, "e3", pid=41, hostname="h", data_host="10.0.0.3")
+    with Session(database.engine) as session:
+        (row, plain), live = record_batch(session, [("e3", _beat(3)), ("e4", _beat(4))])
+    for written in (row, plain):
+        assert written is not None
+        expected = EngineHeartbeatAnswer.of(written, deployment=written.deployment, coordinators=live)
+        assert answer_of(written, live).model_dump_json() == expected.model_dump_json()
+        assert answer_of(written, live).deployment == "demo"

@@ -99,3 +99,19 @@ def test_an_unresolved_cleanup_failure_names_its_job_and_engine(db_engine: Engin
         assert exc.extra["engine_id"] == "demo-1"
     else:
         raise AssertionError("an unresolved cleanup failure must refuse the next job")
+
+
+def test_one_claim_takes_every_pending_job_up_to_its_bound_oldest_first(
+    db_engine: Engine, session: Session
+) -> None:
+    """Issue 37: 128 deployments forming at once were claimed one per runner turn (a turn also runs the
+    periodic passes), so the last job began minutes after the first."""
+    jobs = [make_job(session, make_deployment(session, name=f"claim-{k}"), 2).id for k in range(5)]
+    first, second = coordinator("coordinator-a"), coordinator("coordinator-b")
+    with Session(db_engine, expire_on_commit=False) as s:
+        assert first.claim_pending_jobs(s, 3) == jobs[:3]
+    with Session(db_engine, expire_on_commit=False) as s:
+        assert second.claim_pending_jobs(s, 10) == jobs[3:]
+    first.set_running(jobs[:3])
+    with Session(db_engine, expire_on_commit=False) as s:
+        assert first.claim_pending_jobs(s, 10) == []

@@ -35,7 +35,7 @@ from app.api.database import Database
 from app.coordinators import service as coordinators
 from app.core import changes
 from app.core.clock import utc_now
-from app.deployments.engines import service
+from app.deployments.engines import service, steady
 from engine_agent.protocol import AgentHeartbeat
 
 MAX_BATCH = 256
@@ -68,18 +68,25 @@ class _Queue:
 def record_batch(
     session: Session, beats: Sequence[tuple[str, AgentHeartbeat]], now: datetime | None = None
 ) -> tuple[list[Row[Any] | None], list[str]]:
-    """Every heartbeat's steady statement on the session's connection, then one commit: the rows (None
-    where the heartbeat needs the whole path) and the live coordinators."""
+    """Every heartbeat's steady write in one `executemany`, the rows written read back in one SELECT, then
+    one commit: the rows (None where the heartbeat needs the whole path) and the live coordinators. (One
+    UPDATE ... RETURNING per heartbeat cost more in SQLAlchemy's execution path per statement than in the
+    database: issue 37.) A row the write's conditions left alone (left, fenced, its link lost) keeps its
+    older `last_heartbeat_at`, so the read does not return it: that heartbeat takes the whole path."""
     at = now or utc_now()
-    connection = session.connection()
-    statement = service.steady_statement()
-    rows: list[Row[Any] | None] = []
-    written: list[Row[Any] | None] = []
-    for engine_id, heartbeat in beats:
-        params = service.steady_params(engine_id, heartbeat, at)
-        row = None if params is None else connection.execute(statement, params).one_or_none()
-        written.append(row)
-        rows.append(None if row is None or service.key_verdict_moves(row, heartbeat.key_check, at) else row)
+    params = [service.steady_params(engine_id, heartbeat, at) for engine_id, heartbeat in beats]
+    wanted = [p for p in params if p is not None]
+    found: dict[str, Row[Any]] = {}
+    if wanted:
+        connection = session.connection()
+        connection.execute(steady.steady_update(), wanted)
+        ids = sorted({p["engine_id"] for p in wanted})
+        found = {row.id: row for row in connection.execute(steady.steady_read(), {"ids": ids, "at": at})}
+    written = [None if p is None else found.get(p["engine_id"]) for p in params]
+    rows = [
+        None if row is None or service.key_verdict_moves(row, heartbeat.key_check, at) else row
+        for row, (_, heartbeat) in zip(written, beats, strict=True)
+    ]
     session.commit()
     # Past the ORM's events: the periodic passes wake only for an engine whose facts moved (issue 37).
     changes.note_steady(written)

@@ -38,7 +38,7 @@ from app.api.database import Database
 from app.api.params import ENGINE_ID_PATTERN
 from app.core.auth import Permission
 from app.core.clock import utc_now
-from app.core.limits import LEAVE_GATE
+from app.core.limits import JSON_BODY, LEAVE_GATE, NOT_JSON
 from app.core.shedding import heartbeat_engine
 from app.core.stuck import STUCK
 from app.deployments.engines.batch import HeartbeatBatches
@@ -69,8 +69,17 @@ async def steady_answer(
     recorded = await batches_of(state, database).record(engine_id, heartbeat, on_queued=scope.get(LEAVE_GATE))
     if recorded is None:
         return None
-    row = recorded.row
-    return EngineHeartbeatAnswer.of(row, deployment=row.deployment or "", coordinators=recorded.coordinators)
+    return answer_of(recorded.row, recorded.coordinators)
+
+
+def answer_of(row: Any, coordinators: list[str]) -> EngineHeartbeatAnswer:
+    """`EngineHeartbeatAnswer.of(row, ...)`, validated from the row's mapping: pydantic reads a dict in its
+    own code, where `of` reads every field through a Python attribute lookup (a tenth of a heartbeat's
+    CPU at 1,024 engines: issue 37). Tested equal to `of`."""
+    values = dict(row._mapping)
+    values["deployment"] = row.deployment or ""
+    values["coordinators"] = coordinators
+    return EngineHeartbeatAnswer.model_validate(values)
 
 
 def render(answer: EngineHeartbeatAnswer) -> tuple[list[tuple[bytes, bytes]], bytes]:
@@ -115,8 +124,11 @@ def _validated(scope: Scope, body: bytes) -> EngineHeartbeat | None:
     content_type = _header(scope, b"content-type")
     if content_type is not None and content_type != _JSON:
         return None  # FastAPI's own reading of other media types decides
+    document = scope.get(JSON_BODY, None)  # as the input limits parsed it, when they did
     try:
-        return EngineHeartbeat.model_validate(json.loads(body))
+        if document is None or document is NOT_JSON:
+            document = json.loads(body)
+        return EngineHeartbeat.model_validate(document)
     except (ValueError, ValidationError):  # not JSON, or not a valid heartbeat: the route's 422
         return None
 

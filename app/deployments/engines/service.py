@@ -3,7 +3,6 @@ is judged above the record, by the deployment's backend (`app.backends.reference
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from app.deployments.agent_keys import SealedKeys, key_verdicts
 from app.deployments.coverage import coverage_condition
 from app.deployments.engines.fenced import left_behind_by
 from app.deployments.engines.models import Engine, EngineState, refuses_key
+from app.deployments.engines.steady import steady_statement
 from app.deployments.incidents import service as incidents
 from app.deployments.models import Condition, Deployment
 from app.deployments.service import get_deployment
@@ -212,52 +212,6 @@ def steady_params(engine_id: str, heartbeat: AgentHeartbeat, now: datetime) -> d
         "updated_at": now,
     }
     return {"engine_id": engine_id, **{f"new_{name}": value for name, value in values.items()}}
-
-
-@functools.cache
-def steady_statement() -> sa.Update:
-    """`record_steady_heartbeat`'s statement, built once (building it costs more than running it)."""
-    engines, deployments = Engine.__table__, Deployment.__table__  # type: ignore[attr-defined]
-
-    def of_deployment(column: sa.Column[Any], label: str) -> Any:
-        return (
-            sa.select(column)
-            .where(deployments.c.id == engines.c.deployment_id)
-            .scalar_subquery()
-            .label(label)
-        )
-
-    renewed = (
-        "state",
-        "generation",
-        "dp_rank",
-        "world_size",
-        "group_steps",
-        "last_heartbeat_at",
-        "updated_at",
-    )
-    cleared = ("broken_generation", "unresponsive_peers", "broken_reported_at", "broken_last_step_at")
-    return (
-        sa.update(engines)
-        .where(
-            engines.c.id == sa.bindparam("engine_id"),
-            engines.c.state != EngineState.left.value,
-            # A fenced engine takes the whole path (`stays_fenced`).
-            engines.c.state != EngineState.fenced.value,
-            engines.c.link_lost_at.is_(None),
-        )
-        .values(
-            **{name: sa.bindparam(f"new_{name}", type_=engines.c[name].type) for name in renewed},
-            **{name: None for name in (*cleared, "data_unreachable")},
-        )
-        .returning(
-            *engines.c,
-            of_deployment(deployments.c.name, "deployment"),
-            of_deployment(deployments.c.agent_key, "agent_key"),
-            of_deployment(deployments.c.agent_key_previous, "agent_key_previous"),
-            of_deployment(deployments.c.agent_key_previous_until, "agent_key_previous_until"),
-        )
-    )
 
 
 def key_verdict_moves(row: Row[Any], reported: str | None, now: datetime) -> bool:

@@ -37,7 +37,9 @@ def start_detached(
 
 
 def is_alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie child of ours is reaped and counts as gone)."""
+    """Whether `pid` runs. A zombie has exited and counts as gone: one of ours is reaped here; another's
+    is left to its parent (an engine whose coordinator is gone is init's child, and an init may reap
+    late or never: waiting for that made each such stop run to its grace)."""
     if not pid_exists(pid):
         return False
     # A zombie child still answers kill(0); reap it if it is ours.
@@ -45,7 +47,16 @@ def is_alive(pid: int) -> bool:
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done == pid:
             return False
-    return True
+    return not is_zombie(pid)
+
+
+def is_zombie(pid: int) -> bool:
+    """Exited, not yet reaped, as /proc says (False where it cannot say: no procfs, or gone since)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(") ", 1)[1][:1] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 class ProcessRecords:

@@ -1,4 +1,6 @@
-"""A real local Ray cluster for the Ray launcher's tests, started and stopped by the test session.
+"""A real local Ray cluster for the Ray launcher's tests, started and stopped by each test module that
+uses it (only `test_ray_launcher.py` does): a session-wide cluster idled on through every test after
+tests/ray/ (its GCS, raylets, dashboard and agents on the same 2 cores) until the session's end.
 
 Two Ray nodes on this machine (`ray.cluster_utils.Cluster`: a head and a second node joined to it, each
 its own raylet), both on 127.0.0.1 with a fixed CPU count, with their own temporary directory, so
@@ -68,7 +70,7 @@ class RayCluster:
                 ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
     import ray
     from ray.cluster_utils import Cluster
@@ -86,6 +88,10 @@ def ray_cluster() -> Iterator[RayCluster]:
             "include_dashboard": True,  # Ray's state API (list_actors) and `ray logs` go through it
             "dashboard_host": "127.0.0.1",
             "dashboard_port": free_port(),
+            # A node whose raylet is gone (tests/ray/test_ray_launcher.py removes one) is declared dead
+            # after this many failed health checks this far apart: by default 5 x 3 s, here 3 x 1 s. A
+            # check still fails only past its 10 s timeout, so a slow raylet on loaded cores is no loss.
+            "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
         },
         shutdown_at_exit=False,  # the fixture shuts it down; an exit hook would run after its GCS is gone
     )

@@ -51,9 +51,16 @@ EXPECTED = moe.reference_forward(ENGINE, TOKENS)
 
 def ray_environment() -> dict[str, str]:
     """Ray across hosts: `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` (loopback only, tests/ray/) refuses a
-    second node as "multi-node", so it is never passed on."""
+    second node as "multi-node", so it is never passed on. A node stopped (SIGTERM to `ray start
+    --block`) drains first for Ray Serve, up to 30 s by default: the head waited out the whole stop
+    grace (15 s) at every teardown; nothing here serves through Ray Serve, so it stops at once."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
-    return {**env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return {
+        **env,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+    }
 
 
 class DriverCoordinator(StackCoordinator):

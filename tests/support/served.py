@@ -34,6 +34,9 @@ def served(app: Any, *, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
         log_config=None,
         log_level=None,
         lifespan="off",
+        # A request still in flight at the end of a test (a handler that outlasts its client's deadline,
+        # a long poll) is cancelled after this (s), instead of holding the stop until it ends.
+        timeout_graceful_shutdown=1,
         ssl_certfile=certificate,
         ssl_keyfile=key,
     )

@@ -35,9 +35,8 @@ def served(app: Any, *, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
         log_level=None,
         lifespan="off",
         # A request still in flight at the end of a test (a handler that outlasts its client's deadline,
-        # a long poll) is cancelled after this, instead of holding the stop until it ends. (uvicorn
-        # hints an int, but the value goes to asyncio's wait_for, which takes any number of seconds.)
-        timeout_graceful_shutdown=0.2,  # type: ignore[arg-type]
+        # a long poll) is cancelled after this (s), instead of holding the stop until it ends.
+        timeout_graceful_shutdown=1,
         ssl_certfile=certificate,
         ssl_keyfile=key,
     )

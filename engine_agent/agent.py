@@ -39,7 +39,7 @@ from engine_agent.reconfig import CleanupWorker, ExecutorHooks, ReconfigExecutor
 from engine_agent.resident import ResidentWeights
 from engine_agent.serving import ActiveGeneration, PausedAt
 from engine_agent.settings import AgentSettings
-from engine_agent.transfer import available_backends
+from engine_agent.transfer import available_backends, start_standing_agent
 
 log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.0005
@@ -109,6 +109,9 @@ class Agent:
         use_data_interface(self.data_host)
         self.store = start_store_server(self.data_host, settings.store_timeout_s)
         self.store_address = StoreAddress(host=self.data_host, port=self.store.port)
+        # Before the probe: its NIXL agent stays as the engine's standing one, lent to each weight
+        # channel, so no channel builds (or destroys) an agent beside the serving loop.
+        start_standing_agent(self.device)
         self.transfer_backends = available_backends()
         self._executor: ReconfigExecutor | None = None
         self._stop = threading.Event()

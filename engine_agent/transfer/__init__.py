@@ -14,8 +14,9 @@ members alike), with a store prefix private to that generation's transfer. Openi
 (NIXL agent start-up, metadata exchange, gloo group creation) so that `transfer()` only moves bytes.
 Every wait has a deadline: a participant that never arrives fails with `TransferTimeout` naming it.
 
-Modules: `base` (the interface, errors, stats), `gloo`, `nixl` (the channel) and `nixl_agent` (building
-a NIXL agent, the progress-thread patch, the availability probe).
+Modules: `base` (the interface, errors, stats), `gloo`, `nixl` (the channel), `nixl_agent` (building
+a NIXL agent, the progress-thread patch, the availability probe) and `nixl_standing` (the engine's
+standing agent, lent to one channel at a time).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from engine_agent.transfer.base import (
 from engine_agent.transfer.gloo import GlooChannel
 from engine_agent.transfer.nixl import NixlChannel
 from engine_agent.transfer.nixl_agent import nixl_unavailable_reason
+from engine_agent.transfer.nixl_standing import start_standing_agent
 
 __all__ = [
     "TransferAborted",
@@ -48,6 +50,7 @@ __all__ = [
     "available_backends",
     "nixl_unavailable_reason",
     "open_channel",
+    "start_standing_agent",
 ]
 
 

@@ -36,7 +36,8 @@ from engine_agent.transfer.base import (
     put_bytes,
     wait_for_keys,
 )
-from engine_agent.transfer.nixl_agent import default_read_threads, new_nixl_agent, nixl_errors
+from engine_agent.transfer.nixl_agent import AgentLease, default_read_threads, new_lease, nixl_errors
+from engine_agent.transfer.nixl_standing import STANDING
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class NixlChannel(WeightChannel):
 
     def __init__(self, opening: ChannelOpening, *, read_threads: int | None = None) -> None:
         super().__init__(opening)
-        engine_id, store, device = self._me, opening.store, opening.device
+        engine_id, device = self._me, opening.device
         self._round = 0
         deadline = Deadline(self._timeout_s, self._abort)
         if device.type == "cuda":
@@ -93,20 +94,31 @@ class NixlChannel(WeightChannel):
             if device.index is not None:
                 torch.cuda.set_device(device)
             torch.empty(1, device=device)
-        # A fresh name per channel: an engine opens one channel per generation.
         self._read_threads = read_threads or default_read_threads()
         self._readers = ThreadPoolExecutor(self._read_threads, thread_name_prefix=f"nixl-read-{engine_id}")
-        with nixl_errors(f"{engine_id} starting its NIXL agent"):
-            self._agent: Any = new_nixl_agent(f"{engine_id}/{uuid.uuid4().hex[:12]}", self._read_threads)
-            # Register a scrap of this device's memory before taking the metadata: UCX sets up the
-            # transports for a memory type on its first registration, which changes the connection
-            # info, and a peer that loaded the old one then refuses the new (NIXL_ERR_NOT_ALLOWED).
-            self._scrap = torch.empty(4096, dtype=torch.uint8, device=device)
-            self._scrap_registration = self._agent.register_memory([self._scrap])
-            metadata = self._agent.get_agent_metadata()
         self._peer_agent: dict[str, str] = {}
         self._registrations: list[Any] = []
         self._registered_regions: set[tuple[str, int, int, int]] = set()
+        self._clean = True  # every step succeeded so far: at close the agent may serve the next channel
+        with nixl_errors(f"{engine_id} starting its NIXL agent"):
+            # The engine's standing agent when it is free (`nixl_standing`), else one of our own, with a
+            # fresh name. Either has a scrap of this device's memory registered already (`AgentLease`).
+            lease = STANDING.borrow(device, self._read_threads)
+            if lease is None:
+                lease = new_lease(f"{engine_id}/{uuid.uuid4().hex[:12]}", self._read_threads, device)
+        self._lease: AgentLease | None = lease
+        self._agent: Any = lease.agent
+        try:
+            self._connect(deadline)
+        except BaseException:
+            self._clean = False
+            self.close()
+            raise
+
+    def _connect(self, deadline: Deadline) -> None:
+        engine_id, store = self._me, self._store
+        with nixl_errors(f"{engine_id} taking its NIXL agent's metadata"):
+            metadata = self._agent.get_agent_metadata()
         peers = [engine for engine in self._participants if engine != engine_id]
         check_in(store, "nixl/md", engine_id, peers, deadline, "exchanging NIXL agent metadata", metadata)
         for engine in peers:
@@ -129,6 +141,19 @@ class NixlChannel(WeightChannel):
     ) -> TransferStats:
         if self._agent is None:
             raise TransferError("the NIXL channel is closed")
+        try:
+            return self._transfer(plan, sources, destinations, on_progress)
+        except BaseException:
+            self._clean = False  # reads may be left half-done: this agent serves no later channel
+            raise
+
+    def _transfer(
+        self,
+        plan: Sequence[TransferItem],
+        sources: Mapping[int, torch.Tensor],
+        destinations: Mapping[int, torch.Tensor],
+        on_progress: Callable[[int], None] | None,
+    ) -> TransferStats:
         started = time.monotonic()
         deadline = Deadline(self._timeout_s, self._abort)
         roles = my_part(plan, self._me, self._participants, sources, destinations)
@@ -332,18 +357,27 @@ class NixlChannel(WeightChannel):
                     handle.release()
 
     def close(self) -> None:
-        agent, self._agent = self._agent, None
-        if agent is None:
+        """Disconnect from the peers and deregister what this channel registered; then the agent goes
+        back to the engine's standing slot if every step was clean, else it is dropped."""
+        lease, self._lease, self._agent = self._lease, None, None
+        if lease is None:
             return
+        agent = lease.agent
         for name in self._peer_agent.values():
             try:
                 agent.remove_remote_agent(name)
             except Exception:  # the peer may already be gone; nothing to disconnect then
+                self._clean = False
                 logger.debug("removing NIXL peer %s failed", name, exc_info=True)
         self._readers.shutdown(wait=True)
-        for registration in [self._scrap_registration, *self._registrations]:
-            with contextlib.suppress(Exception):
+        for registration in self._registrations:
+            try:
                 agent.deregister_memory(registration)
+            except Exception:
+                self._clean = False
+                logger.debug("deregistering NIXL memory failed", exc_info=True)
         self._registrations.clear()
         self._registered_regions.clear()
+        self._peer_agent.clear()
         del agent
+        STANDING.give_back(lease, clean=self._clean)

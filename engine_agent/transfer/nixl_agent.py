@@ -1,19 +1,23 @@
-"""Building one NIXL agent with a UCX backend, and whether that works here at all.
+"""Building one NIXL agent with a UCX backend, whether that works here at all, and the engine's standing
+agent (`nixl_standing`).
 
 NIXL's Python wrapper offers no option for the progress thread's delay, so `new_nixl_agent` hands the
 wrapper a stand-in for its binding module while the agent is built (`_ProgressDelayBindings`), which
-sets it. NIXL's own exceptions become `TransferError` (`nixl_errors`)."""
+sets it. NIXL's own exceptions become `TransferError` (`nixl_errors`). `new_lease` is an agent as a
+channel uses it: with a scrap of the device's memory registered before anyone takes its metadata."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from engine_agent.transfer.base import TransferError
 
@@ -92,14 +96,63 @@ def nixl_errors(what: str) -> Iterator[None]:
         raise TransferError(f"{what}: {type(error).__name__}: {error}") from error
 
 
-@functools.cache
+@dataclass
+class AgentLease:
+    """A NIXL agent as a channel uses it, with the scrap of device memory registered on it for its life:
+    UCX sets up the transports for a memory type on its first registration, which changes the
+    connection info, and a peer that loaded the old info then refuses the new (NIXL_ERR_NOT_ALLOWED),
+    so the scrap is registered before anyone takes the agent's metadata. `standing`: lent by the
+    engine's standing agent (`nixl_standing`), to be given back at the channel's close."""
+
+    agent: Any
+    name: str
+    workers: int
+    device_type: str
+    scrap: torch.Tensor
+    scrap_registration: Any
+    standing: bool = False
+
+
+def new_lease(name: str, workers: int, device: torch.device) -> AgentLease:
+    agent = new_nixl_agent(name, workers)
+    scrap = torch.empty(4096, dtype=torch.uint8, device=device)
+    registration = agent.register_memory([scrap])
+    return AgentLease(agent, name, workers, device.type, scrap, registration)
+
+
+def drop_lease(lease: AgentLease) -> None:
+    """Deregister the scrap and let the agent go (its destructor holds the GIL ~0.1 s here)."""
+    with contextlib.suppress(Exception):
+        lease.agent.deregister_memory(lease.scrap_registration)
+    lease.agent = None
+
+
+_probe_lock = threading.Lock()
+_probed: list[str | None] = []  # the probe's answer, once known (one per process)
+
+
+def probe_nixl(keep: Callable[[AgentLease], bool] | None = None) -> str | None:
+    """None when NIXL with a UCX agent works in this process, else why not (probed once per process).
+    `keep`: when this call is the one that probes, it is offered the probe's agent (as a lease with
+    `default_read_threads()` UCX workers and a CPU scrap) and returns whether it keeps it."""
+    with _probe_lock:
+        if _probed:
+            return _probed[0]
+        workers = default_read_threads() if keep is not None else 1
+        try:
+            name = f"{'probe' if keep is None else 'standing'}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+            lease = new_lease(name, workers, torch.device("cpu"))
+        except ImportError as error:
+            _probed.append(f"nixl is not installed: {error}")
+        except Exception as error:
+            _probed.append(f"a NIXL UCX agent cannot be created: {error}")
+        else:
+            _probed.append(None)
+            if keep is None or not keep(lease):
+                drop_lease(lease)
+        return _probed[0]
+
+
 def nixl_unavailable_reason() -> str | None:
     """None when NIXL with a UCX agent works in this process, else why not (cached per process)."""
-    try:
-        agent = new_nixl_agent(f"probe/{os.getpid()}/{uuid.uuid4().hex[:8]}")
-    except ImportError as error:
-        return f"nixl is not installed: {error}"
-    except Exception as error:
-        return f"a NIXL UCX agent cannot be created: {error}"
-    del agent
-    return None
+    return probe_nixl()

@@ -135,6 +135,29 @@ BAD_REQUESTS = [
 ]
 
 
+def _numbers() -> list[str]:
+    """Every field of the heartbeat whose schema says integer or number."""
+    from app.deployments.engines.models import EngineHeartbeat
+
+    def types(schema: dict[str, Any]) -> set[str]:
+        return {schema.get("type", "")} | {t for option in schema.get("anyOf", []) for t in types(option)}
+
+    fields = EngineHeartbeat.model_json_schema()["properties"]
+    return sorted(name for name, schema in fields.items() if types(schema) & {"integer", "number"})
+
+
+@pytest.mark.parametrize("field", _numbers())
+def test_a_number_of_the_heartbeat_refuses_a_boolean_on_both_paths(
+    both: dict[bool, TestClient], field: str
+) -> None:
+    """The schema says integer or number, so `false` is refused (the fuzzer's ST201 found `stuck_ms`
+    taken as 0 by pydantic's lax mode), whichever path reads it."""
+    assert {"stuck_ms", "stuck_generation", "generation"} <= set(_numbers())
+    for client in both.values():
+        answer = client.post(ROUTE.format(engine_id="e0"), json=STEADY | {field: False})
+        assert answer.status_code == 422, (field, answer.text)
+
+
 @pytest.mark.parametrize("request_", BAD_REQUESTS)
 def test_every_other_heartbeat_gets_the_routes_answer(
     both: dict[bool, TestClient], request_: dict[str, Any], monkeypatch: pytest.MonkeyPatch

@@ -103,6 +103,9 @@ class EngineRegistration(AgentRegistration):
     data_host: str | None = ApiField(None, min_length=1, max_length=255, pattern=r"^[!-~]+$")
 
 
+_AGENT_SAYS = AgentHeartbeat.model_fields  # the agent's own descriptions, kept where a field is narrowed
+
+
 class EngineHeartbeat(AgentHeartbeat):
     """`POST /v1/engines/{engine_id}/heartbeat`, with the stored columns' limits."""
 
@@ -122,6 +125,16 @@ class EngineHeartbeat(AgentHeartbeat):
     group_steps: int = ApiField(0, ge=0, le=INT64_MAX, strict=True)
     data_unreachable: list[Annotated[str, ApiField(pattern=ENGINE_ID_PATTERN)]] = ApiField(
         default_factory=list, max_length=1024
+    )
+    # Strict like the rest: in pydantic's lax mode `false` is a number 0, which the schema refuses.
+    stuck_generation: int | None = ApiField(
+        None, ge=1, le=INT32_MAX, strict=True, description=_AGENT_SAYS["stuck_generation"].description
+    )
+    stuck_ms: float | None = ApiField(
+        None, ge=0, le=86_400_000, strict=True, description=_AGENT_SAYS["stuck_ms"].description
+    )
+    stuck_unanswered: list[Annotated[str, ApiField(pattern=ENGINE_ID_PATTERN)]] = ApiField(
+        default_factory=list, max_length=1024, description=_AGENT_SAYS["stuck_unanswered"].description
     )
 
 
